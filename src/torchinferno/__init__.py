@@ -1,0 +1,32 @@
+"""TorchInferno: a torch-native LLM inference workbench.
+
+Top-level names are resolved lazily (PEP 562) so ``import torchinferno`` has no side effects
+and stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "SamplingParams": "torchinferno.core.sampling_params",
+    "load_model_auto": "torchinferno.checkpoint.auto",
+    "from_pretrained": "torchinferno.checkpoint.auto",
+    "save_pretrained": "torchinferno.checkpoint.auto",
+    "generate": "torchinferno.engine.generate",
+    "llama3_8b_config": "torchinferno.models.llama3.config",
+    "llama3_70b_config": "torchinferno.models.llama3.config",
+    "Llama3Config": "torchinferno.models.llama3.config",
+    "Llama3ForCausalLM": "torchinferno.models.llama3.model",
+    "get_family": "torchinferno.models.registry",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'torchinferno' has no attribute '{name}'")

@@ -1,0 +1,1 @@
+"""Benchmarks: every figure is printed beside a peer and the hardware limit measured in the same run."""

@@ -1,0 +1,3 @@
+from torchinferno.cli.main import main
+
+raise SystemExit(main())

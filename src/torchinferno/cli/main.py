@@ -1,0 +1,50 @@
+"""Entry point: builds the subcommand parser from the command-group modules and runs one.
+
+Expected failures (``TorchInfernoError``, missing files) print one line to stderr and exit 1;
+set TORCHINFERNO_DEBUG=1 for the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# One module per command group; each exposes ``register(subparsers)``.
+COMMAND_GROUPS = (
+    "torchinferno.cli.model_cmds",
+    "torchinferno.cli.bench_cmds",
+    "torchinferno.cli.audit_cmds",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="torchinferno", description="TorchInferno: a torch-native LLM inference workbench")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for mod in COMMAND_GROUPS:
+        importlib.import_module(mod).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torchinferno.env import read_env
+    from torchinferno.errors import TorchInfernoError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+        return int(rc or 0)
+    except (TorchInfernoError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        if read_env().debug:
+            raise
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Generation and the serving engine (scheduler, runner, LLM API)."""

@@ -1,0 +1,99 @@
+"""Attention backends over the paged KV layout (a dense cache is the one-block-per-row case).
+
+A backend is chosen at model construction. It writes the new tokens' K/V into the cache at
+``slot_mapping`` and attends each sequence's queries to its whole context. The torch reference
+here is the correctness baseline; GPU kernels plug in behind the same ``forward`` signature.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+
+
+def write_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache [num_blocks, block_size, *S] <- values [T, *S] at flat slots (slot -1 = skip)."""
+    flat = cache.view(-1, *cache.shape[2:])
+    if slot_mapping.numel() and bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        flat.index_copy_(0, slot_mapping[keep], values[keep].to(cache.dtype))
+    else:
+        flat.index_copy_(0, slot_mapping, values.to(cache.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
+    """[B, length, *S]: the first ``length`` cached tokens of each row of ``block_tables``."""
+    bs = cache.shape[1]
+    nblocks = (length + bs - 1) // bs
+    if nblocks == 1:
+        # One block per row (dense cache): slice first so only ``length`` tokens are copied.
+        return cache[:, :length][block_tables[:, 0].long()]
+    g = cache[block_tables[:, :nblocks].long()]  # [B, nblocks, bs, *S]
+    return g.reshape(g.shape[0], nblocks * bs, *g.shape[3:])[:, :length]
+
+
+class TorchAttention(torch.nn.Module):
+    """Reference causal GQA attention over a (paged) KV cache, in plain torch.
+
+    q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, H, Dv]. With ``kv_cache=None`` it
+    is a plain causal attention of each sequence over its own new tokens.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, scale: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+
+    def forward(self, q, k, v, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata | None):
+        gqa = self.num_heads != self.num_kv_heads
+        if meta is None:  # one sequence, no cache
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=self.scale, enable_gqa=gqa
+            )
+            return o.transpose(0, 1)
+        if kv_cache is not None:
+            k_cache, v_cache = kv_cache
+            write_kv(k_cache, k, meta.slot_mapping)
+            write_kv(v_cache, v, meta.slot_mapping)
+        if kv_cache is not None and meta.is_decode:
+            return self._decode(q, k_cache, v_cache, meta, gqa)
+        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+        starts = meta.query_start_loc.tolist() if meta.query_start_loc.device.type != "cpu" else meta.query_start_loc.tolist()
+        for b, (qlen, slen) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
+            s, e = starts[b], starts[b] + qlen
+            ctx = slen - qlen
+            qb = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, qlen, D]
+            if ctx == 0 or kv_cache is None:
+                kb, vb = k[s:e], v[s:e]
+                mask, causal = None, True
+            else:
+                bt = meta.block_tables[b : b + 1]
+                kb, vb = gather_kv(k_cache, bt, slen)[0], gather_kv(v_cache, bt, slen)[0]
+                # query j (absolute position ctx + j) sees keys 0..ctx+j
+                mask = torch.arange(slen, device=q.device)[None, :] <= (ctx + torch.arange(qlen, device=q.device))[:, None]
+                causal = False
+            o = F.scaled_dot_product_attention(
+                qb,
+                kb.transpose(0, 1).unsqueeze(0).to(q.dtype),
+                vb.transpose(0, 1).unsqueeze(0).to(q.dtype),
+                attn_mask=mask,
+                is_causal=causal,
+                scale=self.scale,
+                enable_gqa=gqa,
+            )
+            out[s:e] = o[0].transpose(0, 1)
+        return out
+
+    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, gqa: bool):
+        # q [B, H, D]: one query per sequence; attend to seq_lens[b] cached tokens.
+        length = meta.max_seq_len
+        kb = gather_kv(k_cache, meta.block_tables, length).transpose(1, 2).to(q.dtype)  # [B, Hkv, L, D]
+        vb = gather_kv(v_cache, meta.block_tables, length).transpose(1, 2).to(q.dtype)
+        mask = None
+        if min(meta.seq_lens_list) != length:
+            mask = (torch.arange(length, device=q.device)[None, :] < meta.seq_lens[:, None])[:, None, None, :]
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), kb, vb, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+        return o.squeeze(2)

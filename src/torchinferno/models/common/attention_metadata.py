@@ -1,0 +1,101 @@
+"""Explicit attention metadata for one forward over a flattened ragged batch.
+
+Built by the caller (generation loop, engine runner) on the host and passed to the model as
+an argument. Device tensors are what kernels read; the ``*_list`` host copies let the torch
+reference backend slice without device syncs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each sequence's tokens are and where their KV lives.
+
+    Invariants: ``query_start_loc[0] == 0``, ``query_start_loc[-1] == T``;
+    ``seq_lens[b] >= query_lens[b]`` (context before this step + new tokens);
+    ``slot_mapping[t] = block_tables[b, pos // block_size] * block_size + pos % block_size``
+    for token ``t`` of sequence ``b`` at position ``pos``, or ``-1`` for a padded token
+    whose KV must not be written anywhere.
+    """
+
+    query_start_loc: torch.Tensor  # [B+1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    slot_mapping: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    block_size: int
+    query_lens_list: list[int]
+    seq_lens_list: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_list)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.query_lens_list))
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_list) if self.seq_lens_list else 0
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence adds exactly one token (the batched decode fast path)."""
+        return all(q == 1 for q in self.query_lens_list)
+
+    @property
+    def context_lens_list(self) -> list[int]:
+        return [s - q for s, q in zip(self.seq_lens_list, self.query_lens_list)]
+
+    def last_token_indices(self) -> torch.Tensor:
+        """[B] index of each sequence's last new token in the flattened batch."""
+        return (self.query_start_loc[1:] - 1).long()
+
+
+def build_attention_metadata(
+    query_lens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]] | torch.Tensor,
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Metadata for sequences that add ``query_lens[b]`` tokens after ``context_lens[b]`` cached ones."""
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens)]
+    if isinstance(block_tables, torch.Tensor):
+        bt = block_tables.to(device=device, dtype=torch.int32)
+        bt_host = block_tables.cpu()
+    else:
+        width = max((len(r) for r in block_tables), default=1) or 1
+        bt_host = torch.zeros((len(block_tables), width), dtype=torch.int32)
+        for i, row in enumerate(block_tables):
+            if row:
+                bt_host[i, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        bt = bt_host.to(device)
+    slots: list[torch.Tensor] = []
+    for b, (c, q) in enumerate(zip(context_lens, query_lens)):
+        pos = torch.arange(c, c + q)
+        blocks = bt_host[b].long()[pos // block_size]
+        slots.append(blocks * block_size + pos % block_size)
+    slot_mapping = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.long)
+    qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+    qsl[1:] = torch.cumsum(torch.tensor(query_lens, dtype=torch.int32), 0)
+    return AttentionMetadata(
+        query_start_loc=qsl.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        slot_mapping=slot_mapping.to(device),
+        block_tables=bt,
+        block_size=block_size,
+        query_lens_list=list(query_lens),
+        seq_lens_list=seq_lens,
+    )
+
+
+def positions_for(query_lens: list[int], context_lens: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """[T] absolute positions of the new tokens of every sequence, flattened."""
+    parts = [torch.arange(c, c + q) for c, q in zip(context_lens, query_lens)]
+    return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)).to(device)
