@@ -15,6 +15,8 @@ COMMAND_GROUPS = (
     "torchinferno.cli.model_cmds",
     "torchinferno.cli.bench_cmds",
     "torchinferno.cli.audit_cmds",
+    "torchinferno.cli.engine_cmds",
+    "torchinferno.cli.serve_cmds",
 )
 
 

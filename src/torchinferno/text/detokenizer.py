@@ -73,6 +73,9 @@ class IncrementalDetokenizer:
         if self._finished:
             raise RuntimeError("IncrementalDetokenizer.add called after flush")
         token_id = int(token_id)
+        if not 0 <= token_id < self.tokenizer.vocab_size:
+            # Models often pad the embedding past the tokenizer's vocab; such ids carry no text.
+            return ""
         self.token_ids.append(token_id)
         if self._unstable:
             # Inside a byte-fallback group its text may still turn into U+FFFD; a special token

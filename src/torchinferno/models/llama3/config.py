@@ -91,7 +91,7 @@ def config_to_hf(c: Llama3Config) -> dict:
 def debug_config() -> Llama3Config:
     """Tiny random config for tests: GQA 4:2, two layers, llama3 rope scaling."""
     return Llama3Config(
-        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256,
         rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64), tie_word_embeddings=False,
         bos_token_id=256, eos_token_id=257,

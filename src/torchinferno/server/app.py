@@ -1,0 +1,165 @@
+"""FastAPI app: OpenAI-compatible routes over an ``AsyncEngine``.
+
+Boundary rules: every body is decoded and validated here (bad input -> 4xx OpenAI error object,
+never an exception in the engine loop); a client that disconnects has its request aborted so
+its KV blocks are freed; the engine runs in its own thread, so no handler blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from torchinferno import __version__
+from torchinferno.errors import TorchInfernoError
+from torchinferno.server import completions
+from torchinferno.server.metrics import ServerMetrics
+from torchinferno.server.protocol import (
+    BadRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    check_text,
+)
+
+
+@dataclass
+class ServerConfig:
+    model_name: str
+    root: str
+    max_model_len: int
+    api_key: str | None = None
+
+
+def error_response(e: BadRequest) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def parse_body(request: Request, schema: type[BaseModel]) -> BaseModel:
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise BadRequest(f"invalid value for '{loc}': {err.get('msg')}", loc or None) from None
+
+
+class ApiKeyMiddleware:
+    """Pure ASGI (not BaseHTTPMiddleware, which hides client disconnects from handlers)."""
+
+    def __init__(self, app, api_key: str, on_reject=None):
+        self.app, self.expected, self.on_reject = app, f"Bearer {api_key}".encode(), on_reject
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            auth = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if auth != self.expected:
+                if self.on_reject:
+                    self.on_reject()
+                e = BadRequest("missing or invalid API key", status=401, type_="authentication_error", code="invalid_api_key")
+                await error_response(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
+    """Build the app. ``engine`` is an ``AsyncEngine``; ``tokenizer`` a ``text.Tokenizer``."""
+    app = FastAPI(title="TorchInferno OpenAI-compatible server", version=__version__)
+    metrics = ServerMetrics(cfg.model_name)
+    app.state.engine, app.state.metrics, app.state.config = engine, metrics, cfg
+    ctx = completions.Context(engine, tokenizer, cfg.model_name, cfg.max_model_len, metrics)
+
+    if cfg.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=cfg.api_key, on_reject=lambda: metrics.bad_requests.labels(cfg.model_name, "401").inc())
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, e: BadRequest):
+        metrics.bad_requests.labels(cfg.model_name, str(e.status)).inc()
+        return error_response(e)
+
+    @app.exception_handler(TorchInfernoError)
+    async def input_error(_: Request, e: TorchInfernoError):
+        metrics.bad_requests.labels(cfg.model_name, "400").inc()
+        return error_response(BadRequest(str(e).splitlines()[0] if str(e) else type(e).__name__))
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name not in (cfg.model_name, cfg.root):
+            raise BadRequest(f"The model '{name}' does not exist (served: '{cfg.model_name}')", "model", status=404,
+                             type_="NotFoundError", code="model_not_found")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": "torchinferno",
+            "root": cfg.root, "parent": None, "max_model_len": cfg.max_model_len,
+        }]}
+
+    @app.get("/metrics")
+    async def prom() -> Response:
+        metrics.refresh(engine.stats())
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        req = await parse_body(request, TokenizeRequest)
+        check_model(req.model)
+        if req.messages is not None:
+            msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
+            check_text([m["content"] for m in msgs], "messages")
+            ids = tokenizer.encode_chat(msgs, add_generation_prompt=req.add_generation_prompt)
+        elif req.prompt is not None:
+            check_text(req.prompt, "prompt")
+            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            raise BadRequest("either 'prompt' or 'messages' is required", "prompt")
+        return {"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        req = await parse_body(request, DetokenizeRequest)
+        check_model(req.model)
+        completions.check_token_ids(req.tokens, tokenizer.vocab_size, "tokens")
+        return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        req = await parse_body(request, ChatCompletionRequest)
+        check_model(req.model)
+        return await ctx.chat(req, request, f"chatcmpl-{uuid.uuid4().hex}")
+
+    @app.post("/v1/completions")
+    async def complete(request: Request):
+        req = await parse_body(request, CompletionRequest)
+        check_model(req.model)
+        return await ctx.completion(req, request, f"cmpl-{uuid.uuid4().hex}")
+
+    return app
+
+
+__all__ = ["create_app", "ServerConfig", "StreamingResponse"]

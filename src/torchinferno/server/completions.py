@@ -1,0 +1,285 @@
+"""Chat and text completions: prompt building, limits, fan-out over ``n``, SSE streaming.
+
+Each choice is one engine request (``{id}-{k}``). Streaming merges the choices' deltas into
+OpenAI chunks; the usage chunk (``choices: []``) comes last when ``stream_options.include_usage``;
+``data: [DONE]`` ends the stream. Leaving the stream (client disconnect) aborts every choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from torchinferno.server.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, check_text, sampling_params
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = [t for t in ids if t < 0 or t >= vocab_size]
+    if bad:
+        raise BadRequest(f"token id {bad[0]} in '{param}' is outside the vocabulary [0, {vocab_size})", param)
+
+
+@dataclass
+class _Choice:
+    """Progress of one choice (one engine request)."""
+
+    index: int
+    prompt_index: int
+    request_id: str
+    prompt_ids: list[int]
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    logprobs: list = field(default_factory=list)
+    t_start: float = 0.0
+    t_first: float | None = None
+    t_last: float | None = None
+    itls: list[float] = field(default_factory=list)
+
+
+class Context:
+    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, metrics):
+        self.engine, self.tok, self.model_name, self.max_model_len, self.metrics = engine, tokenizer, model_name, max_model_len, metrics
+
+    # ---- prompt building and limits -------------------------------------------------------
+    def _limits(self, prompt_ids: list[int], max_tokens: int | None) -> int:
+        n = len(prompt_ids)
+        if n == 0:
+            raise BadRequest("the prompt is empty", "prompt")
+        if n >= self.max_model_len:
+            raise BadRequest(f"the prompt is {n} tokens but the model's context length is {self.max_model_len} tokens", "prompt")
+        if max_tokens is None:
+            return self.max_model_len - n
+        if n + max_tokens > self.max_model_len:
+            raise BadRequest(
+                f"this model's maximum context length is {self.max_model_len} tokens; you requested {n + max_tokens} "
+                f"({n} in the prompt, {max_tokens} for the completion)", "max_tokens")
+        return max_tokens
+
+    def _chat_prompt(self, req: ChatCompletionRequest) -> list[int]:
+        if not req.messages:
+            raise BadRequest("'messages' must be a non-empty list", "messages")
+        msgs = [{"role": m.role, "content": m.text()} for m in req.messages]
+        check_text([m["content"] for m in msgs], "messages")
+        return self.tok.encode_chat(msgs, add_generation_prompt=req.add_generation_prompt)
+
+    def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            p = [p]
+        if not p:
+            raise BadRequest("'prompt' must not be empty", "prompt")
+        if isinstance(p[0], int):
+            p = [p]
+        out = []
+        for item in p:
+            if isinstance(item, str):
+                check_text(item, "prompt")
+                if item == "":
+                    raise BadRequest("'prompt' must not be empty", "prompt")
+                out.append(self.tok.encode(item))
+            else:
+                check_token_ids(item, self.tok.vocab_size, "prompt")
+                out.append(list(item))
+        return out
+
+    # ---- running choices --------------------------------------------------------------------
+    def _start(self, base_id: str, prompts: list[list[int]], params, n: int) -> list[tuple[_Choice, object]]:
+        runs = []
+        for pi, ids in enumerate(prompts):
+            for k in range(n):
+                # The engine runs one sequence per request; distinct seeds keep seeded choices distinct.
+                seed = params.seed if params.seed is None or n == 1 else params.seed + k
+                p = dataclasses.replace(params, n=1, seed=seed)
+                ch = _Choice(index=pi * n + k, prompt_index=pi, request_id=f"{base_id}-{pi * n + k}", prompt_ids=ids, t_start=time.perf_counter())
+                runs.append((ch, p))
+        return runs
+
+    def _record(self, ch: _Choice, out) -> None:
+        now = time.perf_counter()
+        if out.new_token_ids:
+            if ch.t_first is None:
+                ch.t_first = now
+            elif ch.t_last is not None:
+                ch.itls.append(now - ch.t_last)
+            ch.t_last = now
+        ch.text += out.text_delta
+        ch.token_ids = list(out.token_ids)
+        if out.logprobs:
+            ch.logprobs.extend(zip(out.new_token_ids, out.logprobs))
+        if out.finished:
+            ch.finish_reason = out.finish_reason
+            self.metrics.observe_request(None if ch.t_first is None else ch.t_first - ch.t_start, ch.itls,
+                                         now - ch.t_start, len(ch.prompt_ids), len(ch.token_ids), ch.finish_reason)
+
+    async def _abort_all(self, runs) -> None:
+        for ch, _ in runs:
+            if ch.finish_reason is None:
+                try:
+                    await self.engine.abort(ch.request_id)
+                except Exception:  # pragma: no cover - abort is best effort on teardown
+                    pass
+
+    async def _events(self, runs):
+        """Yield (choice, RequestOutput) from all choices as they arrive."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(ch, params):
+            try:
+                async for out in self.engine.generate(ch.request_id, ch.prompt_ids, params):
+                    await queue.put((ch, out))
+            except BaseException as e:  # surfaced to the consumer
+                await queue.put((ch, e))
+            finally:
+                await queue.put((ch, None))
+
+        tasks = [asyncio.create_task(pump(ch, p)) for ch, p in runs]
+        live = len(tasks)
+        try:
+            while live:
+                ch, item = await queue.get()
+                if item is None:
+                    live -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                self._record(ch, item)
+                yield ch, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await self._abort_all(runs)
+
+    async def _collect(self, runs, request: Request) -> None:
+        async def consume():
+            async for _ in self._events(runs):
+                pass
+
+        task = asyncio.create_task(consume())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.05)
+                if done:
+                    task.result()
+                    return
+                if await request.is_disconnected():
+                    task.cancel()
+                    await self._abort_all(runs)
+                    raise BadRequest("client disconnected", status=499)
+        finally:
+            if not task.done():
+                task.cancel()
+
+    # ---- formatting -----------------------------------------------------------------------
+    def _usage(self, runs) -> dict:
+        prompt = sum(len(ids) for ids in {ch.prompt_index: ch.prompt_ids for ch, _ in runs}.values())
+        completion = sum(len(ch.token_ids) for ch, _ in runs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _piece(self, tid: int) -> str:
+        return self.tok.decode([tid], skip_special_tokens=False)
+
+    def _chat_logprobs(self, pairs) -> dict:
+        content = []
+        for tid, lp in pairs:
+            tok = self._piece(tid)
+            content.append({
+                "token": tok, "logprob": lp.logprob, "bytes": list(tok.encode("utf-8", "replace")),
+                "top_logprobs": [{"token": self._piece(t), "logprob": v, "bytes": list(self._piece(t).encode("utf-8", "replace"))}
+                                 for t, v in zip(lp.top_token_ids, lp.top_logprobs)],
+            })
+        return {"content": content}
+
+    def _completion_logprobs(self, pairs, offset0: int = 0) -> dict:
+        tokens, lps, tops, offsets, off = [], [], [], [], offset0
+        for tid, lp in pairs:
+            t = self._piece(tid)
+            tokens.append(t)
+            lps.append(lp.logprob)
+            tops.append({self._piece(a): b for a, b in zip(lp.top_token_ids, lp.top_logprobs)})
+            offsets.append(off)
+            off += len(t)
+        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+    # ---- endpoints --------------------------------------------------------------------------
+    async def chat(self, req: ChatCompletionRequest, request: Request, rid: str):
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = sampling_params(req, max_tokens, 16, logprobs)
+        ids = self._chat_prompt(req)
+        params.max_tokens = self._limits(ids, max_tokens)
+        runs = self._start(rid, [ids], params, req.n)
+        created = int(time.time())
+        if req.stream:
+            return self._stream(runs, rid, created, req.include_usage(), chat=True, want_logprobs=logprobs is not None)
+        await self._collect(runs, request)
+        choices = [{
+            "index": ch.index,
+            "message": {"role": "assistant", "content": ch.text},
+            "logprobs": self._chat_logprobs(ch.logprobs) if logprobs is not None else None,
+            "finish_reason": ch.finish_reason,
+        } for ch, _ in runs]
+        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
+                             "choices": choices, "usage": self._usage(runs)})
+
+    async def completion(self, req: CompletionRequest, request: Request, rid: str):
+        params = sampling_params(req, req.max_tokens, 16, req.logprobs)
+        prompts = self._completion_prompts(req)
+        limits = [self._limits(p, req.max_tokens) for p in prompts]
+        # OpenAI's completions default is 16 new tokens (clamped to what the context allows).
+        params.max_tokens = req.max_tokens if req.max_tokens is not None else min(16, min(limits))
+        runs = self._start(rid, prompts, params, req.n)
+        created = int(time.time())
+        if req.stream:
+            return self._stream(runs, rid, created, req.include_usage(), chat=False, want_logprobs=req.logprobs is not None,
+                                echo=[self.tok.decode(p) for p in prompts] if req.echo else None)
+        await self._collect(runs, request)
+        choices = []
+        for ch, _ in runs:
+            text = (self.tok.decode(ch.prompt_ids) if req.echo else "") + ch.text
+            choices.append({"index": ch.index, "text": text,
+                            "logprobs": self._completion_logprobs(ch.logprobs) if req.logprobs is not None else None,
+                            "finish_reason": ch.finish_reason})
+        return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                             "choices": choices, "usage": self._usage(runs)})
+
+    def _stream(self, runs, rid: str, created: int, include_usage: bool, chat: bool, want_logprobs: bool, echo=None):
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list, usage=None) -> str:
+            body = {"id": rid, "object": obj, "created": created, "model": self.model_name, "choices": choices}
+            if include_usage:
+                body["usage"] = usage
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        async def gen():
+            if chat:
+                yield chunk([{"index": ch.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for ch, _ in runs])
+            elif echo is not None:
+                yield chunk([{"index": ch.index, "text": echo[ch.prompt_index], "logprobs": None, "finish_reason": None}
+                             for ch, _ in runs])
+            async for ch, out in self._events(runs):
+                if not out.text_delta and not out.finished:
+                    continue
+                pairs = list(zip(out.new_token_ids, out.logprobs or [])) if want_logprobs else []
+                if chat:
+                    c = {"index": ch.index, "delta": {"content": out.text_delta} if out.text_delta else {},
+                         "logprobs": self._chat_logprobs(pairs) if want_logprobs else None,
+                         "finish_reason": out.finish_reason if out.finished else None}
+                else:
+                    c = {"index": ch.index, "text": out.text_delta,
+                         "logprobs": self._completion_logprobs(pairs) if want_logprobs else None,
+                         "finish_reason": out.finish_reason if out.finished else None}
+                yield chunk([c])
+            if include_usage:
+                yield chunk([], self._usage(runs))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,86 @@
+"""Build a model + tokenizer + engine + app from CLI flags, and run uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torchinferno.errors import ConfigError
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_pos", nargs="?", default=None, metavar="MODEL",
+                   help=f"registry name, HF dir, .gguf or hub id (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", default=None, help="same as MODEL")
+    p.add_argument("--model-kind", default=None, help="serve a tiny random model of this family (e.g. llama3) instead of a checkpoint")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--tokenizer", default=None, help="byte | PATH (default: the checkpoint's tokenizer.json, else byte)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--cache-backend", default="paged", choices=["paged", "dense"],
+                   help="paged: block pool with prefix reuse; dense: one max-length block per sequence")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory", default=None, help="KV pool size, e.g. 512MiB (default: sized for max-num-seqs)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--log-level", default="warning")
+
+
+def build(args: argparse.Namespace):
+    """-> (app, ServerConfig, AsyncEngine)."""
+    from torchinferno.cli.common import check_device
+    from torchinferno.engine.async_engine import AsyncEngine
+    from torchinferno.engine.config import EngineConfig
+    from torchinferno.engine.llm_engine import LLMEngine
+    from torchinferno.server.app import ServerConfig, create_app
+    from torchinferno.text.tokenizer import load_tokenizer
+
+    if args.tensor_parallel_size != 1:
+        raise ConfigError("--tensor-parallel-size > 1 is not supported yet (valid: 1)")
+    check_device(args.device)
+    model_spec = args.model or args.model_pos
+    if args.model_kind and not model_spec:
+        from torchinferno.checkpoint.auto import resolve_dtype
+        from torchinferno.testing import tiny_model
+
+        model = tiny_model(args.model_kind, dtype=resolve_dtype(args.dtype), device=args.device)
+        root, name, tok_spec = f"random:{args.model_kind}", args.served_model_name or f"tiny-{args.model_kind}", args.tokenizer or "byte"
+    else:
+        from torchinferno.checkpoint.auto import load_model_auto
+
+        model_spec = model_spec or DEFAULT_MODEL
+        model = load_model_auto(model_spec, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+        root = str(model.checkpoint_dir)
+        name = args.served_model_name or model_spec
+        tok_spec = args.tokenizer or (root if (Path(root) / "tokenizer.json").exists() else "byte")
+    tokenizer = load_tokenizer(tok_spec)
+    max_len = args.max_model_len or min(model.config.max_position_embeddings, 4096)
+    block = max_len if args.cache_backend == "dense" else args.block_size
+    cfg = EngineConfig(block_size=block, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+                       max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
+                       enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged")
+    engine = LLMEngine(model, tokenizer, cfg)
+    async_engine = AsyncEngine(engine)
+    scfg = ServerConfig(model_name=name, root=root, max_model_len=engine.config.max_model_len or max_len, api_key=args.api_key)
+    return create_app(async_engine, tokenizer, scfg), scfg, async_engine
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    app, cfg, engine = build(args)
+    print(f"serving '{cfg.model_name}' on http://{args.host}:{args.port} (max_model_len {cfg.max_model_len})", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.shutdown()
+    return 0
