@@ -21,6 +21,9 @@ _LAZY = {
     "Llama3Config": "torchinferno.models.llama3.config",
     "Llama3ForCausalLM": "torchinferno.models.llama3.model",
     "get_family": "torchinferno.models.registry",
+    "DeepSeekV32Config": "torchinferno.models.deepseek_v32.config",
+    "DeepSeekV32ForCausalLM": "torchinferno.models.deepseek_v32.model",
+    "tiny_deepseek_v32_config": "torchinferno.models.deepseek_v32.config",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

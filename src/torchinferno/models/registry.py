@@ -10,9 +10,12 @@ from torchinferno.models.protocol import ModelFamily
 # Adding a family = one folder + one line here ("module:attribute" of its ModelFamily).
 _FAMILIES: dict[str, str] = {
     "llama3": "torchinferno.models.llama3.family:FAMILY",
+    "deepseek-v3.2": "torchinferno.models.deepseek_v32.family:FAMILY",
 }
 _ALIASES: dict[str, str] = {
     "llama": "llama3",
+    "dsv3.2": "deepseek-v3.2",
+    "deepseek": "deepseek-v3.2",
 }
 
 

@@ -1,0 +1,88 @@
+"""Mixture-of-experts pieces shared by DeepSeek-style families: routing and grouped expert compute.
+
+Routing (DeepSeek-V3 ``noaux_tc``): sigmoid scores; a per-expert correction bias is added for
+*selection only*; experts are split into ``n_group`` groups, a group scores the sum of its top-2
+biased scores, the best ``topk_group`` groups stay eligible, and the top ``top_k`` experts among
+them are chosen. The combine weights are the *unbiased* sigmoid scores of the chosen experts,
+normalized to sum 1 (``norm_topk_prob``) and multiplied by ``routed_scaling_factor``.
+
+Expert compute is grouped by expert: the (token, slot) pairs are sorted by expert id and each
+expert that received tokens runs one GEMM pair over its contiguous slice (a Python loop over
+*experts*, never over tokens). Weights use the fused 3-D layout ``gate_up [E, 2I, D]`` (gate rows
+first) and ``down [E, D, I]``, the layout transformers keeps in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def route_sigmoid_grouped(
+    router_logits: torch.Tensor,  # [T, E] (computed in fp32)
+    correction_bias: torch.Tensor | None,  # [E] or None
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (weights [T, top_k] fp32, expert ids [T, top_k] int64)."""
+    T, E = router_logits.shape
+    scores = router_logits.float().sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+    if n_group > 1 and topk_group < n_group:
+        group_scores = choice.view(T, n_group, E // n_group).topk(2, dim=-1).values.sum(-1)  # [T, G]
+        keep_groups = group_scores.topk(topk_group, dim=-1, sorted=False).indices  # [T, topk_group]
+        group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep_groups, True)
+        expert_mask = group_mask.repeat_interleave(E // n_group, dim=1)  # [T, E]
+        choice = choice.masked_fill(~expert_mask, float("-inf"))
+    ids = choice.topk(top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if norm_topk_prob:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * routed_scaling_factor, ids
+
+
+def grouped_expert_mlp(
+    x: torch.Tensor,  # [T, D]
+    expert_ids: torch.Tensor,  # [T, K]
+    weights: torch.Tensor,  # [T, K] fp32
+    gate_up: torch.Tensor,  # [E, 2I, D]
+    down: torch.Tensor,  # [E, D, I]
+    act_and_mul: Callable[[torch.Tensor], torch.Tensor],  # [N, 2I] -> [N, I]
+) -> torch.Tensor:  # [T, D]
+    """Sum over each token's experts of ``weight * down(act(gate) * up)``, grouped by expert."""
+    T, K = expert_ids.shape
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # pairs sorted by expert id
+    token_of = order // K  # [T*K] source token of each sorted pair
+    w_sorted = weights.reshape(-1)[order]
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()  # one host sync per layer
+    xs = x[token_of]  # [T*K, D] tokens gathered in expert order
+    out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        seg = slice(start, start + n)
+        h = act_and_mul(F.linear(xs[seg], gate_up[e]))
+        y = F.linear(h, down[e])
+        out.index_add_(0, token_of[seg], y.float() * w_sorted[seg, None])
+        start += n
+    return out.to(x.dtype)
+
+
+def reference_moe(x, router_weight, correction_bias, gate_up, down, act_and_mul, top_k, n_group, topk_group,
+                  norm_topk_prob, routed_scaling_factor) -> torch.Tensor:
+    """Dense per-token reference of routing + experts (tests only; loops over tokens)."""
+    logits = F.linear(x.float(), router_weight.float())
+    w, ids = route_sigmoid_grouped(logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor)
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            out[t] += w[t, j] * F.linear(act_and_mul(F.linear(x[t : t + 1], gate_up[e])), down[e])[0].float()
+    return out.to(x.dtype)

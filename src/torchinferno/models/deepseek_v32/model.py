@@ -1,0 +1,355 @@
+"""DeepSeek-V3 / V3.2 model on the family contract (see ``models/protocol.py``).
+
+Per layer: MLA attention (optional query LoRA, latent-only KV cache, weight absorption on
+decode), the V3.2 lightning indexer when ``config.has_indexer`` (top-k causal key selection per
+query), then a dense SwiGLU MLP (first ``first_k_dense_replace`` layers) or the MoE block
+(sigmoid group-limited routing + shared experts). Module names follow the HF checkpoint except
+for merged ``gate_up_proj`` (dense/shared MLPs) and the fused 3-D expert tensors; ``weights.py``
+maps the names. The ops module is chosen at construction and never patched afterwards.
+
+Cache per layer (``family.kv_spec``): ``latent [blocks, block_size, kv_lora_rank + rope_dim]``
+and, with the indexer, ``index_k [blocks, block_size, index_head_dim]``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchinferno.models.common.attention import gather_kv, write_kv
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.mla import masked_scores, topk_keep_mask
+from torchinferno.models.common.rope import default_inv_freq, yarn_inv_freq
+from torchinferno.models.deepseek_v32 import raw_ops
+from torchinferno.models.deepseek_v32.config import DeepSeekV32Config
+
+# transformers (and the public release) build q_a_layernorm / kv_a_layernorm with the RMSNorm
+# default eps, not config.rms_norm_eps; the indexer's k_norm is a LayerNorm with eps 1e-6.
+LATENT_NORM_EPS = 1e-6
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, ops: ModuleType):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without residual: rms_norm(x). With: (rms_norm(x + residual), x + residual)."""
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class IndexerProj(NamedTuple):
+    q: torch.Tensor  # [T, Hi, Di] rope applied to the first rope_dim dims
+    k: torch.Tensor  # [T, Di] (cached as ``index_k``)
+    w: torch.Tensor  # [T, Hi] fp32 head weights, with Hi^-0.5 * Di^-0.5 folded in
+
+
+class IndexTopK(nn.Module):
+    """scores [..., Q, S] (-inf = not visible) -> indices [..., Q, min(top_k, S)] of the kept keys.
+
+    Ties are real here (ReLU makes a key score exactly 0 when every head's dot product is
+    negative), and ``torch.topk`` breaks them differently for a ``[Q, S]`` prefill block and a
+    ``[B, 1, L]`` decode row. A stable descending sort keeps the earlier key among equal scores,
+    so cached decode selects exactly what the full forward selects. transformers uses ``topk``
+    (arbitrary tie order); the two agree whenever the k-th score is not tied.
+    A module of its own so tools (and the oracle test) can hook the selection.
+    """
+
+    def __init__(self, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        k = min(self.top_k, scores.shape[-1])
+        return torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+
+
+class DSAIndexer(nn.Module):
+    """Lightning indexer of DeepSeek Sparse Attention.
+
+    ``q = wq_b(q_latent)`` (Hi heads), one shared key ``k = LayerNorm(wk(x))``; rope is applied
+    NON-interleaved to the first ``rope_dim`` dims of both (the corrected public release and
+    transformers). ``score[t, s] = sum_h w_h(t) * ReLU(q_h(t) . k(s))`` with
+    ``w = weights_proj(x) * Hi^-0.5 * Di^-0.5``. transformers applies ``Di^-0.5`` to the dot
+    product before the ReLU; a positive scale commutes with ReLU, so we fold it into ``w``.
+    The public release's Hadamard rotation and FP8 quantization of q/k are omitted (as in
+    transformers): the rotation preserves dot products, FP8 only perturbs them.
+    """
+
+    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType):
+        super().__init__()
+        self.n_heads, self.head_dim, self.rope_dim = cfg.index_n_heads, cfg.index_head_dim, cfg.qk_rope_head_dim
+        self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.hidden_size, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
+        self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
+        self.topk = IndexTopK(cfg.index_topk)
+        self.weight_scale = self.n_heads**-0.5 * self.head_dim**-0.5
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor, q_latent: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> IndexerProj:
+        T, r = x.shape[0], self.rope_dim
+        q = self.wq_b(q_latent).view(T, self.n_heads, self.head_dim)
+        q = torch.cat([self.ops.rope(q[..., :r], cos, sin, False), q[..., r:]], dim=-1)
+        k = self.k_norm(self.wk(x))
+        k = torch.cat([self.ops.rope(k[:, None, :r], cos, sin, False)[:, 0], k[:, r:]], dim=-1)
+        w = F.linear(x.float(), self.weights_proj.weight.float()) * self.weight_scale  # fp32 as transformers keeps it
+        return IndexerProj(q, k, w)
+
+    def select(self, q, k, w, visible: torch.Tensor) -> torch.Tensor:
+        """Keep-mask [..., Q, S]: the top-k visible keys of each query (q [...,Q,Hi,Di], k [...,S,Di])."""
+        scores = masked_scores(self.ops.indexer_scores(q, k, w), visible)
+        return topk_keep_mask(scores, visible, self.topk(scores))
+
+
+class DeepSeekMLA(nn.Module):
+    """Multi-head latent attention over the paged latent cache (dense = one block per row)."""
+
+    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType, absorb_decode: bool = True):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.rope_interleave = cfg.rope_interleave
+        self.scale = cfg.softmax_scale
+        qk = self.num_heads * cfg.qk_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(cfg.hidden_size, qk, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS, ops)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.latent_dim, bias=cfg.attention_bias)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS, ops)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.indexer = DSAIndexer(cfg, ops) if cfg.has_indexer else None
+        self.index_topk = cfg.index_topk if cfg.has_indexer else 0
+        self.absorb_decode = absorb_decode
+        self.ops = ops
+
+    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, ...] | None, meta: AttentionMetadata | None):
+        T, H = x.shape[0], self.num_heads
+        if self.q_lora_rank is None:
+            q_latent, q = None, self.q_proj(x)
+        else:
+            q_latent = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_latent)
+        q_nope, q_pe = q.view(T, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)
+        q_pe = self.ops.rope(q_pe, cos, sin, self.rope_interleave)
+        k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
+        latent = torch.cat([c_kv, k_pe], dim=-1)  # [T, R + r]: all this layer caches for MLA
+        idx = self.indexer(x, q_latent, cos, sin) if self.indexer is not None else None
+        if kv_cache is not None and meta is not None:
+            write_kv(kv_cache[0], latent, meta.slot_mapping)
+            if idx is not None:
+                write_kv(kv_cache[1], idx.k, meta.slot_mapping)
+        if kv_cache is not None and meta is not None and meta.is_decode and self.absorb_decode:
+            o = self._decode_absorbed(q_nope, q_pe, idx, kv_cache, meta)
+        else:
+            o = self._expanded(q_nope, q_pe, latent, idx, kv_cache, meta)
+        return self.o_proj(o.reshape(T, H * self.v_dim))
+
+    def _expanded(self, q_nope, q_pe, latent, idx: IndexerProj | None, kv_cache, meta):
+        """Prefill / chunked prefill / mixed batches: per sequence, expand the latent via kv_b_proj."""
+        T = q_nope.shape[0]
+        if meta is None:  # one sequence, no cache
+            spans = [(0, T, 0)]
+        else:
+            starts = meta.query_start_loc.tolist()
+            spans = [(starts[b], ql, sl - ql) for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list))]
+        out = q_nope.new_empty(T, self.num_heads, self.v_dim)
+        for b, (s, qlen, ctx) in enumerate(spans):
+            e, slen = s + qlen, ctx + qlen
+            if ctx == 0:
+                lat = latent[s:e]
+                ik = None if idx is None else idx.k[s:e]
+            else:
+                if kv_cache is None:
+                    raise ValueError(f"sequence {b} has {ctx} context tokens but no KV cache was passed")
+                bt = meta.block_tables[b : b + 1]
+                lat = gather_kv(kv_cache[0], bt, slen)[0].to(q_nope.dtype)
+                ik = None if idx is None else gather_kv(kv_cache[1], bt, slen)[0]
+            sparse = idx is not None and self.index_topk < slen
+            mask = None
+            if ctx or sparse:  # query j (absolute position ctx + j) sees keys 0..ctx+j
+                dev = q_nope.device
+                mask = torch.arange(slen, device=dev)[None, :] <= (ctx + torch.arange(qlen, device=dev))[:, None]
+            if sparse:
+                mask = self.indexer.select(idx.q[s:e], ik, idx.w[s:e], mask)
+            out[s:e] = self.ops.mla_expanded_attention(q_nope[s:e], q_pe[s:e], lat, self.kv_b_proj.weight, self.scale, mask)
+        return out
+
+    def _decode_absorbed(self, q_nope, q_pe, idx: IndexerProj | None, kv_cache, meta: AttentionMetadata):
+        """One new token per sequence: attend over the cached latent with W_UK / W_UV absorbed."""
+        L = meta.max_seq_len
+        lat = gather_kv(kv_cache[0], meta.block_tables, L).to(q_nope.dtype)  # [B, L, R + r]
+        visible = torch.arange(L, device=q_nope.device)[None, :] < meta.seq_lens[:, None].to(q_nope.device)  # [B, L]
+        mask = None if min(meta.seq_lens_list) == L else visible
+        if idx is not None and self.index_topk < L:
+            ik = gather_kv(kv_cache[1], meta.block_tables, L)  # [B, L, Di]
+            mask = self.indexer.select(idx.q[:, None], ik, idx.w[:, None], visible[:, None])[:, 0]
+        return self.ops.mla_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU MLP with merged gate/up projection (dense layers and shared experts)."""
+
+    def __init__(self, hidden: int, inter: int, ops: ModuleType):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.ops = ops
+
+    def forward(self, x):
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class MoEGate(nn.Module):
+    """Router: fp32 logits, sigmoid scores, bias-corrected group-limited top-k selection."""
+
+    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        nn.init.normal_(self.weight, std=0.02)
+        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts), persistent=True)
+        self.top_k, self.n_group, self.topk_group = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
+        self.norm_topk_prob, self.routed_scaling_factor = cfg.norm_topk_prob, cfg.routed_scaling_factor
+        self.ops = ops
+
+    def forward(self, x) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] fp32, ids [T, k]
+        logits = F.linear(x.float(), self.weight.float())
+        return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
+                              self.norm_topk_prob, self.routed_scaling_factor)
+
+
+class RoutedExperts(nn.Module):
+    """All routed experts as two 3-D tensors (transformers' in-memory layout)."""
+
+    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType):
+        super().__init__()
+        E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))  # [E, 2I, D]: gate rows, then up rows
+        self.down_proj = nn.Parameter(torch.empty(E, D, I))  # [E, D, I]
+        nn.init.normal_(self.gate_up_proj, std=0.02)
+        nn.init.normal_(self.down_proj, std=0.02)
+        self.ops = ops
+
+    def forward(self, x, ids, weights):
+        return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj, self.ops.silu_and_mul)
+
+
+class DeepSeekMoE(nn.Module):
+    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType):
+        super().__init__()
+        self.gate = MoEGate(cfg, ops)
+        self.experts = RoutedExperts(cfg, ops)
+        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
+        self.shared_experts = DenseMLP(cfg.hidden_size, shared, ops) if shared else None
+
+    def forward(self, x):
+        weights, ids = self.gate(x)
+        y = self.experts(x, ids, weights)
+        return y if self.shared_experts is None else y + self.shared_experts(x)
+
+
+class DeepSeekDecoderLayer(nn.Module):
+    def __init__(self, cfg: DeepSeekV32Config, layer_idx: int, ops: ModuleType, absorb_decode: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.self_attn = DeepSeekMLA(cfg, ops, absorb_decode)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        if cfg.layer_mlp_types[layer_idx] == "dense":
+            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, ops)
+        else:
+            self.mlp = DeepSeekMoE(cfg, ops)
+
+    def forward(self, x, residual, cos, sin, kv_cache, meta):
+        # Residual stream carried un-normalized; each norm also performs the pending residual add.
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos, sin, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class DeepSeekV32Model(nn.Module):
+    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType, absorb_decode: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DeepSeekDecoderLayer(cfg, i, ops, absorb_decode) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+
+def rope_tables(cfg: DeepSeekV32Config, max_pos: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_pos, rope_dim/2] fp32 for the rope part, YaRN attention factor folded in."""
+    dim, s = cfg.qk_rope_head_dim, cfg.rope_scaling
+    inv = yarn_inv_freq(dim, cfg.rope_theta, s)[0] if s.rope_type == "yarn" else default_inv_freq(dim, cfg.rope_theta)
+    t = torch.arange(max_pos or cfg.max_position_embeddings, dtype=torch.float32)
+    freqs = torch.outer(t, inv.float())
+    att = cfg.rope_attention_factor
+    return freqs.cos() * att, freqs.sin() * att
+
+
+class DeepSeekV32ForCausalLM(nn.Module):
+    """DeepSeek-V3/V3.2 causal LM. ``forward(input_ids [T], positions [T], kv_caches, attn_meta) -> hidden [T, D]``.
+
+    ``absorb_decode=False`` runs decode steps through the expanded path (the reference the
+    absorbed path is tested against).
+    """
+
+    def __init__(self, config: DeepSeekV32Config, ops: ModuleType = raw_ops, absorb_decode: bool = True):
+        super().__init__()
+        self.config = config
+        self.ops = ops
+        self.model = DeepSeekV32Model(config, ops, absorb_decode)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """(Re)compute non-persistent buffers (after ``to_empty`` from meta, or a device move)."""
+        device = self.model.embed_tokens.weight.device
+        if device.type == "meta":
+            self.rope_cos = torch.empty(0, device="meta")
+            self.rope_sin = torch.empty(0, device="meta")
+            return
+        cos, sin = rope_tables(self.config)
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+
+    @property
+    def kv_layer_count(self) -> int:
+        return len(self.model.layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, ...]] | None = None,
+        attn_meta: AttentionMetadata | None = None,
+    ) -> torch.Tensor:  # [T, D]
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [T, r/2]
+        h = self.model.embed_tokens(input_ids)
+        residual = None
+        for i, layer in enumerate(self.model.layers):
+            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], attn_meta)
+        h, _ = self.model.norm(h, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] -> logits [N, V] in fp32."""
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, w).float()
