@@ -13,10 +13,13 @@ import torch.nn.functional as F
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 
-def write_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """cache [num_blocks, block_size, *S] <- values [T, *S] at flat slots (slot -1 = skip)."""
+def write_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor, has_padding: bool = False) -> None:
+    """cache [num_blocks, block_size, *S] <- values [T, *S] at flat slots.
+
+    Slots of -1 (padded tokens) are allowed only with ``has_padding=True``; they are skipped.
+    """
     flat = cache.view(-1, *cache.shape[2:])
-    if slot_mapping.numel() and bool((slot_mapping < 0).any()):
+    if has_padding:
         keep = slot_mapping >= 0
         flat.index_copy_(0, slot_mapping[keep], values[keep].to(cache.dtype))
     else:
@@ -56,8 +59,8 @@ class TorchAttention(torch.nn.Module):
             return o.transpose(0, 1)
         if kv_cache is not None:
             k_cache, v_cache = kv_cache
-            write_kv(k_cache, k, meta.slot_mapping)
-            write_kv(v_cache, v, meta.slot_mapping)
+            write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
+            write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
         if kv_cache is not None and meta.is_decode:
             return self._decode(q, k_cache, v_cache, meta, gqa)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)

@@ -30,6 +30,7 @@ class AttentionMetadata:
     block_size: int
     query_lens_list: list[int]
     seq_lens_list: list[int]
+    has_padding: bool = False  # some slot_mapping entries are -1 (padded rows of a captured batch)
 
     @property
     def num_seqs(self) -> int:

@@ -23,5 +23,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return kernels.swiglu_activation(gate_up)
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    return kernels.rotary_neox(q, cos, sin), kernels.rotary_neox(k, cos, sin)
+def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
+    # Cast once per forward instead of once per layer.
+    return cos.to(dtype), sin.to(dtype)
+
+
+def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return kernels.rotary_neox(qk, cos, sin)

@@ -48,11 +48,11 @@ class Llama3Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata | None):
         T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
-        q, k = self.ops.rope(q, k, cos, sin)
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) * hd]
+        # Rotate queries and keys in one call: they are adjacent in the merged projection.
+        qk = self.ops.rope(qkv[:, : self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)
         o = self.attn(q, k, v, kv_cache, meta)  # [T, H, hd]
         return self.o_proj(o.reshape(T, self.q_size))
 
@@ -130,8 +130,8 @@ class Llama3ForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, ...]] | None = None,
         attn_meta: AttentionMetadata | None = None,
     ) -> torch.Tensor:  # [T, D]
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [T, hd/2]
         h = self.model.embed_tokens(input_ids)
+        cos, sin = self.ops.prepare_rope(self.rope_cos[positions], self.rope_sin[positions], h.dtype)  # [T, hd/2]
         residual = None
         for i, layer in enumerate(self.model.layers):
             h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], attn_meta)

@@ -1,7 +1,7 @@
 """Reference ops of the llama3 family: plain torch, written for readability and as the oracle.
 
 An ops module is passed to the model at construction (``Llama3ForCausalLM(config, ops=...)``).
-Every ops module of this family exposes the same four functions with the same contracts.
+Every ops module of this family exposes the same five functions with the same contracts.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """q [T, H, D], k [T, Hkv, D], cos/sin [T, D/2] -> rotated (neox layout)."""
-    return apply_rope_neox(q, cos, sin), apply_rope_neox(k, cos, sin)
+def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
+    """Once per forward: the cos/sin [T, D/2] tables each layer uses (the reference keeps fp32)."""
+    return cos, sin
+
+
+def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """qk [T, H + Hkv, D] (queries and keys side by side), cos/sin [T, D/2] -> rotated (neox layout)."""
+    return apply_rope_neox(qk, cos, sin)

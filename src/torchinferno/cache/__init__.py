@@ -1,0 +1,1 @@
+"""KV cache management: the paged block pool (ref counts, prefix caching) and cache tensors."""

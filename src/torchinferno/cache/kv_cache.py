@@ -1,0 +1,76 @@
+"""Paged KV cache tensors for any family, sized from a memory budget or a block count.
+
+The layout comes from the family's ``kv_spec(config)`` (``models.protocol.KVSpec``): one tuple
+of tensors per layer, each ``[num_blocks, block_size, *per_token_shape]``. Nothing here knows
+whether a layer stores k/v, an MLA latent or anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from torchinferno.errors import ConfigError
+from torchinferno.models.protocol import KVSpec
+
+__all__ = ["PagedKVCache", "allocate_kv_cache", "num_blocks_for_memory"]
+
+
+def num_blocks_for_memory(spec: KVSpec, dtype: torch.dtype, block_size: int, memory_bytes: int) -> int:
+    """How many whole blocks of ``spec`` fit in ``memory_bytes``."""
+    per_block = spec.bytes_per_token(dtype) * block_size
+    if per_block <= 0:
+        raise ConfigError("the model's KV spec stores nothing per token")
+    return int(memory_bytes) // per_block
+
+
+@dataclass
+class PagedKVCache:
+    """The cache tensors plus the facts needed to address them.
+
+    ``tensors[layer]`` is what the model's forward receives as ``kv_caches[layer]``.
+    """
+
+    spec: KVSpec
+    tensors: list[tuple[torch.Tensor, ...]]
+    num_blocks: int
+    block_size: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def num_tokens(self) -> int:
+        """Token capacity of the whole pool."""
+        return self.num_blocks * self.block_size
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.spec.bytes_per_token(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for layer in self.tensors for t in layer)
+
+
+def allocate_kv_cache(
+    spec: KVSpec,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    num_blocks: int | None = None,
+    memory_bytes: int | None = None,
+) -> PagedKVCache:
+    """Allocate once (zero-filled): ``num_blocks`` wins; else as many blocks as ``memory_bytes`` holds."""
+    if num_blocks is None:
+        if memory_bytes is None:
+            raise ConfigError("give num_blocks or a KV cache memory budget")
+        num_blocks = num_blocks_for_memory(spec, dtype, block_size, memory_bytes)
+        if num_blocks < 1:
+            need = spec.bytes_per_token(dtype) * block_size
+            raise ConfigError(f"KV cache memory {memory_bytes} bytes holds no block (one block needs {need} bytes)")
+    if num_blocks < 1:
+        raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}")
+    device = torch.device(device)
+    tensors = spec.allocate(num_blocks, block_size, dtype, device)
+    return PagedKVCache(spec, tensors, num_blocks, block_size, dtype, device)

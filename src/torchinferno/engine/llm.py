@@ -1,0 +1,111 @@
+"""Offline batch API: ``LLM(model).generate(prompts, SamplingParams)`` over the serving engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.llm_engine import LLMEngine
+from torchinferno.engine.outputs import TokenLogprob
+from torchinferno.errors import ConfigError
+
+__all__ = ["LLM", "CompletionOutput"]
+
+
+@dataclass
+class CompletionOutput:
+    """The finished result of one prompt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    num_cached_tokens: int = 0
+
+
+def _resolve_tokenizer(model: nn.Module, tokenizer):
+    from torchinferno.text.tokenizer import load_tokenizer
+
+    if tokenizer is not None:
+        return load_tokenizer(tokenizer)
+    ckpt = getattr(model, "checkpoint_dir", None)
+    if ckpt is not None and (Path(ckpt) / "tokenizer.json").exists():
+        return load_tokenizer(ckpt)
+    return None
+
+
+class LLM:
+    """A model plus an ``LLMEngine``; ``generate`` runs a list of prompts with continuous batching.
+
+    ``model`` is a built ``nn.Module`` (with ``.family``) or anything ``load_model_auto`` accepts
+    (registry name, HF dir, ``.gguf``, hub id). ``tokenizer``: a ``Tokenizer``, ``"byte"``, a
+    path, or ``None`` (the checkpoint's ``tokenizer.json`` if there is one; without a tokenizer
+    prompts must be token-id lists and outputs have empty text). Extra keyword arguments are
+    ``EngineConfig`` fields.
+    """
+
+    def __init__(self, model: str | nn.Module, tokenizer=None, dtype: str | torch.dtype | None = None,
+                 device: str | torch.device | None = None, **engine_kwargs):
+        if isinstance(model, (str, Path)):
+            from torchinferno.checkpoint.auto import load_model_auto
+
+            model = load_model_auto(model, device=device or "cpu", dtype=dtype or torch.float32)
+        else:
+            if dtype is not None or device is not None:
+                from torchinferno.checkpoint.auto import resolve_dtype
+
+                model = model.to(device=device, dtype=resolve_dtype(dtype, next(model.parameters()).dtype))
+                if hasattr(model, "init_buffers"):
+                    model.init_buffers()
+        self.model = model
+        self.tokenizer = _resolve_tokenizer(model, tokenizer)
+        self.engine = LLMEngine(model, self.tokenizer, EngineConfig(**engine_kwargs))
+        self._next_id = 0
+
+    def _encode(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ConfigError("string prompts need a tokenizer (pass tokenizer='byte' or a path)")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[CompletionOutput]:
+        """Run every prompt to completion; results in input order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        sampling_params = sampling_params or SamplingParams()
+        plist = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ConfigError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        encoded = [self._encode(p) for p in prompts]
+        for ids, sp in zip(encoded, plist):  # validate everything before anything runs
+            self.engine.validate_request(f"llm-{self._next_id}", ids, sp)
+        ids = []
+        for prompt_ids, sp in zip(encoded, plist):
+            rid = f"llm-{self._next_id}"
+            self._next_id += 1
+            self.engine.add_request(rid, prompt_ids, sp)
+            ids.append(rid)
+        logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in ids}
+        final = {}
+        while self.engine.has_unfinished():
+            for o in self.engine.step():
+                if o.logprobs and o.request_id in logprobs:
+                    logprobs[o.request_id].extend(o.logprobs)
+                if o.finished:
+                    final[o.request_id] = o
+        return [
+            CompletionOutput(rid, p, final[rid].token_ids, final[rid].text, final[rid].finish_reason,
+                             final[rid].stop_reason, logprobs[rid] if sp.logprobs is not None else None,
+                             final[rid].num_cached_tokens)
+            for rid, p, sp in zip(ids, encoded, plist)
+        ]

@@ -1,0 +1,90 @@
+"""Plain data passed between scheduler, model runner and engine, and returned to callers.
+
+``SchedulerOutput`` (scheduler -> runner) and ``ModelRunnerOutput`` (runner -> scheduler) hold
+no references to live ``Request`` objects, so the runner cannot change request state and either
+side could move to another process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torchinferno.core.sampling_params import SamplingParams
+
+__all__ = ["ScheduledRequest", "SchedulerOutput", "TokenLogprob", "ModelRunnerOutput", "RequestOutput"]
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's work in a step: compute ``token_ids`` at positions ``num_computed_tokens ...``.
+
+    ``block_ids`` is the request's whole block table (covers ``num_computed_tokens +
+    len(token_ids)`` tokens); ``sample`` is True when this step reaches the end of the known
+    tokens, so the runner samples the next one from the last position.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_ids: list[int]
+    new_block_ids: list[int]
+    sample: bool
+    sampling_params: SamplingParams
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """Everything one forward needs, in batch order (decodes first, then prefill chunks)."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # finished/aborted since the last step
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled)
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability (raw model distribution) of a sampled token and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled tokens of the requests that sampled this step (by request id)."""
+
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+
+
+@dataclass
+class RequestOutput:
+    """What the engine reports for one request after a step (a streaming delta + totals)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    text: str  # cumulative text (stop strings excluded)
+    token_ids: list[int]  # cumulative generated ids (a stop token id is included, as in generate.py)
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" once finished
+    prompt_tokens: int
+    completion_tokens: int
+    stop_reason: int | str | None = None  # the stop token id, "stop_string", or None
+    logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when requested
+    num_cached_tokens: int = 0
+    prompt_token_ids: list[int] | None = None

@@ -1,0 +1,87 @@
+"""A request as the scheduler tracks it. Only the scheduler mutates these fields."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from torchinferno.core.sampling_params import SamplingParams
+
+__all__ = ["Request", "RequestStatus"]
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # blocks freed; waits at the front of the queue to recompute
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI-style reason (``"stop"|"length"|"abort"``) of a finished status."""
+        return self.value if self.is_finished else None
+
+
+@dataclass(eq=False)
+class Request:
+    """One generation request.
+
+    Invariants: ``num_computed_tokens <= num_tokens`` is the number of leading tokens of
+    ``all_token_ids`` whose KV sits in ``block_ids`` (``len(block_ids) * block_size >=
+    num_computed_tokens``); ``block_hashes[i]`` is the chained hash of full block ``i`` of
+    ``all_token_ids``; the first ``num_registered_blocks`` blocks have been offered to the
+    prefix cache. A preempted request has no blocks and ``num_computed_tokens == 0``; it resumes
+    by recomputing prompt + generated tokens, so nothing it produced is lost.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    stop_token_ids: frozenset[int] = frozenset()  # eos (unless ignore_eos) | params.stop_token_ids
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_ids: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit at first admission
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None
+    arrival_index: int = 0  # FCFS order assigned by the scheduler (ties of arrival_time)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """``all_token_ids[start:stop]`` without concatenating the whole sequence."""
+        n = len(self.prompt_token_ids)
+        if stop <= n:
+            return self.prompt_token_ids[start:stop]
+        if start >= n:
+            return self.output_token_ids[start - n : stop - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: stop - n]

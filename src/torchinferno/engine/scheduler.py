@@ -1,0 +1,244 @@
+"""Continuous-batching scheduler over a paged KV block pool.
+
+Each ``schedule()`` builds one step under two budgets, ``max_num_batched_tokens`` and
+``max_num_seqs``:
+
+1. running requests, decodes first, then in-progress prefill chunks. A request that needs a new
+   block when none is free preempts the latest-arrived unscheduled running request (possibly
+   itself): its blocks are freed and it goes back to the front of the waiting queue to be
+   recomputed from prompt + generated tokens;
+2. waiting requests in FCFS order (skipped in a step that preempted): each reuses the longest
+   cached prefix of its tokens, then computes the rest, chunked to the remaining token budget.
+
+``update_from_output()`` consumes the runner's sampled tokens: advances computed counts,
+registers newly full blocks in the prefix cache, appends tokens and applies token-level stops
+(eos / stop_token_ids / max_tokens / max_model_len). Stop strings need text, so the engine
+reports them through ``finish_request``. Only this class changes ``Request`` state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from torchinferno.engine.request import Request, RequestStatus
+
+__all__ = ["Scheduler", "StepResult"]
+
+
+@dataclass
+class StepResult:
+    """A request that produced a token this step (or finished); input to the output processor."""
+
+    request: Request
+    new_token_ids: list[int]
+    finished: bool
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    """Owns the waiting queue, the running set and every block-table change."""
+
+    def __init__(self, config: EngineConfig, pool: BlockPool, max_model_len: int):
+        self.config = config
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []
+        self._arrivals = itertools.count()
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ queue management
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        request.arrival_index = next(self._arrivals)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """Finish a live request (abort, stop string); frees its blocks. None if unknown/finished."""
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self._finish(req, status)
+        return req
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        self._free_blocks(req)
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+
+    def _free_blocks(self, req: Request) -> None:
+        # Tail first: when these blocks are evicted later, the shareable head goes last.
+        self.pool.free(reversed(req.block_ids))
+        req.block_ids = []
+        req.num_registered_blocks = 0
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._free_blocks(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # ------------------------------------------------------------------ block helpers
+    def _ensure_hashes(self, req: Request, num_tokens: int) -> None:
+        """Extend ``req.block_hashes`` to cover the full blocks among the first ``num_tokens``."""
+        have = len(req.block_hashes)
+        want = num_tokens // self.block_size
+        if want > have:
+            parent = req.block_hashes[-1] if have else None
+            toks = req.token_slice(0, want * self.block_size)
+            req.block_hashes.extend(hash_token_blocks(toks, self.block_size, start=have, parent_hash=parent))
+
+    def _register_full_blocks(self, req: Request) -> None:
+        """Offer blocks whose KV is now completely written to the prefix cache."""
+        if not self.pool.enable_prefix_caching:
+            return
+        full = req.num_computed_tokens // self.block_size
+        if full <= req.num_registered_blocks:
+            return
+        self._ensure_hashes(req, full * self.block_size)
+        for i in range(req.num_registered_blocks, full):
+            self.pool.cache_block(req.block_ids[i], req.block_hashes[i])
+        req.num_registered_blocks = full
+
+    def _blocks_needed(self, req: Request, num_new: int) -> int:
+        return max(0, _cdiv(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids))
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        decodes: list[ScheduledRequest] = []
+        prefills: list[ScheduledRequest] = []
+        preempted: list[str] = []
+
+        # 1. Running requests: decodes (one token) first, then continuing prefill chunks.
+        order = sorted(self.running, key=lambda r: (r.num_tokens - r.num_computed_tokens > 1, r.arrival_index))
+        pending = deque(order)
+        while pending and budget > 0:
+            req = pending.popleft()
+            num_new = req.num_tokens - req.num_computed_tokens
+            if num_new > budget:
+                if not cfg.enable_chunked_prefill:
+                    continue
+                num_new = budget
+            need = self._blocks_needed(req, num_new)
+            while need > self.pool.num_free:
+                # Preempt the latest arrival among those not yet scheduled this step.
+                victim = max([req, *pending], key=lambda r: r.arrival_index)
+                if victim is not req:
+                    pending.remove(victim)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:
+                continue
+            new_blocks = self.pool.allocate(need)
+            req.block_ids.extend(new_blocks)
+            (decodes if num_new == 1 and req.num_computed_tokens >= req.num_prompt_tokens else prefills).append(
+                self._scheduled(req, num_new, new_blocks))
+            budget -= num_new
+
+        # 2. Waiting requests (FCFS); none in a step that had to preempt.
+        while self.waiting and budget > 0 and not preempted and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            hit: list[int] = []
+            if self.pool.enable_prefix_caching:
+                # Always recompute at least the last token, so never reuse the block holding it.
+                max_hit = (req.num_tokens - 1) // self.block_size
+                self._ensure_hashes(req, max_hit * self.block_size)
+                hit = self.pool.lookup(req.block_hashes[:max_hit])
+            num_cached = len(hit) * self.block_size
+            num_new = req.num_tokens - num_cached
+            if num_new > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                num_new = budget
+            need = _cdiv(num_cached + num_new, self.block_size) - len(hit)
+            if need + self.pool.num_reclaimed_by(hit) > self.pool.num_free:
+                break  # wait for running requests to free blocks
+            self.waiting.popleft()
+            self.pool.touch(hit)
+            new_blocks = self.pool.allocate(need)
+            req.block_ids = hit + new_blocks
+            req.num_computed_tokens = num_cached
+            req.num_registered_blocks = len(hit)
+            if req.status == RequestStatus.WAITING:
+                req.num_cached_tokens = num_cached
+            self.pool.record_prefix_query(req.num_tokens, num_cached)
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            prefills.append(self._scheduled(req, num_new, new_blocks))
+            budget -= num_new
+
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled=decodes + prefills, preempted_ids=preempted, finished_ids=finished)
+
+    def _scheduled(self, req: Request, num_new: int, new_blocks: list[int]) -> ScheduledRequest:
+        start = req.num_computed_tokens
+        return ScheduledRequest(
+            request_id=req.request_id,
+            token_ids=req.token_slice(start, start + num_new),
+            num_computed_tokens=start,
+            block_ids=list(req.block_ids),
+            new_block_ids=list(new_blocks),
+            sample=start + num_new == req.num_tokens,
+            sampling_params=req.sampling_params,
+        )
+
+    # ------------------------------------------------------------------ results
+    def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[StepResult]:
+        results: list[StepResult] = []
+        for s in sched.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # finished or preempted after scheduling
+            req.num_computed_tokens += s.num_tokens
+            self._register_full_blocks(req)
+            if not s.sample:
+                continue
+            tok = out.sampled_token_ids[s.request_id]
+            req.output_token_ids.append(tok)
+            status = None
+            if tok in req.stop_token_ids:
+                status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok
+            elif req.num_output_tokens >= req.sampling_params.max_tokens or req.num_tokens >= self.max_model_len:
+                status = RequestStatus.FINISHED_LENGTH
+            if status is not None:
+                self.running.remove(req)
+                self._finish(req, status)
+            results.append(StepResult(req, [tok], status is not None))
+        return results

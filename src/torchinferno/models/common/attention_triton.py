@@ -1,0 +1,56 @@
+"""Triton attention backend over the paged KV layout (same ``forward`` as ``TorchAttention``).
+
+Chosen at model construction (``family.build(..., attention_backend=TritonPagedAttention)``).
+On CUDA tensors with Triton installed:
+
+* KV append: one Triton launch writes K and V at ``slot_mapping`` (slot -1 skipped);
+* decode batches (every sequence adds one token): the split-K paged decode kernel. It reads
+  only device tensors (``slot_mapping``, ``block_tables``, ``seq_lens``) and picks its split
+  count from static shapes, so a decode step can be captured in a CUDA graph
+  (``supports_cuda_graphs``);
+* a batch that is one fresh prompt (no cached context): SDPA (FlashAttention) on the new K/V;
+* anything else (several prompts, chunked prefill, prefix-cache hits, decodes mixed with
+  prefill chunks): one varlen paged prefill launch plus one decode launch for the leading
+  one-token rows (``kernels.api.paged_prefill_attention``).
+
+Elsewhere (CPU tensors, no Triton) it behaves exactly like ``TorchAttention``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from torchinferno.kernels import api as kapi
+from torchinferno.kernels import triton as tri
+from torchinferno.models.common.attention import TorchAttention
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+
+
+class TritonPagedAttention(TorchAttention):
+    """q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, H, Dv] (see module docstring)."""
+
+    supports_cuda_graphs = True
+
+    def forward(self, q, k, v, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata | None):
+        if kv_cache is None or meta is None or not tri.usable(q):
+            return super().forward(q, k, v, kv_cache, meta)
+        k_cache, v_cache = kv_cache
+        kapi.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode:
+            return kapi.batched_paged_decode_attention(q.contiguous(), k_cache, v_cache, meta.block_tables,
+                                                       meta.seq_lens, self.scale)
+        if meta.num_seqs == 1 and meta.seq_lens_list[0] == meta.query_lens_list[0]:
+            return self._fresh_prompt(q, k, v)
+        return kapi.paged_prefill_attention(q.contiguous(), k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                            meta.block_tables, self.scale, meta.query_lens_list, meta.seq_lens_list)
+
+    def _fresh_prompt(self, q, k, v):
+        # K/V are expanded to H heads so SDPA's FlashAttention backend applies whatever the GQA
+        # support of the installed torch; the copy is T*H*D elements, negligible next to the math.
+        rep = self.num_heads // self.num_kv_heads
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                           is_causal=True, scale=self.scale)
+        return o[0].transpose(0, 1)
