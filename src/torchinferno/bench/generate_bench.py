@@ -90,13 +90,17 @@ def hf_decode_tok_s(hf_model, prompts: list[list[int]], new_tokens: int, repeats
 
 
 def run_bench(model_spec: str, batch_sizes: list[int], new_tokens: int, dtype: str, device: str, compare_hf: bool,
-              prompt_len: int = 32, cache_dir=None, log=print) -> BenchReport:
+              prompt_len: int = 32, cache_dir=None, log=print, prepack: bool = True) -> BenchReport:
     from torchinferno.bench.ceilings import copy_bandwidth
     from torchinferno.checkpoint.auto import load_model_auto, resolve_dtype
 
     model = load_model_auto(model_spec, device=device, dtype=dtype, cache_dir=cache_dir)
+    wbytes = weight_bytes_per_step(model)  # before packing: packed weights are buffers, same bytes
+    if prepack:
+        from torchinferno.kernels.cpu_linear import prepack_linears
+
+        prepack_linears(model)
     bw = copy_bandwidth(device)
-    wbytes = weight_bytes_per_step(model)
     report = BenchReport(model_spec, dtype, device, torch.get_num_threads(), bw / 1e9, wbytes)
     hf = None
     if compare_hf:

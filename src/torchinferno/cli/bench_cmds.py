@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare-hf", action="store_true", help="also time transformers' generate on the same weights")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--json-output", default=None, help="write the report as JSON here")
+    p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights for oneDNN")
     p.set_defaults(func=cmd_bench_generate)
 
 
@@ -30,7 +31,8 @@ def cmd_bench_generate(a) -> int:
     check_device(a.device)
     print(f"bench-generate {a.model} dtype={a.dtype} device={a.device} threads={torch.get_num_threads()} "
           f"prompt={a.prompt_tokens} new={a.new_tokens}")
-    rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens, a.cache_dir)
+    rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens, a.cache_dir,
+                     prepack=not a.no_prepack)
     print(f"copy bandwidth (read+write): {rep.bandwidth_gb_s:.1f} GB/s; weight bytes per decode step: {rep.weight_bytes_per_step / 1e6:.1f} MB")
     if a.json_output:
         data = asdict(rep)

@@ -18,6 +18,8 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
     p.add_argument("--tokenizer", default=None, help="byte | PATH (default: the model's tokenizer.json, else byte)")
     p.add_argument("--cache-dir", default=None, help="model cache (default ~/.cache/torchinferno)")
     p.add_argument("--variant", default=None, help="model variant from the family registry (default: the family's default)")
+    p.add_argument("--no-prepack", action="store_true",
+                   help="keep plain nn.Linear weights on CPU (default: pre-pack bf16 weights for oneDNN)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -59,6 +61,10 @@ def load_model_and_tokenizer(a: argparse.Namespace):
 
     check_device(a.device)
     model = load_model_auto(a.model, device=a.device, dtype=a.dtype, variant=a.variant, cache_dir=a.cache_dir)
+    if not getattr(a, "no_prepack", False):
+        from torchinferno.kernels.cpu_linear import prepack_linears
+
+        prepack_linears(model)  # no-op unless the weights are bf16 on a CPU with oneDNN bf16
     spec = a.tokenizer
     if spec is None:
         spec = str(model.checkpoint_dir) if (Path(model.checkpoint_dir) / "tokenizer.json").exists() else "byte"

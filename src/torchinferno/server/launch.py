@@ -33,6 +33,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights for oneDNN")
 
 
 def build(args: argparse.Namespace):
@@ -62,6 +63,10 @@ def build(args: argparse.Namespace):
         root = str(model.checkpoint_dir)
         name = args.served_model_name or model_spec
         tok_spec = args.tokenizer or (root if (Path(root) / "tokenizer.json").exists() else "byte")
+    if not args.no_prepack:
+        from torchinferno.kernels.cpu_linear import prepack_linears
+
+        prepack_linears(model)  # no-op unless bf16 weights on a CPU with oneDNN bf16
     tokenizer = load_tokenizer(tok_spec)
     max_len = args.max_model_len or min(model.config.max_position_embeddings, 4096)
     block = max_len if args.cache_backend == "dense" else args.block_size

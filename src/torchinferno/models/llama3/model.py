@@ -104,6 +104,9 @@ class Llama3ForCausalLM(nn.Module):
         self.ops = ops
         self.model = Llama3Model(config, ops, attention_backend)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Optional runtime replacement of the logits projection (e.g. a pre-packed CPU linear);
+        # set by kernels.cpu_linear.prepack_linears, never by the model itself.
+        self.packed_head: nn.Module | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_buffers()
@@ -118,6 +121,10 @@ class Llama3ForCausalLM(nn.Module):
         c = self.config
         cos, sin = rope_cos_sin(c.head_dim_, c.rope_theta, c.max_position_embeddings, c.rope_scaling)
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+
+    def head_weight(self) -> torch.Tensor:
+        """[V, D] weight of the logits projection (the embedding when tied)."""
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     @property
     def kv_layer_count(self) -> int:
@@ -140,5 +147,6 @@ class Llama3ForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, D] -> logits [N, V] in fp32."""
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, w).float()
+        if self.packed_head is not None:
+            return self.packed_head(hidden).float()
+        return torch.nn.functional.linear(hidden, self.head_weight()).float()

@@ -1,0 +1,63 @@
+"""CPU linear with weights pre-packed once for oneDNN (bf16 on AVX512-BF16/AMX CPUs).
+
+A runtime transformation applied after a model is built and loaded, like quantization: it
+replaces ``nn.Linear`` modules by :class:`PackedLinear`, whose weight lives in oneDNN's blocked
+layout so every decode GEMV reads it at near-streaming bandwidth instead of re-laying it out
+per call. Numerics: the same products summed in oneDNN's order (bf16 in, fp32 accumulate).
+Export is not supported on a packed model: keep the unpacked module for save_pretrained.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def can_prepack(dtype: torch.dtype) -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return False
+
+
+class PackedLinear(nn.Module):
+    """y = x @ W^T (+ b) with W pre-packed for oneDNN. x [..., K] -> [..., N]."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_hint: int = 1):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.detach()
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(w, batch_hint), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed_weight, self.bias, "none", [], "")
+        return y.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=onednn"
+
+
+def prepack_linears(model: nn.Module) -> int:
+    """Swap every CPU bf16 ``nn.Linear`` in ``model`` for a :class:`PackedLinear`; returns the count.
+
+    A model exposing ``head_weight()`` and a ``packed_head`` slot also gets its logits projection
+    packed (this covers a head tied to the embedding, which is not an ``nn.Linear``).
+    """
+    count = 0
+    if getattr(model, "packed_head", False) is None and callable(getattr(model, "head_weight", None)):
+        w = model.head_weight()  # read before the lm_head Linear (if any) is swapped below
+        if w.device.type == "cpu" and can_prepack(w.dtype):
+            model.packed_head = PackedLinear(w)
+            count += 1
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if parent is model and name == "lm_head" and getattr(model, "packed_head", None) is not None:
+                setattr(parent, name, None)  # the packed head replaces it; keep one copy in memory
+                continue
+            if isinstance(child, nn.Linear) and child.weight.device.type == "cpu" and can_prepack(child.weight.dtype):
+                setattr(parent, name, PackedLinear(child.weight, child.bias))
+                count += 1
+    return count

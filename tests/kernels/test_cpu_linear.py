@@ -1,0 +1,30 @@
+"""Pre-packed oneDNN CPU linears give the same results as nn.Linear (bf16)."""
+
+import pytest
+import torch
+
+from torchinferno.kernels.cpu_linear import PackedLinear, can_prepack, prepack_linears
+from torchinferno.testing import tiny_model
+
+pytestmark = pytest.mark.skipif(not can_prepack(torch.bfloat16), reason="oneDNN bf16 not supported on this CPU")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17])
+def test_packed_linear_matches_linear(rows):
+    lin = torch.nn.Linear(96, 160, bias=True).to(torch.bfloat16)
+    x = torch.randn(rows, 96, dtype=torch.bfloat16)
+    torch.testing.assert_close(PackedLinear(lin.weight, lin.bias)(x).float(), lin(x).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_prepacked_model_matches_unpacked():
+    ref = tiny_model("llama3", dtype=torch.bfloat16)
+    packed = tiny_model("llama3", dtype=torch.bfloat16)
+    n = prepack_linears(packed)
+    assert n == 2 * 4 + 1  # qkv, o, gate_up, down per layer + the head
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    ids = torch.randint(0, 250, (11,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a = ref.compute_logits(ref(ids, torch.arange(11)))
+        b = packed.compute_logits(packed(ids, torch.arange(11)))
+    torch.testing.assert_close(b, a, atol=3e-2, rtol=3e-2)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
