@@ -7,7 +7,9 @@ TORCH_SPEC ?= torch==2.13.0
 MODEL ?= smollm2-135m-instruct
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast bench audit clean
+PORT ?= 8000
+
+.PHONY: setup run chat test test-fast bench audit clean
 
 $(VENV)/.torchinferno-setup: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +21,9 @@ $(VENV)/.torchinferno-setup: pyproject.toml
 setup: $(VENV)/.torchinferno-setup
 
 run: setup
+	$(TI) serve $(MODEL) --port $(PORT)
+
+chat: setup
 	$(TI) chat $(MODEL) "What is the capital of France?"
 
 test: setup

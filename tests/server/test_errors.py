@@ -83,7 +83,7 @@ def test_disconnect_aborts_and_frees_blocks(tiny_server, stream):
 
 
 def test_api_key_required():
-    from conftest import LiveServer
+    from torchinferno.server.live import LiveServer
 
     s = LiveServer(["--model-kind", "llama3", "--dtype", "float32", "--max-model-len", "64", "--api-key", "sekret"])
     try:
