@@ -110,6 +110,7 @@ class StaticGenerator:
             block_size=self.max_seq_len,
             query_lens_list=[1] * n,
             seq_lens_list=[p + 1 for p in pos_list],
+            block_tables_host=[[r] for r in rows_list],
         )
 
     @torch.inference_mode()

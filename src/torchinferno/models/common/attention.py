@@ -93,8 +93,14 @@ class TorchAttention(torch.nn.Module):
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, gqa: bool):
         # q [B, H, D]: one query per sequence; attend to seq_lens[b] cached tokens.
         length = meta.max_seq_len
-        kb = gather_kv(k_cache, meta.block_tables, length).transpose(1, 2).to(q.dtype)  # [B, Hkv, L, D]
-        vb = gather_kv(v_cache, meta.block_tables, length).transpose(1, 2).to(q.dtype)
+        if meta.num_seqs == 1 and meta.block_tables_host is not None and length <= k_cache.shape[1]:
+            # One sequence whose context sits in one block: attend to a view, copy nothing.
+            row = meta.block_tables_host[0][0]
+            kb = k_cache[row, :length].unsqueeze(0).transpose(1, 2).to(q.dtype)
+            vb = v_cache[row, :length].unsqueeze(0).transpose(1, 2).to(q.dtype)
+        else:
+            kb = gather_kv(k_cache, meta.block_tables, length).transpose(1, 2).to(q.dtype)  # [B, Hkv, L, D]
+            vb = gather_kv(v_cache, meta.block_tables, length).transpose(1, 2).to(q.dtype)
         mask = None
         if min(meta.seq_lens_list) != length:
             mask = (torch.arange(length, device=q.device)[None, :] < meta.seq_lens[:, None])[:, None, None, :]

@@ -31,6 +31,7 @@ class AttentionMetadata:
     query_lens_list: list[int]
     seq_lens_list: list[int]
     has_padding: bool = False  # some slot_mapping entries are -1 (padded rows of a captured batch)
+    block_tables_host: list[list[int]] | None = None  # optional host copy (lets backends slice views)
 
     @property
     def num_seqs(self) -> int:
