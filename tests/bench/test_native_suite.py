@@ -1,0 +1,63 @@
+"""llama-bench-suite on a tiny random llama3: vLLM-shaped files, a real online run, one report."""
+
+import json
+import math
+from html.parser import HTMLParser
+
+from torchinferno.bench.results import load_results
+from torchinferno.cli.main import main
+
+ARGS = ["--model-kind", "llama3", "--dtype", "float32", "--input-len", "12", "--output-len", "6", "--batch-size", "2",
+        "--num-prompts", "6", "--num-iters", "2", "--num-iters-warmup", "1"]
+
+
+def test_plan_only(tmp_path, capsys):
+    d = tmp_path / "plan"
+    assert main(["llama-bench-suite", str(d), *ARGS, "--max-concurrency", "1", "4"]) == 0
+    plan = json.loads((d / "commands.json").read_text())
+    assert plan["engine"] == "torchinferno"
+    assert [c["name"] for c in plan["commands"]] == ["latency", "throughput", "server", "serve-c1", "serve-c4"]
+    server = plan["commands"][2]["argv"]
+    assert server[:4] == ["torchinferno", "serve", "--model-kind", "llama3"] and "{port}" in server
+    client = plan["commands"][4]["argv"]
+    assert client[:2] == ["torchinferno", "bench-serve"] and client[client.index("--max-concurrency") + 1] == "4"
+    # the planned client argv parses with our own CLI (it is what --run executes)
+    from torchinferno.cli.main import build_parser
+
+    build_parser().parse_args([a.replace("{port}", "1") for a in client[1:]])
+    assert not (d / "latency.json").exists()
+
+
+def test_run_all_three(tmp_path):
+    d = tmp_path / "suite"
+    rc = main(["llama-bench-suite", str(d), *ARGS, "--max-concurrency", "2", "--run"])
+    status = json.loads((d / "run_status.json").read_text())
+    assert rc == 0, status
+    assert {k: v["status"] for k, v in status.items()} == {"latency": "ok", "throughput": "ok", "serve-c2": "ok"}
+    lat = json.loads((d / "latency.json").read_text())
+    assert set(lat) >= {"avg_latency", "latencies", "percentiles"} and len(lat["latencies"]) == 2
+    assert set(lat["percentiles"]) == {"10", "25", "50", "75", "90", "99"}
+    tp = json.loads((d / "throughput.json").read_text())
+    assert tp["num_requests"] == 6 and tp["total_num_tokens"] == 6 * (12 + 6)
+    assert math.isclose(tp["tokens_per_second"], tp["total_num_tokens"] / tp["elapsed_time"])
+    sv = json.loads((d / "serve-c2.json").read_text())
+    assert sv["completed"] == sv["num_prompts"] == 6 and sv["max_concurrency"] == 2 and sv["engine"] == "torchinferno"
+    assert all(t <= e for t, e in zip(sv["ttfts"], sv["latencies"]))
+    res = load_results([d])
+    assert {(r.backend, r.kind) for r in res} == {("torchinferno", k) for k in ("latency", "throughput", "serve")}
+
+    class Count(HTMLParser):
+        n = 0
+
+        def handle_starttag(self, tag, attrs):
+            Count.n += tag == "svg"
+
+    Count().feed((d / "performance.html").read_text())
+    assert Count.n >= 6
+
+
+def test_multi_device_is_reported_unsupported(tmp_path):
+    d = tmp_path / "tp"
+    rc = main(["llama-bench-suite", str(d), *ARGS, "--benchmarks", "latency", "--devices", "cpu", "cpu", "--run"])
+    status = json.loads((d / "run_status.json").read_text())
+    assert rc != 0 and status["latency"]["status"] == "unsupported"
