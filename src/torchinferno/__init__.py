@@ -24,6 +24,10 @@ _LAZY = {
     "DeepSeekV32Config": "torchinferno.models.deepseek_v32.config",
     "DeepSeekV32ForCausalLM": "torchinferno.models.deepseek_v32.model",
     "tiny_deepseek_v32_config": "torchinferno.models.deepseek_v32.config",
+    "DSv4Config": "torchinferno.models.dsv4.config",
+    "DSv4ForCausalLM": "torchinferno.models.dsv4.model",
+    "tiny_dsv4_config": "torchinferno.models.dsv4.config",
+    "dequantize_fp8_block": "torchinferno.checkpoint.fp8",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -4,12 +4,14 @@ import csv
 import json
 import shutil
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 
-FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
 from torchinferno.bench.report import render_html
 from torchinferno.bench.results import ResultReadError, load_results, summary_rows
+
+FIXTURES = Path(__file__).parent / "fixtures"
 from torchinferno.cli.main import main
 
 VERSIONS = ["vllm_v0_4", "vllm_v0_6", "vllm_v0_11"]

@@ -17,6 +17,11 @@ COMMAND_GROUPS = (
     "torchinferno.cli.audit_cmds",
     "torchinferno.cli.engine_cmds",
     "torchinferno.cli.serve_cmds",
+    "torchinferno.cli.bench_suite_cmds",
+    "torchinferno.cli.gpu_cmds",
+    "torchinferno.cli.deepseek_cmds",
+    "torchinferno.cli.profile_cmds",  # before variants_cmds: its model-variants adds promoted variants
+    "torchinferno.cli.variants_cmds",  # validate-model-variants (model-variants is in profile_cmds)
 )
 
 

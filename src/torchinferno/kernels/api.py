@@ -1,32 +1,162 @@
-"""Dispatching kernel entry points (torch fallbacks on CPU; GPU kernels plug in here)."""
+"""Dispatching kernel entry points: Triton on CUDA tensors (when Triton is installed), torch elsewhere.
+
+The choice is made from the tensors' device on each call (never from environment variables).
+The torch paths are the references the Triton kernels are tested against (``tests/kernels``);
+the element-wise ones have float32 oracles in ``kernels.reference`` too.
+
+Paged KV layout used by the attention entry points: caches ``[num_blocks, block_size, Hkv, D]``
+(``Dv`` for values), ``block_tables [B, max_blocks]`` int32, ``seq_lens [B]`` int32; token ``p`` of
+row ``b`` lives at block ``block_tables[b, p // block_size]``, row ``p % block_size``.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from torchinferno.kernels import triton as _tri
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D] -> [..., D] in x.dtype; fp32 accumulation."""
+    if _tri.usable(x):
+        from torchinferno.kernels.triton import norm
+
+        return norm.rms_norm(x, weight, eps)
     return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps).to(x.dtype)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     """Returns (rms_norm(x + residual), x + residual)."""
+    if _tri.usable(x):
+        from torchinferno.kernels.triton import norm
+
+        return norm.add_rms_norm(x, residual, weight, eps)
     h = x + residual
     return rms_norm(h, weight, eps), h
 
 
 def swiglu_activation(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up [..., 2I] -> silu(gate) * up [..., I]."""
+    if _tri.usable(gate_up):
+        from torchinferno.kernels.triton import activation
+
+        return activation.swiglu_activation(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
 def rotary_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, D], cos/sin [T, D/2] -> x rotated by halves, in x.dtype."""
+    if _tri.usable(x):
+        from torchinferno.kernels.triton import rotary
+
+        return rotary.rotary_neox(x, cos, sin)
     half = x.shape[-1] // 2
     c = cos[:, None, :].to(x.dtype)
     s = sin[:, None, :].to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+# --------------------------------------------------------------------------- paged KV cache ops
+def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """KV append: ``k [T, Hkv, D]``, ``v [T, Hkv, Dv]`` into the caches at flat ``slot_mapping [T]``.
+
+    A slot of ``-1`` writes nothing (padded rows). In place; no host sync on the CUDA path.
+    """
+    if _tri.usable(k):
+        from torchinferno.kernels.triton import kv_cache
+
+        return kv_cache.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    for cache, vals in ((k_cache, k), (v_cache, v)):
+        flat = cache.view(-1, *cache.shape[2:])
+        keep = slot_mapping >= 0
+        flat.index_copy_(0, slot_mapping[keep], vals[keep].to(cache.dtype))
+
+
+def _gather_rows(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """[length, Hkv, D]: the first ``length`` cached tokens of one block-table row."""
+    bs = cache.shape[1]
+    nb = -(-length // bs)
+    return cache[block_table[:nb].long()].reshape(nb * bs, *cache.shape[2:])[:length]
+
+
+def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              query_lens: list[int], seq_lens: list[int], block_tables: torch.Tensor,
+                              scale: float) -> torch.Tensor:
+    """Torch oracle for every paged attention path (decode, prefill, extend, mixed), fp32 math.
+
+    ``q [T, H, D]`` holds ``query_lens[b]`` consecutive tokens of sequence ``b``; they sit at the
+    last positions of its ``seq_lens[b]`` cached tokens and attend causally. -> ``[T, H, Dv]``.
+    """
+    H = q.shape[1]
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp32 math, fp64 when given fp64
+    out = torch.empty(q.shape[0], H, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    start = 0
+    for b, (ql, sl) in enumerate(zip(query_lens, seq_lens)):
+        k = _gather_rows(k_cache, block_tables[b], sl).to(acc)  # [S, Hkv, D]
+        v = _gather_rows(v_cache, block_tables[b], sl).to(acc)
+        rep = H // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [S, H, D]
+        qb = q[start:start + ql].to(acc)  # [ql, H, D]
+        s = torch.einsum("qhd,shd->hqs", qb, k) * scale
+        qpos = torch.arange(sl - ql, sl, device=q.device)
+        mask = torch.arange(sl, device=q.device)[None, :] <= qpos[:, None]  # [ql, S]
+        p = s.masked_fill(~mask[None], float("-inf")).softmax(-1)
+        out[start:start + ql] = torch.einsum("hqs,shd->qhd", p, v).to(q.dtype)
+        start += ql
+    return out
+
+
+def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                                   num_splits: int | None = None, seq_lens_list: list[int] | None = None) -> torch.Tensor:
+    """One query per row: ``q [B, H, D]`` attends to ``seq_lens[b]`` cached tokens -> ``[B, H, Dv]``.
+
+    GQA when ``H > Hkv``; rows may have any lengths. On CUDA this is the split-K Triton kernel
+    (``num_splits`` defaults to a shape-only heuristic, so the call is CUDA-graph capturable).
+    ``seq_lens_list`` (host copy) spares the torch path a device sync.
+    """
+    if _tri.usable(q):
+        from torchinferno.kernels.triton import decode_attention
+
+        return decode_attention.batched_paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                                               num_splits)
+    lens = seq_lens_list if seq_lens_list is not None else [int(x) for x in seq_lens.tolist()]
+    return paged_attention_reference(q, k_cache, v_cache, [1] * len(lens), lens, block_tables, scale)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+    """One sequence: ``q [H, D]`` over its ``seq_len`` cached tokens (``block_table [max_blocks]``) -> ``[H, Dv]``."""
+    seq_lens = torch.tensor([seq_len], dtype=torch.int32, device=q.device)
+    return batched_paged_decode_attention(q[None], k_cache, v_cache, block_table[None], seq_lens, scale,
+                                          seq_lens_list=[seq_len])[0]
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                            scale: float, query_lens_list: list[int], seq_lens_list: list[int]) -> torch.Tensor:
+    """Causal attention of a flattened ragged batch over the paged cache (prefill, chunked prefill,
+    prefix-cache extend, mixed with decodes). The caches must already hold the new tokens' K/V.
+
+    ``q [T, H, D]`` -> ``[T, H, Dv]``. On CUDA: decode rows (a leading run of one-token queries)
+    go to the split-K decode kernel and the rest to the Triton varlen prefill kernel.
+    """
+    if _tri.usable(q):
+        from torchinferno.kernels.triton import decode_attention, prefill_attention
+
+        out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
+        nd = 0
+        while nd < len(query_lens_list) and query_lens_list[nd] == 1:
+            nd += 1
+        if nd:
+            decode_attention.batched_paged_decode_attention(q[:nd], k_cache, v_cache, block_tables[:nd], seq_lens[:nd],
+                                                            scale, out=out[:nd])
+        if nd < len(query_lens_list):
+            prefill_attention.paged_prefill_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
+                                                      scale, num_tokens=q.shape[0] - nd, first_seq=nd, q_base=nd, out=out)
+        return out
+    return paged_attention_reference(q, k_cache, v_cache, query_lens_list, seq_lens_list, block_tables, scale)

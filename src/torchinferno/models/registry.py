@@ -11,6 +11,7 @@ from torchinferno.models.protocol import ModelFamily
 _FAMILIES: dict[str, str] = {
     "llama3": "torchinferno.models.llama3.family:FAMILY",
     "deepseek-v3.2": "torchinferno.models.deepseek_v32.family:FAMILY",
+    "dsv4": "torchinferno.models.dsv4.family:FAMILY",
 }
 _ALIASES: dict[str, str] = {
     "llama": "llama3",

@@ -12,7 +12,8 @@ Accepted expert layouts: the per-expert hub layout ``mlp.experts.N.{gate,up,down
 3-D layout ``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj`` (transformers' in-memory
 names). ``export_weights`` writes the per-expert layout. Multi-token-prediction layers stored
 after the last layer (``model.layers.{L}..``, ``num_nextn_predict_layers``) are skipped.
-FP8 block-scaled checkpoints (``*.weight_scale_inv``) are refused for now.
+FP8 block-scaled checkpoints (``X.weight`` in float8 + ``X.weight_scale_inv``, 128x128 blocks) are
+dequantized while loading (``checkpoint.fp8``); the pair may arrive in either order.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Iterable, Iterator
 
 import torch
 
+from torchinferno.checkpoint.fp8 import Fp8Pairer
 from torchinferno.errors import CheckpointError
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -96,15 +98,9 @@ def load_weights(model, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy HF-named tensors into ``model`` (materialized, not meta); every tensor must be covered."""
     state = _state(model)
     covered: dict[str, set] = {name: set() for name in state}
-    for hf_name, tensor in tensors:
+    for hf_name, tensor in Fp8Pairer(out_dtype=torch.float32)(tensors):
         if _IGNORED.search(hf_name):
             continue
-        if hf_name.endswith("_scale_inv") or tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            what = "an FP8 block scale" if hf_name.endswith("_scale_inv") else f"stored as {tensor.dtype}"
-            raise CheckpointError(
-                f"tensor '{hf_name}' is {what}: FP8 block-scaled DeepSeek checkpoints (weight_scale_inv, 128x128) "
-                "need dequantization at load, which is not supported yet — convert the checkpoint to bf16 first"
-            )
         name, piece, dst = _target(model, hf_name, state)
         if name == "":
             continue
