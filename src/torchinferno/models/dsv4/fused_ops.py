@@ -1,0 +1,39 @@
+"""Same contract as ``raw_ops`` routed to ``torchinferno.kernels`` (Triton on CUDA, fused torch on CPU).
+
+Interleaved rope, latent attention and the grouped MoE have no kernel entry yet and use the
+reference implementations behind this contract.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torchinferno import kernels
+from torchinferno.models.common import mla, moe
+from torchinferno.models.common.rope import apply_rope_interleaved
+
+NAME = "fused"
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return kernels.rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    if residual is None:
+        return kernels.rms_norm(x, weight, eps), x
+    return kernels.add_rms_norm(x, residual, weight, eps)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return kernels.swiglu_activation(gate_up)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    return apply_rope_interleaved(x, cos, sin) if interleaved else kernels.rotary_neox(x, cos, sin)
+
+
+latent_expanded_attention = mla.mla_expanded_attention
+latent_absorbed_attention = mla.mla_absorbed_attention
+route = moe.route_sigmoid_grouped
+grouped_expert_mlp = moe.grouped_expert_mlp

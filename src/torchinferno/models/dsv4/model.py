@@ -1,0 +1,260 @@
+"""dsv4 model on the family contract (see ``models/protocol.py``). A local compact family, not DeepSeek-V4.
+
+Per layer: latent attention (optional query LoRA; the cache holds only ``[c_kv | k_pe]`` per
+token; decode optionally attends over the latent directly with ``kv_b_proj`` absorbed), then a
+dense SwiGLU MLP (first ``first_k_dense_replace`` layers) or a small MoE (sigmoid top-k routing
+with a selection-only correction bias, plus shared experts). Module names follow the
+DeepSeek-V3 HF checkpoint except merged ``gate_up_proj`` (dense/shared MLPs) and the 3-D routed
+expert tensors; ``weights.py`` maps the names.
+
+Cache per layer (``family.kv_spec``): ``latent [blocks, block_size, kv_lora_rank + rope_dim]``.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchinferno.models.common.attention import gather_kv, write_kv
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.rope import RopeScaling, rope_cos_sin
+from torchinferno.models.dsv4 import raw_ops
+from torchinferno.models.dsv4.config import DSv4Config
+
+# Latent norms use a fixed eps (as DeepSeek-V3's q_a/kv_a layernorms do), so converted
+# DeepSeek weights give the same activations.
+LATENT_NORM_EPS = 1e-6
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, ops: ModuleType):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """Without residual: rms_norm(x). With: (rms_norm(x + residual), x + residual)."""
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class LatentAttention(nn.Module):
+    """MLA-style attention over a paged latent cache (dense cache = one block per row).
+
+    ``absorb_decode``: decode batches attend over the cached latent with W_UK folded into the
+    query and W_UV into the output (no per-head K/V is ever materialized); otherwise every batch
+    takes the expanded path (per sequence: ``kv_b_proj`` expands the latent into K/V).
+    """
+
+    def __init__(self, cfg: DSv4Config, ops: ModuleType, absorb_decode: bool):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.rope_interleave = cfg.rope_interleave
+        self.scale = cfg.softmax_scale
+        qk = self.num_heads * cfg.qk_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(cfg.hidden_size, qk, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS, ops)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.latent_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS, ops)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=False)
+        self.absorb_decode = absorb_decode
+        self.ops = ops
+
+    def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, ...] | None, meta: AttentionMetadata | None):
+        T, H = x.shape[0], self.num_heads
+        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_pe = q.view(T, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)
+        q_pe = self.ops.rope(q_pe, cos, sin, self.rope_interleave)
+        k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
+        latent = torch.cat([c_kv, k_pe], dim=-1)  # [T, R + r]: everything this layer caches
+        if kv_cache is not None and meta is not None:
+            write_kv(kv_cache[0], latent, meta.slot_mapping)
+            if meta.is_decode and self.absorb_decode:
+                o = self._decode_absorbed(q_nope, q_pe, kv_cache[0], meta)
+                return self.o_proj(o.reshape(T, H * self.v_dim))
+        o = self._expanded(q_nope, q_pe, latent, kv_cache, meta)
+        return self.o_proj(o.reshape(T, H * self.v_dim))
+
+    def _expanded(self, q_nope, q_pe, latent, kv_cache, meta: AttentionMetadata | None):
+        T = q_nope.shape[0]
+        if meta is None:  # one sequence, no cache
+            spans = [(0, T, 0)]
+        else:
+            starts = meta.query_start_loc.tolist()
+            spans = [(starts[b], ql, sl - ql) for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list))]
+        out = q_nope.new_empty(T, self.num_heads, self.v_dim)
+        for b, (s, qlen, ctx) in enumerate(spans):
+            e, slen = s + qlen, ctx + qlen
+            mask = None
+            if ctx == 0:
+                lat = latent[s:e]
+            else:
+                if kv_cache is None:
+                    raise ValueError(f"sequence {b} has {ctx} context tokens but no KV cache was passed")
+                lat = gather_kv(kv_cache[0], meta.block_tables[b : b + 1], slen)[0].to(q_nope.dtype)
+                dev = q_nope.device  # query j (absolute position ctx + j) sees keys 0..ctx+j
+                mask = torch.arange(slen, device=dev)[None, :] <= (ctx + torch.arange(qlen, device=dev))[:, None]
+            out[s:e] = self.ops.latent_expanded_attention(q_nope[s:e], q_pe[s:e], lat, self.kv_b_proj.weight, self.scale, mask)
+        return out
+
+    def _decode_absorbed(self, q_nope, q_pe, cache: torch.Tensor, meta: AttentionMetadata):
+        L = meta.max_seq_len
+        lat = gather_kv(cache, meta.block_tables, L).to(q_nope.dtype)  # [B, L, R + r]
+        mask = None
+        if min(meta.seq_lens_list) != L:
+            mask = torch.arange(L, device=q_nope.device)[None, :] < meta.seq_lens[:, None].to(q_nope.device)
+        return self.ops.latent_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU MLP with merged gate/up projection (dense layers and shared experts)."""
+
+    def __init__(self, hidden: int, inter: int, ops: ModuleType):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.ops = ops
+
+    def forward(self, x):
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class Router(nn.Module):
+    """fp32 logits -> sigmoid scores; the correction bias steers selection only (weights unbiased)."""
+
+    def __init__(self, cfg: DSv4Config, ops: ModuleType):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
+        nn.init.normal_(self.weight, std=0.02)
+        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts), persistent=True)
+        self.top_k, self.norm_topk_prob, self.scaling = cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor
+        self.ops = ops
+
+    def forward(self, x) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] fp32, ids [T, k]
+        logits = F.linear(x.float(), self.weight.float())
+        return self.ops.route(logits, self.e_score_correction_bias, self.top_k, 1, 1, self.norm_topk_prob, self.scaling)
+
+
+class Experts(nn.Module):
+    """Routed experts as two 3-D tensors: gate_up [E, 2I, D] (gate rows first), down [E, D, I]."""
+
+    def __init__(self, cfg: DSv4Config, ops: ModuleType):
+        super().__init__()
+        E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))
+        self.down_proj = nn.Parameter(torch.empty(E, D, I))
+        nn.init.normal_(self.gate_up_proj, std=0.02)
+        nn.init.normal_(self.down_proj, std=0.02)
+        self.ops = ops
+
+    def forward(self, x, ids, weights):
+        return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj, self.ops.silu_and_mul)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: DSv4Config, ops: ModuleType):
+        super().__init__()
+        self.gate = Router(cfg, ops)
+        self.experts = Experts(cfg, ops)
+        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
+        self.shared_experts = DenseMLP(cfg.hidden_size, shared, ops) if shared else None
+
+    def forward(self, x):
+        weights, ids = self.gate(x)
+        y = self.experts(x, ids, weights)
+        return y if self.shared_experts is None else y + self.shared_experts(x)
+
+
+class DSv4DecoderLayer(nn.Module):
+    def __init__(self, cfg: DSv4Config, layer_idx: int, ops: ModuleType, absorb_decode: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        self.self_attn = LatentAttention(cfg, ops, absorb_decode)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+        dense = cfg.layer_mlp_types[layer_idx] == "dense"
+        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, ops) if dense else MoE(cfg, ops)
+
+    def forward(self, x, residual, cos, sin, kv_cache, meta):
+        # Residual stream carried un-normalized; each norm also performs the pending residual add.
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos, sin, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class DSv4Model(nn.Module):
+    def __init__(self, cfg: DSv4Config, ops: ModuleType, absorb_decode: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DSv4DecoderLayer(cfg, i, ops, absorb_decode) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
+
+
+class DSv4ForCausalLM(nn.Module):
+    """dsv4 causal LM (local compact family, not DeepSeek-V4).
+
+    ``forward(input_ids [T], positions [T], kv_caches, attn_meta) -> hidden [T, D]``;
+    ``compute_logits(hidden [N, D]) -> [N, V]`` fp32.
+    """
+
+    def __init__(self, config: DSv4Config, ops: ModuleType = raw_ops, absorb_decode: bool = False):
+        super().__init__()
+        self.config = config
+        self.ops = ops
+        self.model = DSv4Model(config, ops, absorb_decode)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.init_buffers()
+
+    def init_buffers(self) -> None:
+        """(Re)compute non-persistent buffers (after ``to_empty`` from meta, or a device move)."""
+        device = self.model.embed_tokens.weight.device
+        if device.type == "meta":
+            self.rope_cos = torch.empty(0, device="meta")
+            self.rope_sin = torch.empty(0, device="meta")
+            return
+        c = self.config
+        cos, sin = rope_cos_sin(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, RopeScaling())
+        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
+
+    @property
+    def kv_layer_count(self) -> int:
+        return len(self.model.layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, ...]] | None = None,
+        attn_meta: AttentionMetadata | None = None,
+    ) -> torch.Tensor:  # [T, D]
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [T, r/2]
+        h = self.model.embed_tokens(input_ids)
+        residual = None
+        for i, layer in enumerate(self.model.layers):
+            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], attn_meta)
+        h, _ = self.model.norm(h, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, D] -> logits [N, V] in fp32."""
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, w).float()
