@@ -1,0 +1,267 @@
+"""Offline profiling / graph / promotion commands (thin: every command calls ``torchinferno.workbench``).
+
+``profile-run``, ``profile-nodes``, ``profile-subgraph``, ``profile-region``, ``profile-pattern``,
+``trace-smoke``, ``candidate``, ``promote``, ``model-variants``, ``helion-candidate``,
+``helion-search-fx``, ``helion-search-region``, ``research-smoke``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _run_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    g = p.add_mutually_exclusive_group(required=required)
+    g.add_argument("--model-kind", default=None, help="family of a tiny random model (llama3, deepseek, ...)")
+    g.add_argument("--model", default=None, help="checkpoint: registry name, HF dir, .gguf or hub id")
+    p.add_argument("--size", default="debug", help="named size of --model-kind (default: debug)")
+    p.add_argument("--variant", default=None, help="model variant (default: the family's default)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--prompt-tokens", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=8)
+    p.add_argument("--cache-backend", default="dense", choices=["dense", "paged"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _source_or_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source-run", default=None, help="a profile-run directory to re-trace (else give model flags)")
+    _run_args(p, required=False)
+    p.add_argument("--iters", type=int, default=20)
+
+
+def _config(a):
+    from torchinferno.errors import ConfigError
+    from torchinferno.workbench.run_config import RunConfig
+
+    if a.source_run is not None:
+        if a.model_kind or a.model:
+            raise ConfigError("give either --source-run or --model-kind/--model, not both")
+        return None
+    if not (a.model_kind or a.model):
+        raise ConfigError("give --source-run DIR or --model-kind K / --model M")
+    return RunConfig.from_args(a)
+
+
+def _done(manifest: dict, out: str) -> int:
+    print(json.dumps(manifest["summary"], default=str))
+    print(f"wrote {len(manifest['artifacts'])} artifacts + manifest.json to {out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile-run", help="generate under torch.profiler, capture the graph, write a repro")
+    p.add_argument("dir")
+    _run_args(p)
+    p.add_argument("--no-graph", action="store_true", help="skip the make_fx graph capture")
+    p.set_defaults(func=cmd_profile_run)
+
+    p = sub.add_parser("profile-nodes", help="list the graph nodes of a profile-run (stable ids)")
+    p.add_argument("dir")
+    p.add_argument("--grep", default=None, help="case-insensitive substring filter on the node line")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_profile_nodes)
+
+    p = sub.add_parser("profile-subgraph", help="cut a node-id slice of a run's graph into a standalone graph")
+    p.add_argument("out")
+    p.add_argument("--source-run", required=True)
+    p.add_argument("--nodes", nargs="+", required=True, help="42:50 (inclusive) | 42,43 | 42 43")
+    p.add_argument("--device", default=None, help="re-trace on another device (ids then follow that trace)")
+    p.add_argument("--iters", type=int, default=20)
+    p.set_defaults(func=cmd_profile_subgraph)
+
+    p = sub.add_parser("profile-region", help="profile one module (e.g. model.layers.0.self_attn)")
+    p.add_argument("out")
+    p.add_argument("--region", required=True)
+    _source_or_model(p)
+    p.set_defaults(func=cmd_profile_region)
+
+    p = sub.add_parser("profile-pattern", help="reference vs pattern-replaced graph (comparison.json)")
+    p.add_argument("out")
+    p.add_argument("--pattern", required=True, help="fused-rmsnorm-swiglu | swiglu")
+    _source_or_model(p)
+    p.set_defaults(func=cmd_profile_pattern)
+
+    p = sub.add_parser("trace-smoke", help="trace a tiny model's prefill with make_fx and check it")
+    p.add_argument("--model-kind", default="llama3")
+    p.add_argument("--fake", action="store_true", help="trace with FakeTensors (no compute)")
+    p.add_argument("--print-graph", action="store_true")
+    p.add_argument("--tokens", type=int, default=8)
+    p.set_defaults(func=cmd_trace_smoke)
+
+    p = sub.add_parser("candidate", help="build, validate and benchmark a replacement for a partition")
+    p.add_argument("out")
+    p.add_argument("--provider", required=True, help="custom-op | torch-rewrite | torch-compile | triton | helion")
+    p.add_argument("--pattern", default=None, help="partition = every site of this pattern (default: whole forward)")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend for --provider torch-compile")
+    p.add_argument("--tolerance", type=float, default=None)
+    _source_or_model(p)
+    p.set_defaults(func=cmd_candidate)
+
+    p = sub.add_parser("promote", help="promote a candidate to a named variant (only if correct and faster)")
+    p.add_argument("candidate_dir")
+    p.add_argument("--name", default=None)
+    p.add_argument("--threshold", type=float, default=0.05, help="required speedup over the best baseline minus 1")
+    p.add_argument("--parent", default=None)
+    p.add_argument("--registry", default=None, help="promoted-variant JSON (default: <cache dir>/promoted_variants.json)")
+    p.set_defaults(func=cmd_promote)
+
+    if "model-variants" not in sub.choices:  # another command group may own it; promoted rows come from workbench
+        p = sub.add_parser("model-variants", help="list model variants (built-in + promoted) or one lineage")
+        p.add_argument("--family", default=None, help="one family (default: every registered family)")
+        p.add_argument("--lineage", default=None, metavar="V", help="print the chain V -> parent -> ... -> v0")
+        p.add_argument("--registry", default=None, help="promoted-variant JSON (default: <cache dir>/promoted_variants.json)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(func=cmd_model_variants)
+
+    for name, what in (("helion-candidate", "a Helion kernel candidate for a pattern"),
+                       ("helion-search-fx", "search Helion configs for a graph partition"),
+                       ("helion-search-region", "search Helion configs for a module region")):
+        p = sub.add_parser(name, help=f"{what} (needs Helion)")
+        p.add_argument("out", nargs="?")
+        p.add_argument("--source-run", default=None)
+        p.add_argument("--pattern", default=None)
+        p.add_argument("--region", default=None)
+        p.add_argument("--nodes", nargs="*", default=None)
+        p.set_defaults(func=cmd_helion, helion_command=name)
+
+    p = sub.add_parser("research-smoke", help="run the registered research experiments and compare them")
+    p.add_argument("--model-kind", default="llama3")
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--with-compile", action="store_true", help="add a torch.compile (eager backend) experiment")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_research_smoke)
+
+
+def cmd_profile_run(a) -> int:
+    from torchinferno.workbench.profile_run import profile_run
+    from torchinferno.workbench.run_config import RunConfig
+
+    return _done(profile_run(a.dir, RunConfig.from_args(a), trace_graph=not a.no_graph), a.dir)
+
+
+def cmd_profile_nodes(a) -> int:
+    from pathlib import Path
+
+    from torchinferno.errors import ConfigError
+    from torchinferno.graph.node_table import format_record
+    from torchinferno.workbench.artifacts import read_json
+
+    path = Path(a.dir) / "graph.json"
+    if not path.exists():
+        raise ConfigError(f"{path} not found: run `torchinferno profile-run {a.dir} ...` (without --no-graph) first")
+    nodes = read_json(path)["nodes"]
+    if a.grep:
+        needle = a.grep.lower()
+        nodes = [r for r in nodes if needle in format_record(r).lower()]
+    if a.json:
+        print(json.dumps(nodes))
+    else:
+        for r in nodes:
+            print(format_record(r))
+    return 0
+
+
+def cmd_profile_subgraph(a) -> int:
+    from torchinferno.workbench.subgraph_run import profile_subgraph
+
+    return _done(profile_subgraph(a.out, a.source_run, a.nodes, device=a.device, iters=a.iters), a.out)
+
+
+def cmd_profile_region(a) -> int:
+    from torchinferno.workbench.region_run import profile_region
+
+    return _done(profile_region(a.out, a.region, a.source_run, _config(a), iters=a.iters), a.out)
+
+
+def cmd_profile_pattern(a) -> int:
+    from torchinferno.workbench.pattern_run import profile_pattern
+
+    return _done(profile_pattern(a.out, a.pattern, a.source_run, _config(a), iters=a.iters), a.out)
+
+
+def cmd_trace_smoke(a) -> int:
+    import time
+
+    import torch
+
+    from torchinferno.graph.capture import op_histogram
+    from torchinferno.graph.model_forward import prefill_forward, trace_prefill
+    from torchinferno.testing import tiny_model
+
+    model = tiny_model(a.model_kind)
+    prompts = [[(7 * i + 3) % model.config.vocab_size for i in range(a.tokens)]]
+    t0 = time.perf_counter()
+    gm, inputs = trace_prefill(model, prompts, fake=a.fake)
+    secs = time.perf_counter() - t0
+    out = {"family": model.family.name, "mode": "fake" if a.fake else "real", "tokens": a.tokens,
+           "nodes": len(gm.graph.nodes), "trace_s": round(secs, 3),
+           "top_ops": dict(sorted(op_histogram(gm).items(), key=lambda kv: -kv[1])[:6])}
+    if not a.fake:
+        with torch.no_grad():
+            out["max_abs_diff_vs_eager"] = float((gm(*inputs.args) - prefill_forward(model, inputs)(*inputs.args)).abs().max())
+    if a.print_graph:
+        print(gm.print_readable(print_output=False))
+    print(json.dumps(out))
+    return 0
+
+
+def cmd_candidate(a) -> int:
+    from torchinferno.workbench.candidates import run_candidate
+
+    m = run_candidate(a.out, a.provider, a.pattern, a.source_run, _config(a), backend=a.backend, iters=a.iters,
+                      tolerance=a.tolerance)
+    return _done(m, a.out)
+
+
+def cmd_promote(a) -> int:
+    from torchinferno.workbench.promotion import promote
+
+    r = promote(a.candidate_dir, a.name, a.threshold, a.registry, a.parent)
+    print(f"promoted {r['family']}:{r['name']} (parent/fallback {r['parent']}): {r['notes']}")
+    return 0
+
+
+def cmd_model_variants(a) -> int:
+    from torchinferno.workbench.promotion import lineages, variant_rows
+
+    if a.lineage:
+        chains = lineages(a.lineage, a.family, a.registry)
+        if a.json:
+            print(json.dumps(chains))
+        else:
+            for fam, chain in chains.items():
+                print(f"{fam}: {' -> '.join(chain)}")
+        return 0
+    rows = variant_rows(a.family, a.registry)
+    if a.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    cols = ["family", "variant", "parent", "status", "default", "ops_module", "notes"]
+    cells = [[("*" if r[c] else "") if c == "default" else str("" if r.get(c) is None else r[c]) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
+    for row in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def cmd_helion(a) -> int:
+    from torchinferno.workbench.helion import helion_entry
+
+    helion_entry(a.helion_command, a.pattern or a.region or " ".join(a.nodes or []) or "the run")
+    return 0
+
+
+def cmd_research_smoke(a) -> int:
+    from torchinferno.workbench.research import ResearchHarness, smoke_harness
+
+    results = smoke_harness(a.model_kind, a.tokens, a.iters, a.with_compile).run()
+    if a.json:
+        print(json.dumps([r.to_dict() for r in results], default=str))
+    else:
+        print(ResearchHarness.table(results))
+    return 0 if all(r.error is None for r in results) else 1

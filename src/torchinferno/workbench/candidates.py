@@ -1,0 +1,151 @@
+"""Candidates: one provider's replacement for one partition of a run's graph, validated and timed.
+
+A *partition* is what gets replaced: ``{"kind": "pattern", "pattern": "fused-rmsnorm-swiglu"}``
+(every site of a library pattern) or ``{"kind": "forward"}`` (the whole prefill forward). A
+*provider* produces the replacement:
+
+* ``custom-op``     -- the pattern's sites become ``torch.ops.torchinferno`` custom ops;
+* ``torch-rewrite`` -- the same sites become plain torch reference code (no custom op);
+* ``torch-compile`` -- ``torch.compile`` of the graph (scope: the whole graph; ``--backend``);
+* ``triton`` / ``helion`` -- only when installed and on CUDA (a one-line error otherwise).
+
+``run_candidate`` writes ``partition.json``, ``provider.json``, ``correctness.json`` (max abs
+error vs the reference graph on the run's inputs, tolerance, passed), ``benchmark.json``
+(median us of the candidate and of every baseline: the reference ATen graph and the eager
+forward; speedup vs the best baseline) and ``repro.py``. ``promotion.promote`` reads them.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from torchinferno.errors import ConfigError
+from torchinferno.workbench.artifacts import ArtifactDir
+
+PROVIDERS = ("custom-op", "torch-rewrite", "torch-compile", "triton", "helion")
+
+
+def provider_available(name: str, device: str) -> tuple[bool, str]:
+    if name not in PROVIDERS:
+        raise ConfigError(f"unknown provider '{name}' (valid: {', '.join(PROVIDERS)})")
+    if name in ("triton", "helion"):
+        if importlib.util.find_spec(name) is None:
+            return False, f"{name} is not installed (pip install {name})"
+        if not device.startswith("cuda"):
+            return False, f"{name} candidates need --device cuda"
+        return False, f"{name} is installed but no {name} kernel is registered for this partition yet"
+    return True, ""
+
+
+def parse_partition(pattern: str | None) -> dict:
+    if pattern is None:
+        return {"kind": "forward"}
+    from torchinferno.graph.patterns import get_pattern
+
+    get_pattern(pattern)
+    return {"kind": "pattern", "pattern": pattern}
+
+
+def build_candidate(gm, partition: dict, provider: str, backend: str = "inductor") -> tuple[Callable, dict]:
+    """(candidate callable over the graph inputs, provider details) for ``partition`` of ``gm``."""
+    from torchinferno.graph.passes import replace_call_function_targets
+    from torchinferno.graph.patterns import apply_pattern
+
+    if provider in ("custom-op", "torch-rewrite"):
+        if partition["kind"] != "pattern":
+            raise ConfigError(f"provider {provider} replaces pattern sites: give --pattern (valid partitions: pattern)")
+        new = copy.deepcopy(gm)
+        res = apply_pattern(new, partition["pattern"])
+        if res["replaced"] == 0:
+            raise ConfigError(f"pattern {partition['pattern']} matches nothing in this graph; no candidate to build")
+        details = {"replaced": res["replaced"], "matched_ids": [m["matched_ids"] for m in res["matches"]],
+                   "op": res["replacement_op"]}
+        if provider == "torch-rewrite":
+            from torchinferno.kernels import custom_ops
+
+            mapping = {op: ref for op, ref in custom_ops.OPS.values()}
+            details["rewired_to_reference"] = replace_call_function_targets(new, mapping)
+            details["op"] = "torchinferno.kernels.reference (plain torch)"
+        return new, details
+    if provider == "torch-compile":
+        from torchinferno.graph.compile import compile_forward
+
+        exp = compile_forward(gm, backend=backend)
+        return exp.compile(), {"backend": backend, "scope": "whole graph (torch.compile sees every node)"}
+    raise ConfigError(f"provider {provider} cannot build a candidate here")
+
+
+def _evaluate(run, partition: dict, provider: str, backend: str, iters: int, tolerance: float | None) -> dict:
+    from torchinferno.graph.compile import time_callable
+    from torchinferno.graph.model_forward import prefill_forward
+    from torchinferno.graph.subgraph import max_abs_diff
+    from torchinferno.workbench.subgraph_run import tolerance_for
+
+    ok, why = provider_available(provider, run.config.device)
+    if not ok:
+        raise ConfigError(why)
+    args = run.inputs.args
+    cand, details = build_candidate(run.gm, partition, provider, backend)
+    tol = tolerance if tolerance is not None else tolerance_for(next(run.model.parameters()).dtype)
+    with torch.no_grad():
+        err = max_abs_diff([cand(*args)], [run.gm(*args)])
+    baselines = {"reference-graph": time_callable(run.gm, args, iters),
+                 "eager-forward": time_callable(prefill_forward(run.model, run.inputs), args, iters)}
+    cand_us = time_callable(cand, args, iters)
+    best = min(baselines, key=baselines.get)
+    return {"details": details, "max_abs_error": err, "tolerance": tol, "passed": err <= tol,
+            "baselines_us": {k: round(v, 3) for k, v in baselines.items()}, "candidate_us": round(cand_us, 3),
+            "best_baseline": best, "speedup_vs_best_baseline": round(baselines[best] / cand_us, 4) if cand_us > 0 else 0.0}
+
+
+def check_candidate(run_config: dict, input_ids: list[list[int]], partition: dict, provider: str, backend: str,
+                    tolerance: float) -> dict:
+    """Rebuild the run and re-check the candidate's correctness (what the candidate's ``repro.py`` runs)."""
+    from torchinferno.graph.model_forward import trace_prefill
+    from torchinferno.workbench.graph_artifacts import TracedRun
+    from torchinferno.workbench.run_config import RunConfig, build_model
+
+    cfg = RunConfig.from_dict(run_config)
+    model = build_model(cfg)
+    gm, inputs = trace_prefill(model, input_ids)
+    r = _evaluate(TracedRun(cfg, model, gm, inputs, None), partition, provider, backend, 3, tolerance)
+    return {"ok": r["passed"], "max_abs_error": r["max_abs_error"], "tolerance": tolerance,
+            "speedup_vs_best_baseline": r["speedup_vs_best_baseline"]}
+
+
+def run_candidate(out_dir: str | Path, provider: str, pattern: str | None = None, source_run: str | Path | None = None,
+                  cfg=None, backend: str = "inductor", iters: int = 20, tolerance: float | None = None) -> dict:
+    """Build, validate and benchmark one candidate into ``out_dir``; returns the manifest."""
+    from torchinferno.workbench.graph_artifacts import retrace_run, trace_config
+    from torchinferno.workbench.repro_templates import call_repro
+
+    partition = parse_partition(pattern)
+    provider_available(provider, "cpu")  # unknown provider names fail here, before any model work
+    if provider in ("triton", "helion") and importlib.util.find_spec(provider) is None:
+        raise ConfigError(provider_available(provider, "cpu")[1])  # fail before any model work
+    run = retrace_run(source_run) if source_run is not None else trace_config(cfg)
+    r = _evaluate(run, partition, provider, backend, iters, tolerance)
+    out = ArtifactDir(out_dir, "candidate")
+    family = getattr(getattr(run.model, "family", None), "name", None)
+    out.json("partition.json", {**partition, "family": family, "source_run": str(source_run) if source_run else None,
+                                "run_config": run.config.to_dict(), "input_ids": run.inputs.prompts,
+                                "sites": r["details"].get("matched_ids")}, "what this candidate replaces")
+    out.json("provider.json", {"provider": provider, "backend": backend if provider == "torch-compile" else None,
+                               **{k: v for k, v in r["details"].items() if k != "matched_ids"}}, "who produced the replacement")
+    out.json("correctness.json", {"max_abs_error": r["max_abs_error"], "tolerance": r["tolerance"], "passed": r["passed"],
+                                  "reference": "the run's reference ATen graph on its recorded inputs"},
+             "numerics of the candidate vs the reference")
+    out.json("benchmark.json", {"candidate_us": r["candidate_us"], "baselines_us": r["baselines_us"],
+                                "best_baseline": r["best_baseline"], "speedup_vs_best_baseline": r["speedup_vs_best_baseline"],
+                                "iters": iters, "device": run.config.device}, "median times: candidate vs every baseline")
+    args = {"run_config": run.config.to_dict(), "input_ids": run.inputs.prompts, "partition": partition,
+            "provider": provider, "backend": backend, "tolerance": r["tolerance"]}
+    out.python("repro.py", call_repro(f"Candidate {provider} for {partition}", "repro.py", "torchinferno.workbench.candidates",
+                                      "check_candidate", args), "re-checks the candidate's correctness from scratch")
+    return out.finish(family=family, partition=partition, provider=provider, passed=r["passed"],
+                      max_abs_error=r["max_abs_error"], speedup_vs_best_baseline=r["speedup_vs_best_baseline"])

@@ -1,0 +1,173 @@
+"""Source text of the generated repro scripts (``repro.py``, ``subgraph_repro.py``, ...).
+
+Every script is standalone: run with ``python <script>`` from any directory, it rebuilds what it
+needs, compares with the recorded result and exits 0 on a match (1 otherwise), printing one JSON
+line. Run repros need the ``torchinferno`` package (found via the recorded source dir when it is
+not installed); graph repros need only ``torch`` (+ TorchInferno's custom ops when the graph
+calls ``torch.ops.torchinferno.*``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torchinferno
+from torchinferno.workbench.run_config import PAGED_BLOCK_SIZE
+
+_SRC = str(Path(torchinferno.__file__).resolve().parents[1])
+
+_IMPORT_GUARD = f'''try:
+    import torchinferno  # noqa: F401
+except ImportError:  # not installed: use the source tree this repro was generated from
+    sys.path.insert(0, {_SRC!r})
+'''
+
+_RUN = '''#!/usr/bin/env python
+"""Repro of a TorchInferno profile-run (generated). Rebuilds the model, regenerates the tokens.
+
+    python repro.py    # prints {{"match": true, ...}} and exits 0 when they equal output.json's
+"""
+
+import json
+import sys
+
+{guard}
+RUN_CONFIG = {config}
+INPUT_IDS = {input_ids}
+EXPECTED_TOKEN_IDS = {expected}
+
+
+def build_model():
+    from torchinferno.checkpoint.auto import load_model_auto, resolve_dtype
+
+    c = RUN_CONFIG
+    if c["model_kind"] is not None:
+        from torchinferno.testing import tiny_model
+
+        return tiny_model(c["model_kind"], size=c["size"], seed=c["seed"], dtype=resolve_dtype(c["dtype"]),
+                          variant=c["variant"], device=c["device"])
+    return load_model_auto(c["model"], device=c["device"], dtype=c["dtype"], variant=c["variant"])
+
+
+def generate(model):
+    """Greedy, ignore_eos, new_tokens per row on the run's cache backend."""
+    from torchinferno.core.sampling_params import SamplingParams
+
+    c = RUN_CONFIG
+    params = SamplingParams(max_tokens=c["new_tokens"], temperature=0.0, ignore_eos=True)
+    if c["cache_backend"] == "dense":
+        from torchinferno.engine.generate import StaticGenerator
+
+        gen = StaticGenerator(model, len(INPUT_IDS), c["prompt_tokens"] + c["new_tokens"])
+        return [r.token_ids for r in gen.generate(INPUT_IDS, params)]
+    from torchinferno.engine.llm import LLM
+
+    llm = LLM(model, block_size={block_size}, max_num_seqs=len(INPUT_IDS),
+              max_model_len=c["prompt_tokens"] + c["new_tokens"], enable_prefix_caching=False)
+    return [o.token_ids for o in llm.generate(INPUT_IDS, params)]
+
+
+def main() -> int:
+    tokens = generate(build_model())
+    ok = tokens == EXPECTED_TOKEN_IDS
+    print(json.dumps({{"match": ok, "token_ids": tokens}}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def run_repro(config: dict, input_ids: list[list[int]], expected: list[list[int]]) -> str:
+    return _RUN.format(guard=_IMPORT_GUARD, config=repr(config), input_ids=json.dumps(input_ids),
+                       expected=json.dumps(expected), block_size=PAGED_BLOCK_SIZE)
+
+
+_GRAPH = '''#!/usr/bin/env python
+"""{title} (generated). Runs the standalone graph below on the recorded inputs in
+``{tensors}`` and compares with the recorded outputs.
+
+    python {script} [--iters N]   # prints one JSON line; exit 0 when max_abs_diff <= tolerance
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+{guard}
+{module}
+
+TOLERANCE = {tol!r}
+
+
+def _flat(v):
+    if isinstance(v, (list, tuple)):
+        return [x for item in v for x in _flat(item)]
+    return [v]
+
+
+def main() -> int:
+    iters = int(sys.argv[sys.argv.index("--iters") + 1]) if "--iters" in sys.argv else 0
+    data = torch.load(Path(__file__).resolve().parent / "{tensors}", weights_only=False)
+    mod = {cls}(data["constants"])
+    with torch.no_grad():
+        out = mod(*data["inputs"])
+        diff = 0.0
+        outs = list(out) if isinstance(out, (list, tuple)) else [out]
+        for a, e in zip(_flat(outs), _flat(list(data["expected"])), strict=True):
+            if isinstance(a, torch.Tensor) and a.numel():
+                diff = max(diff, float((a.double() - e.double()).abs().max()))
+        t = None
+        if iters:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                mod(*data["inputs"])
+            t = (time.perf_counter() - t0) / iters * 1e6
+    ok = diff <= TOLERANCE
+    print(json.dumps({{"max_abs_diff": diff, "tolerance": TOLERANCE, "ok": ok, "mean_us": t}}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def graph_repro(module_source: str, cls: str, script: str, tensors: str, title: str, tol: float) -> str:
+    guard = _IMPORT_GUARD if "torchinferno" in module_source else ""
+    return _GRAPH.format(title=title, tensors=tensors, script=script, guard=guard, module=module_source, tol=tol, cls=cls)
+
+
+_CALL = '''#!/usr/bin/env python
+"""{title} (generated). Re-runs the experiment through TorchInferno's workbench API with the
+recorded arguments and checks the recorded verdict.
+
+    python {script}
+"""
+
+import json
+import sys
+
+{guard}
+ARGS = {args}
+
+
+def main() -> int:
+    from {module} import {func}
+
+    result = {func}(**ARGS)
+    print(json.dumps(result, default=str))
+    return 0 if result.get("ok", True) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def call_repro(title: str, script: str, module: str, func: str, args: dict) -> str:
+    """A repro that calls ``module.func(**args)`` and exits on its ``ok`` field."""
+    return _CALL.format(title=title, script=script, guard=_IMPORT_GUARD, args=repr(args), module=module, func=func)
