@@ -23,7 +23,6 @@ except the engine run, which stops at its deadline and reports what finished.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 
@@ -47,6 +46,22 @@ def cuda_time_ms(fn, iters: int = 20, warmup: int = 3) -> float:
         e.synchronize()
         times.append(s.elapsed_time(e))
     return statistics.median(times)
+
+
+def graph_time_ms(fn, calls: int = 20, iters: int = 10) -> float:
+    """Device milliseconds per ``fn()`` with launch overhead removed: ``calls`` calls captured in one
+    CUDA graph, replays timed with events. Falls back to ``cuda_time_ms`` when capture fails."""
+    try:
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                fn()
+    except Exception:
+        torch.cuda.synchronize()
+        return cuda_time_ms(fn, iters=iters)
+    return cuda_time_ms(g.replay, iters=iters, warmup=2) / calls
 
 
 def wall_time_ms(fn, iters: int = 5, warmup: int = 1) -> float:
@@ -113,16 +128,18 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
                             lambda cfg=cfg, sp=sp: da.batched_paged_decode_attention(q, kc, vc, bt, lens, scale, sp, config=cfg))
     kv_bytes = batch * seq_len * kv_heads * (head_dim + dv) * kc.element_size()
     rows = []
-    timer = cuda_time_ms if dev.type == "cuda" else (lambda f, iters: wall_time_ms(f, iters=max(1, iters // 10)))
     for name, fn in candidates.items():
         try:
             out = fn()
             err = float((out.double() - exact).abs().max())
-            ms = timer(fn, iters=iters)
+            if dev.type == "cuda":
+                ms, launch_ms = graph_time_ms(fn), cuda_time_ms(fn, iters=iters)
+            else:
+                ms = launch_ms = wall_time_ms(fn, iters=max(1, iters // 10))
         except Exception as e:  # a sweep point that does not compile (shared memory) is reported, not fatal
             rows.append({"name": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"})
             continue
-        rows.append({"name": name, "ms": ms, "max_abs_err": err, "kv_gb_s": kv_bytes / ms / 1e6})
+        rows.append({"name": name, "ms": ms, "ms_with_launch": launch_ms, "max_abs_err": err, "kv_gb_s": kv_bytes / ms / 1e6})
     ok = [r for r in rows if "ms" in r]
     spec = next(r for r in ok if r["name"] == "specialized (api)")
     ref = next(r for r in ok if r["name"].startswith("reference"))
@@ -130,9 +147,11 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
               "head_dim": head_dim, "value_dim": dv, "block_size": block_size, "dtype": dtype, "kv_bytes": kv_bytes,
               "rows": rows, "speedup_vs_reference": ref["ms"] / spec["ms"]}
     log(f"perf-smoke B={batch} H={heads} Hkv={kv_heads} L={seq_len} D={head_dim} Dv={dv} page={block_size} {dtype} on {dev}")
+    log("  (time: device time per call from CUDA-graph replays; 'with launch': eager call incl. Python launch cost)")
     for r in sorted(rows, key=lambda r: r.get("ms", 1e9)):
         if "ms" in r:
-            log(f"  {r['name']:<44} {r['ms'] * 1e3:10.1f} us  max err {r['max_abs_err']:.2e}  KV {r['kv_gb_s']:8.1f} GB/s")
+            log(f"  {r['name']:<44} {r['ms'] * 1e3:9.1f} us (with launch {r['ms_with_launch'] * 1e3:8.1f} us)  "
+                f"max err {r['max_abs_err']:.2e}  KV {r['kv_gb_s']:7.0f} GB/s")
         else:
             log(f"  {r['name']:<44} failed: {r['error']}")
     log(f"  specialized is {result['speedup_vs_reference']:.1f}x the reference")
@@ -219,12 +238,14 @@ class DecodeBench:
         self.runner.use_graphs = False
         saved, self.runner.graphs = self.runner.graphs, {}
         eager_ms = cuda_time_ms(lambda: self.step(ids, pos, bt), iters=10)
+        prof = profile_kernels(lambda: self.step(ids, pos, bt))
         self.runner.graphs, self.runner.use_graphs = saved, graphs
         kv_read = batch * (ctx + 1) * self.kv_bytes_per_token
         bound_ms = (weight_bytes + kv_read) / bw * 1e3
         return {"batch": batch, "context": ctx, "step_ms": step_ms, "loop_ms_per_step": loop_ms, "eager_step_ms": eager_ms,
                 "tok_s": batch / loop_ms * 1e3, "bytes": weight_bytes + kv_read, "bound_ms": bound_ms,
-                "fraction_of_bound": bound_ms / step_ms, "loop_fraction_of_bound": bound_ms / loop_ms}
+                "fraction_of_bound": bound_ms / step_ms, "loop_fraction_of_bound": bound_ms / loop_ms, "profile": prof,
+                "gemm_gb_s": weight_bytes / prof["groups_ms"].get("gemm", float("nan")) / 1e6}
 
 
 def measure_prefill(model, tokens: int, bw: float) -> dict:
@@ -246,8 +267,114 @@ def measure_prefill(model, tokens: int, bw: float) -> dict:
 
     ms = cuda_time_ms(run, iters=10, warmup=2)
     flops = model_flops_prefill(model.config, tokens)
+    prof = profile_kernels(run)
+    cfg = model.config
+    gemm_flops = flops - 2 * 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim_ * tokens * (tokens + 1) / 2
     del caches
-    return {"tokens": tokens, "ms": ms, "flops": flops, "tflop_s": flops / ms / 1e9}
+    return {"tokens": tokens, "ms": ms, "flops": flops, "tflop_s": flops / ms / 1e9, "profile": prof,
+            "gemm_tflop_s": gemm_flops / prof["groups_ms"].get("gemm", float("nan")) / 1e9}
+
+
+_KERNEL_GROUPS = (
+    ("attention", ("_decode_stage", "_prefill_kernel", "flash", "fmha", "attention", "sdpa", "cudnn")),
+    ("gemm", ("gemm", "gemv", "cutlass", "nvjet", "xmma", "sm90", "splitk", "cublas", "dot_kernel")),
+    ("rms_norm", ("_rms_norm",)), ("rotary", ("_rotary",)), ("swiglu", ("_swiglu",)), ("kv_append", ("_kv_append",)),
+)
+
+
+def profile_kernels(fn, warmup: int = 2) -> dict:
+    """Device time of one ``fn()`` per kernel group (from torch.profiler's CUDA kernel events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    groups: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    top: dict[str, float] = {}
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        name = ev.name
+        us = ev.device_time_total  # for a device event: the kernel's own duration
+        low = name.lower()
+        grp = next((g for g, keys in _KERNEL_GROUPS if any(k in low for k in keys)), "other")
+        groups[grp] = groups.get(grp, 0.0) + us / 1e3
+        counts[grp] = counts.get(grp, 0) + 1
+        top[name[:80]] = top.get(name[:80], 0.0) + us / 1e3
+    total = sum(groups.values())
+    return {"kernel_ms": total, "groups_ms": groups, "kernel_counts": counts,
+            "top": dict(sorted(top.items(), key=lambda kv: -kv[1])[:8])}
+
+
+def _fmt_profile(p: dict) -> str:
+    parts = [f"{g} {ms:.2f} ms/{p['kernel_counts'][g]}" for g, ms in sorted(p["groups_ms"].items(), key=lambda kv: -kv[1])]
+    return f"kernels {p['kernel_ms']:.2f} ms: " + ", ".join(parts)
+
+
+GEMV_CONFIGS = ({"block_n": 8, "block_k": 512, "num_warps": 4}, {"block_n": 8, "block_k": 1024, "num_warps": 4},
+                {"block_n": 16, "block_k": 512, "num_warps": 8}, {"block_n": 4, "block_k": 1024, "num_warps": 4},
+                {"block_n": 16, "block_k": 256, "num_warps": 4})
+
+
+@torch.inference_mode()
+def gemv_experiment(model, bench: "DecodeBench", weight_bytes: int, bw: float, contexts, log=print) -> dict:
+    """Batch-1 linears: cuBLAS vs the Triton GEMV (graph-timed per weight shape), then batch-1 decode
+    steps with the best GEMV config swapped into the model (the swap is undone before returning)."""
+    from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
+    from torchinferno.kernels.triton.gemv import gemv, swap_linear_for_gemv
+
+    shapes: dict[tuple, int] = {}
+    weights = {}
+    for mod in model.modules():
+        if type(mod) is torch.nn.Linear:
+            key = tuple(mod.weight.shape)
+            shapes[key] = shapes.get(key, 0) + 1
+            weights[key] = mod.weight
+    rows, totals = [], {"cublas": 0.0}
+    for key, count in shapes.items():
+        w = weights[key]
+        x = torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype)
+        row = {"shape": key, "count": count, "cublas_us": 1e3 * graph_time_ms(lambda: torch.nn.functional.linear(x, w))}
+        ref = torch.nn.functional.linear(x, w).float()
+        totals["cublas"] += row["cublas_us"] * count
+        for i, cfg in enumerate(GEMV_CONFIGS):
+            err = float((gemv(x, w, None, **cfg).float() - ref).norm() / ref.norm())
+            us = 1e3 * graph_time_ms(lambda cfg=cfg: gemv(x, w, None, **cfg))
+            row[f"cfg{i}_us"], row[f"cfg{i}_err"] = us, err
+            totals[f"cfg{i}"] = totals.get(f"cfg{i}", 0.0) + us * count
+        nbytes = w.numel() * w.element_size()
+        best = min(range(len(GEMV_CONFIGS)), key=lambda i: row[f"cfg{i}_us"])
+        log(f"    gemv {key} x{count}: cuBLAS {row['cublas_us']:.1f} us ({nbytes / row['cublas_us'] / 1e3:.0f} GB/s), "
+            f"best triton cfg{best} {row[f'cfg{best}_us']:.1f} us ({nbytes / row[f'cfg{best}_us'] / 1e3:.0f} GB/s, "
+            f"rel err {row[f'cfg{best}_err']:.1e})")
+        rows.append(row)
+    # Per weight shape, keep whichever of cuBLAS / the best Triton config was faster.
+    choice: dict[tuple, dict | None] = {}
+    for row in rows:
+        best = min(range(len(GEMV_CONFIGS)), key=lambda i: row[f"cfg{i}_us"])
+        choice[row["shape"]] = GEMV_CONFIGS[best] if row[f"cfg{best}_us"] < 0.97 * row["cublas_us"] else None
+    mixed = sum(min(row["cublas_us"], *(row[f"cfg{i}_us"] for i in range(len(GEMV_CONFIGS)))) * row["count"] for row in rows)
+    res = {"rows": rows, "layer_totals_us": totals, "choice": {str(k): v for k, v in choice.items()}, "decode_batch1": []}
+    log(f"    linear time per step: cuBLAS {totals['cublas'] / 1e3:.3f} ms, per-shape best {mixed / 1e3:.3f} ms")
+    undo = swap_linear_for_gemv(model, lambda lin: choice.get(tuple(lin.weight.shape)))
+    saved = bench.runner
+    try:
+        bench.runner = CudaGraphDecodeRunner(model, bench.caches, bench.bs, bench.max_blocks, batch_sizes=(1,))
+        bench.runner.capture()
+        for ctx in contexts:
+            r = bench.measure(1, ctx, weight_bytes, bw)
+            r.pop("profile", None)
+            res["decode_batch1"].append(r)
+            log(f"(a') batch 1 ctx {ctx} with Triton GEMV: graph step {r['step_ms']:.3f} ms (loop {r['loop_ms_per_step']:.3f}"
+                f" ms) -> {100 * r['fraction_of_bound']:.1f}% of bound")
+    finally:
+        undo()
+        bench.runner = saved
+    return res
 
 
 # ------------------------------------------------------------------------------------- transformers peer
@@ -293,14 +420,14 @@ def hf_decode_tok_s(hf, batch: int, prompt_len: int, new_tokens: int, vocab: int
             "step_ms": (t_full - t_one) / (new_tokens - 1) * 1e3}
 
 
-def hf_agreement(model, hf, tokens: int = 64) -> dict:
+def hf_agreement(model, hf, tokens: int = 64, cache_dtype=torch.bfloat16) -> dict:
     """Same weights, same prompt: our last-position logits vs transformers'."""
     from torchinferno.models.common.attention_metadata import build_attention_metadata
 
     dev = next(model.parameters()).device
     ids = torch.randint(0, model.config.vocab_size, (tokens,), device=dev)
     spec = model.family.kv_spec(model.config)
-    caches = spec.allocate(tokens // 16 + 2, 16, torch.bfloat16, dev)
+    caches = spec.allocate(tokens // 16 + 2, 16, cache_dtype, dev)
     meta = build_attention_metadata([tokens], [0], [list(range(1, tokens // 16 + 2))], 16, dev)
     with torch.inference_mode():
         ours = model.compute_logits(model(ids, torch.arange(tokens, device=dev), caches, meta))
@@ -308,6 +435,24 @@ def hf_agreement(model, hf, tokens: int = 64) -> dict:
     rel = float((ours - theirs).norm() / theirs.norm())
     agree = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
     return {"rel_diff": rel, "argmax_agreement": agree}
+
+
+def hf_agreement_fp32_small(size: str, device) -> dict:
+    """Semantics check without bf16 noise: a reduced fp32 model of the same family/rope vs transformers."""
+    import dataclasses
+
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+    from torchinferno.models.registry import get_family
+
+    fam = get_family("llama3")
+    cfg = dataclasses.replace(fam.size(size), hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                              num_attention_heads=8, num_key_value_heads=2)
+    m = fam.build(cfg, device=device, variant="v1", attention_backend=TritonPagedAttention).float().eval()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.uniform_(0.8, 1.2) if "norm" in name else p.normal_(0.0, 0.05)
+    m.family = fam
+    return hf_agreement(m, hf_peer(m), tokens=48, cache_dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------------- engine
@@ -365,6 +510,17 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
     if graphs:
         engine.runner = _graph_model_runner_cls()(model, engine.kv_cache, max_len)
     setup_s = time.perf_counter() - t_setup
+    exec_s = [0.0]
+    inner = engine.runner.execute
+
+    def timed_execute(sched):  # runner time includes the wait for the GPU (sampling syncs)
+        t = time.perf_counter()
+        try:
+            return inner(sched)
+        finally:
+            exec_s[0] += time.perf_counter() - t
+
+    engine.runner.execute = timed_execute
     g = torch.Generator().manual_seed(1)
     params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
     for i in range(num_requests):
@@ -386,9 +542,11 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
            "input_len": in_len, "output_len": out_len, "wall_s": wall, "output_tokens": out_tokens,
            "output_tok_s": out_tokens / wall, "total_tok_s": (st.num_computed_tokens) / wall, "steps": steps,
            "max_batch_seqs": st.max_batch_seqs, "preemptions": st.num_preemptions, "graph_setup_s": setup_s,
-           "graph_steps": getattr(engine.runner, "num_graph_steps", 0)}
+           "graph_steps": getattr(engine.runner, "num_graph_steps", 0), "runner_s": exec_s[0],
+           "outside_runner_s": wall - exec_s[0]}
     log(f"  engine graphs={graphs}: {out_tokens} output tokens in {wall:.1f} s = {res['output_tok_s']:.0f} tok/s "
-        f"({finished}/{num_requests} finished, {steps} steps, max batch {st.max_batch_seqs})")
+        f"({finished}/{num_requests} finished, {steps} steps, max batch {st.max_batch_seqs}); runner {exec_s[0]:.1f} s, "
+        f"scheduler/output processing {wall - exec_s[0]:.1f} s")
     del engine
     torch.cuda.empty_cache()
     return res
@@ -400,7 +558,7 @@ TARGETS = {"a_fraction_of_bound": 0.85, "b_vs_transformers": 10.0, "c_tflop_s": 
 
 def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64, batch_ctx: int = 1024,
                   prefill_tokens: int = 2048, engine_requests: int = 256, engine_in: int = 1024, engine_out: int = 1024,
-                  engine_graphs: bool = True, hf: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
+                  engine_modes=("graphs", "eager"), hf: bool = True, gemv_experiment_on: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
                   json_path: str | None = None, log=print) -> dict:
     """Run every section in one process (see the module docstring); returns and optionally writes the report."""
     from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate
@@ -440,10 +598,19 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
         rep["decode_batch1"].append(r)
         log(f"(a) batch 1 ctx {ctx}: graph step {r['step_ms']:.3f} ms (loop {r['loop_ms_per_step']:.3f} ms, eager "
             f"{r['eager_step_ms']:.3f} ms); bound {r['bound_ms']:.3f} ms -> {100 * r['fraction_of_bound']:.1f}% of bound")
+        log(f"    profile (eager step): {_fmt_profile(r['profile'])}; weights through GEMMs at {r['gemm_gb_s']:.0f} GB/s")
+    if gemv_experiment_on:
+        try:
+            rep["gemv_experiment"] = gemv_experiment(model, bench, wbytes, bw, contexts, log=log)
+        except Exception as e:
+            rep["gemv_experiment"] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"    gemv experiment failed: {rep['gemv_experiment']['error']}")
+        save()
     r = bench.measure(batch, batch_ctx, wbytes, bw)
     rep["decode_batch"] = r
     log(f"(b) batch {batch} ctx {batch_ctx}: graph step {r['step_ms']:.3f} ms -> {r['tok_s']:.0f} tok/s (loop), eager step "
         f"{r['eager_step_ms']:.3f} ms; {100 * r['fraction_of_bound']:.1f}% of bound")
+    log(f"    profile (eager step): {_fmt_profile(r['profile'])}")
     del bench
     torch.cuda.empty_cache()
     save()
@@ -453,6 +620,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     rep["prefill"] = r
     log(f"(c) prefill {prefill_tokens} tokens: {r['ms']:.2f} ms, {r['tflop_s']:.0f} TFLOP/s "
         f"({100 * r['tflop_s'] / (mm / 1e12):.0f}% of the measured matmul rate)")
+    log(f"    profile: {_fmt_profile(r['profile'])}; GEMMs alone at {r['gemm_tflop_s']:.0f} TFLOP/s")
     save()
 
     # (e) transformers peer
@@ -462,6 +630,9 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
             rep["hf_agreement"] = hf_agreement(model, peer)
             log(f"    transformers agreement: rel diff {rep['hf_agreement']['rel_diff']:.3e}, argmax agreement "
                 f"{100 * rep['hf_agreement']['argmax_agreement']:.0f}%")
+            rep["hf_agreement_fp32_small"] = hf_agreement_fp32_small(size, dev)
+            log(f"    transformers agreement, fp32 {size}-shaped with 4 layers / hidden 512: rel diff "
+                f"{rep['hf_agreement_fp32_small']['rel_diff']:.2e}")
             rep["hf"] = [hf_decode_tok_s(peer, 1, 128, hf_new_tokens, model.config.vocab_size),
                          hf_decode_tok_s(peer, batch, batch_ctx, hf_new_tokens, model.config.vocab_size)]
             for h in rep["hf"]:
@@ -480,12 +651,13 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
 
     # (d) engine
     rep["engine"] = []
-    for graphs in ((True, False) if engine_graphs else (False,)):
+    for mode in engine_modes:
+        graphs = mode == "graphs"
         if left() < 60:
-            rep["skipped"].append(f"engine graphs={graphs}")
+            rep["skipped"].append(f"engine {mode}")
             continue
-        # The graph run goes first and keeps time for the eager one; each stops at its deadline.
-        deadline = min(left() - 100, 240.0) if (graphs and engine_graphs) else left() - 30
+        # A first run keeps time for a second one; each stops at its deadline.
+        deadline = min(left() - 100, 240.0) if mode != engine_modes[-1] else left() - 30
         try:
             rep["engine"].append(engine_throughput(model, engine_requests, engine_in, engine_out, deadline, graphs, log=log))
         except Exception as e:

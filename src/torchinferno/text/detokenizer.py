@@ -73,7 +73,8 @@ class IncrementalDetokenizer:
         if self._finished:
             raise RuntimeError("IncrementalDetokenizer.add called after flush")
         token_id = int(token_id)
-        if not 0 <= token_id < self.tokenizer.vocab_size:
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        if vocab is not None and not 0 <= token_id < vocab:
             # Models often pad the embedding past the tokenizer's vocab; such ids carry no text.
             return ""
         self.token_ids.append(token_id)

@@ -1,0 +1,173 @@
+"""CUDA graph capture/replay of decode steps, one graph per batch-size bucket.
+
+``CudaGraphDecodeRunner`` owns static input buffers (``input_ids``, ``positions``,
+``slot_mapping``, ``block_tables``, ``seq_lens``) sized for the largest bucket, captures
+``model(...)`` (+ ``compute_logits``) once per bucket and, per step, copies the live rows in,
+pads the rest and replays the bucket's graph. A step with ``n`` rows runs the smallest bucket
+``>= n``; more rows than the largest bucket run eagerly.
+
+Padded rows (``n <= row < bucket``) are harmless by construction:
+
+* ``slot_mapping = -1``: the KV append writes nothing for them (no live KV row is touched);
+* ``block_tables`` row = ``scratch_block`` (default 0) and ``seq_lens = 1``: attention reads one
+  token of that block, which is never written through these rows either; their outputs are dropped.
+
+Capture needs a backend whose decode path reads only device tensors (``supports_cuda_graphs``
+on the attention module, e.g. ``TritonPagedAttention``): the torch reference backend reads host
+``seq_lens_list`` values, which a graph would freeze. Without CUDA or such a backend the runner
+runs the same padded buffers eagerly (``use_graphs == False``), which is also how the padding
+invariants are tested on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+
+
+def backend_supports_graphs(model: nn.Module) -> bool:
+    """All attention backends of ``model`` declare ``supports_cuda_graphs`` (and there is at least one)."""
+    from torchinferno.models.common.attention import TorchAttention
+
+    flags = [getattr(m, "supports_cuda_graphs", False) for m in model.modules()
+             if isinstance(m, TorchAttention) or hasattr(m, "supports_cuda_graphs")]
+    return bool(flags) and all(flags)
+
+
+class CudaGraphDecodeRunner:
+    """Decode-step executor with per-bucket CUDA graphs and an eager fallback.
+
+    ``model``: a family model (``forward(ids, positions, kv_caches, meta)``, ``compute_logits``).
+    ``kv_caches``: the per-layer cache tuples the model writes (never reallocated).
+    ``max_blocks_per_seq``: block-table width of the static buffer (max context / block size).
+    ``output``: ``"logits"`` ([n, V] fp32) or ``"hidden"`` ([n, D]).
+    """
+
+    def __init__(self, model: nn.Module, kv_caches, block_size: int, max_blocks_per_seq: int,
+                 batch_sizes=DEFAULT_BUCKETS, scratch_block: int = 0, output: str = "logits",
+                 use_graphs: bool | None = None):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.max_blocks = max_blocks_per_seq
+        self.buckets = sorted(set(int(b) for b in batch_sizes))
+        self.scratch_block = scratch_block
+        self.output = output
+        self.device = next(model.parameters()).device
+        can = self.device.type == "cuda" and backend_supports_graphs(model)
+        self.use_graphs = can if use_graphs is None else (use_graphs and can)
+        bmax = self.buckets[-1]
+        dev = self.device
+        self.input_ids = torch.zeros(bmax, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(bmax, dtype=torch.long, device=dev)
+        self.slot_mapping = torch.full((bmax,), -1, dtype=torch.long, device=dev)
+        self.block_tables = torch.full((bmax, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.ones(bmax, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(bmax + 1, dtype=torch.int32, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self._pool = None
+        self.num_replays = 0
+        self.num_eager = 0
+
+    # ------------------------------------------------------------------ helpers
+    def bucket_for(self, n: int) -> int | None:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+    def _meta(self, B: int, seq_lens_list: list[int] | None) -> AttentionMetadata:
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc[: B + 1],
+            seq_lens=self.seq_lens[:B],
+            slot_mapping=self.slot_mapping[:B],
+            block_tables=self.block_tables[:B],
+            block_size=self.block_size,
+            query_lens_list=[1] * B,
+            # Host copies are read only by backends that cannot be captured (eager path).
+            seq_lens_list=seq_lens_list if seq_lens_list is not None else [self.max_blocks * self.block_size] * B,
+            has_padding=True,
+        )
+
+    def _forward(self, B: int, seq_lens_list: list[int] | None = None) -> torch.Tensor:
+        h = self.model(self.input_ids[:B], self.positions[:B], self.kv_caches, self._meta(B, seq_lens_list))
+        return self.model.compute_logits(h) if self.output == "logits" else h
+
+    def _load(self, input_ids, positions, slot_mapping, block_tables, seq_lens, B: int) -> None:
+        """Copy ``n`` live rows into the static buffers and reset rows ``n..B-1`` to padding."""
+        n = input_ids.shape[0]
+        w = block_tables.shape[1]
+        if w > self.max_blocks:
+            raise ValueError(f"block table has {w} columns; the runner was built for {self.max_blocks}")
+        self.input_ids[:n].copy_(input_ids, non_blocking=True)
+        self.positions[:n].copy_(positions, non_blocking=True)
+        self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
+        self.block_tables[:n, :w].copy_(block_tables, non_blocking=True)
+        self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
+        if B > n:
+            self.input_ids[n:B].zero_()
+            self.positions[n:B].zero_()
+            self.slot_mapping[n:B].fill_(-1)
+            self.block_tables[n:B].fill_(self.scratch_block)
+            self.seq_lens[n:B].fill_(1)
+
+    # ------------------------------------------------------------------ capture / run
+    @torch.inference_mode()
+    def capture(self, batch_sizes=None, warmup: int = 2) -> None:
+        """Capture one graph per bucket (largest first, sharing one memory pool). No-op without graphs."""
+        if not self.use_graphs:
+            return
+        sizes = sorted(batch_sizes or self.buckets, reverse=True)
+        self._load(self.input_ids[:0], self.positions[:0], self.slot_mapping[:0], self.block_tables[:0, :0],
+                   self.seq_lens[:0], self.buckets[-1])
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for B in sizes:  # compile kernels and settle the allocator before capture
+                for _ in range(warmup):
+                    self._forward(B)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        for B in sizes:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                out = self._forward(B)
+            if self._pool is None:
+                self._pool = g.pool()
+            self.graphs[B] = g
+            self.outputs[B] = out
+        torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+            block_tables: torch.Tensor, seq_lens: torch.Tensor, seq_lens_list: list[int] | None = None) -> torch.Tensor:
+        """One decode step for ``n`` rows -> ``[n, V]`` logits (or hidden). Shapes: ids/positions/
+        slots/seq_lens ``[n]``, block_tables ``[n, w]`` with ``w <= max_blocks_per_seq``.
+
+        The returned tensor is a view of a static buffer: it is overwritten by the next step.
+        """
+        n = input_ids.shape[0]
+        B = self.bucket_for(n)
+        if B is None:  # too many rows: plain eager forward on the caller's tensors
+            self.num_eager += 1
+            lens = seq_lens_list if seq_lens_list is not None else [int(x) for x in seq_lens.tolist()]
+            meta = AttentionMetadata(torch.arange(n + 1, dtype=torch.int32, device=self.device), seq_lens,
+                                     slot_mapping, block_tables, self.block_size, [1] * n, lens, has_padding=True)
+            h = self.model(input_ids, positions, self.kv_caches, meta)
+            return self.model.compute_logits(h) if self.output == "logits" else h
+        self._load(input_ids, positions, slot_mapping, block_tables, seq_lens, B)
+        if B in self.graphs:
+            self.graphs[B].replay()
+            self.num_replays += 1
+            return self.outputs[B][:n]
+        self.num_eager += 1
+        lens = None
+        if not self.use_graphs:  # the torch backend needs host lengths, padded rows have length 1
+            lens = seq_lens_list if seq_lens_list is not None else [int(x) for x in seq_lens.tolist()]
+            lens = list(lens) + [1] * (B - n)
+        return self._forward(B, lens)[:n]

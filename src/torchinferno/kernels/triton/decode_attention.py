@@ -1,0 +1,170 @@
+"""Paged decode attention (one query per sequence), split-K / flash-decoding style, GQA-grouped.
+
+Layout: ``q [B, H, D]``, caches ``[num_blocks, page, Hkv, D]`` (``Dv`` for values),
+``block_tables [B, max_blocks]`` int32, ``seq_lens [B]`` int32 -> ``out [B, H, Dv]``.
+
+Stage 1 runs one program per (sequence, kv head, split). A program loads the ``G = H / Hkv``
+query heads that share its kv head as one ``[G_pad, D]`` tile (so every K/V byte is read once
+per kv head, not once per query head) and walks its split of the context in ``BLOCK_N``-token
+tiles, looking each token's page up in the block table. With ``num_splits == 1`` it writes the
+normalized output directly; otherwise it writes each split's normalized partial output and
+base-2 log-sum-exp, and stage 2 merges the splits per (sequence, head).
+
+The split count is a launch constant derived from static shapes (the block table's width, the
+batch and the kv head count), never from the seq_lens values, so a decode step stays
+capturable in a CUDA graph: splits past a short sequence's end write ``lse = -inf`` and are
+ignored by the merge.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from torchinferno.kernels.triton import next_pow2, num_sms
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
+                   stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                   stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
+                   DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SEQ + b)
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, seq_len)
+
+    g = tl.arange(0, GROUP_PAD)
+    heads = kvh * GROUP + g
+    gm = g < GROUP
+    d = tl.arange(0, D_PAD)
+    dm = d < D
+    dv = tl.arange(0, DV_PAD)
+    dvm = dv < DV
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
+    n_offs = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        toks = n0 + n_offs
+        tm = toks < end
+        page = tl.load(BT + b * stride_bt + toks // PAGE, mask=tm, other=0).to(tl.int64)
+        row = toks % PAGE
+        k_base = page * stride_kb + row * stride_kt + kvh * stride_kh  # [BLOCK_N] token row starts
+        v_base = page * stride_vb + row * stride_vt + kvh * stride_vh
+        k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0)  # [BLOCK_N, D_PAD]
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(tm[None, :], s * qk_scale, float("-inf"))  # [GROUP_PAD, BLOCK_N], log2 domain
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0)  # [BLOCK_N, DV_PAD]
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
+                 mask=gm[:, None] & dvm[None, :])
+    else:
+        empty = l_i == 0  # this split holds no token of the sequence
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(OP + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dv[None, :], out,
+                 mask=gm[:, None] & dvm[None, :])
+        tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=gm)
+
+
+@triton.jit
+def _decode_stage2(OP, LSE, OUT, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                   DV: tl.constexpr, DV_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    dv = tl.arange(0, DV_PAD)
+    dvm = dv < DV
+    base = b * stride_pb + h * stride_ph
+    lse = tl.load(LSE + b * stride_lb + h * stride_lh + s)  # [S]
+    m = tl.max(lse, 0)
+    w = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - m))
+    o = tl.load(OP + base + s[:, None] * stride_ps + dv[None, :], mask=dvm[None, :], other=0.0)  # [S, DV_PAD]
+    out = tl.sum(o * w[:, None], 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    tl.store(OUT + b * stride_ob + h * stride_oh + dv, out.to(OUT.dtype.element_ty), mask=dvm)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Splits so that (batch x kv heads x splits) programs fill about two waves of SMs.
+
+    A split never covers fewer than 256 tokens (below that the merge costs more than it saves).
+    Powers of two only, so few kernel variants get compiled. Depends on shapes alone.
+    """
+    sms = num_sms(device.index or 0) if device.type == "cuda" else 132
+    programs = max(1, batch * num_kv_heads)
+    want = math.ceil(2 * sms / programs)
+    cap = max(1, max_context // 256)
+    n = max(1, min(want, cap, 64))
+    return 1 << (n.bit_length() - 1)
+
+
+def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                                   num_splits: int | None = None, out: torch.Tensor | None = None,
+                                   config: dict | None = None) -> torch.Tensor:
+    """q [B, H, D] -> [B, H, Dv]; attends to ``seq_lens[b]`` cached tokens of row ``b``.
+
+    ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps.
+    """
+    B, H, D = q.shape
+    _, page, Hkv, Dk = k_cache.shape
+    DV = v_cache.shape[-1]
+    assert Dk == D and H % Hkv == 0, (q.shape, k_cache.shape)
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and q.stride(-1) == 1
+    group = H // Hkv
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, block_tables.shape[1] * page, q.device)
+    if out is None:
+        out = torch.empty((B, H, DV), dtype=q.dtype, device=q.device)
+    if B == 0:
+        return out
+    d_pad, dv_pad = next_pow2(D), next_pow2(DV)
+    cfg = {"block_n": 64 if max(d_pad, dv_pad) <= 128 else (32 if max(d_pad, dv_pad) <= 256 else 16),
+           "num_warps": 4, "num_stages": 2, **(config or {})}
+    ieee = q.dtype == torch.float32
+    if num_splits > 1:
+        op = torch.empty((B, H, num_splits, DV), dtype=torch.float32, device=q.device)
+        lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        op = lse = out  # unused
+    s_pb, s_ph, s_ps = (op.stride(0), op.stride(1), op.stride(2)) if num_splits > 1 else (0, 0, 0)
+    s_lb, s_lh = (lse.stride(0), lse.stride(1)) if num_splits > 1 else (0, 0)
+    _decode_stage1[(B, Hkv, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, op, lse, scale * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), s_pb, s_ph, s_ps, s_lb, s_lh,
+        GROUP=group, GROUP_PAD=max(16, next_pow2(group)), D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page,
+        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    if num_splits > 1:
+        _decode_stage2[(B, H)](op, lse, out, s_pb, s_ph, s_ps, s_lb, s_lh, out.stride(0), out.stride(1),
+                               DV=DV, DV_PAD=dv_pad, NUM_SPLITS=num_splits, num_warps=4)
+    return out
