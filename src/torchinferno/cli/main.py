@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torchinferno.env import read_env
+    from torchinferno.env import apply_platform_defaults, read_env
+
+    apply_platform_defaults()  # before anything imports torch
     from torchinferno.errors import TorchInfernoError
 
     parser = build_parser()
