@@ -94,3 +94,18 @@ def test_model_variants_lists_dsv4(capsys):
     assert main(["model-variants", "--family", "dsv4", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["variant"], r["parent"]) for r in rows] == [("v0", None), ("v1", "v0")]
+
+
+@pytest.mark.parametrize("family,pkg", [("dsv4", "dsv4"), ("deepseek-v3.2", "deepseek_v32")])
+def test_promoted_variants_are_validated(family, pkg, tmp_path, capsys):
+    """A promoted record (v1's class + an ops-module override) is built by family.build and compared with v0."""
+    from torchinferno.models.registry import get_family
+
+    cls_path = __import__(f"torchinferno.models.{pkg}.registry", fromlist=["VARIANTS"]).VARIANTS["v1"].class_path
+    reg = tmp_path / "promoted.json"
+    reg.write_text(json.dumps({"version": 1, "families": {get_family(family).name: {"v1-cop": {
+        "name": "v1-cop", "parent": "v1", "fallback": "v1", "status": "promoted", "class_path": cls_path,
+        "ops_module": f"torchinferno.models.{pkg}.custom_ops_ops", "notes": "test"}}}}))
+    assert main(["validate-model-variants", "--family", family, "--variant", "v1-cop", "--registry", str(reg)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "v1-cop" in ln)
+    assert "PASS" in line and "promoted" in line

@@ -96,3 +96,122 @@ def test_helion_commands_say_not_installed(cmd, capsys):
 def test_triton_provider_not_installed_is_one_line(tmp_path, capsys):
     assert main(["candidate", str(tmp_path / "t"), "--model-kind", "llama3", "--provider", "triton"]) == 1
     assert "triton is not installed" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- promoted variants build and run
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    """Default registry location (<TORCHINFERNO_CACHE_DIR>/promoted_variants.json) inside tmp_path."""
+    monkeypatch.setenv("TORCHINFERNO_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _logits(model, ids):
+    import torch
+
+    with torch.inference_mode():
+        return model.compute_logits(model(ids, torch.arange(len(ids))))
+
+
+def test_promoted_variant_builds_with_its_ops_module(candidate, cache_dir, monkeypatch, capsys):
+    import torch
+
+    from torchinferno.models.llama3 import custom_ops_ops
+    from torchinferno.models.registry import get_family
+
+    rec = promote(candidate, name="v1-cop", threshold=-0.99)  # default registry: under the tmp cache dir
+    assert (cache_dir / "promoted_variants.json").exists()
+    assert rec["ops_module"] == "torchinferno.models.llama3.custom_ops_ops" and rec["fallback"] == "v1"
+    assert rec["class_path"] == "torchinferno.models.llama3.v1:Llama3V1"
+
+    fam = get_family("llama3")
+    cfg = fam.size("debug")
+    ref = fam.build(cfg, device="cpu", variant="v0")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if p.dim() == 1 else 0.0))
+    model = fam.build(cfg, device="cpu", variant="v1-cop")
+    model.load_state_dict(ref.state_dict())
+    assert model.ops is custom_ops_ops and model.model.layers[0].mlp.ops is custom_ops_ops
+
+    calls = {"silu_and_mul": 0, "rms_norm": 0}
+    real_swiglu, real_norm = torch.ops.torchinferno.swiglu_activation, torch.ops.torchinferno.rms_norm
+
+    def count(name, fn):
+        def wrapped(*a):
+            calls[name] += 1
+            return fn(*a)
+        return wrapped
+
+    monkeypatch.setattr(custom_ops_ops, "silu_and_mul", count("silu_and_mul", custom_ops_ops.silu_and_mul))
+    monkeypatch.setattr(custom_ops_ops, "add_rms_norm", count("rms_norm", custom_ops_ops.add_rms_norm))
+    ids = torch.randint(0, cfg.vocab_size, (7,), generator=torch.Generator().manual_seed(1))
+    got, want = _logits(model, ids), _logits(ref, ids)
+    assert calls["silu_and_mul"] == cfg.num_hidden_layers and calls["rms_norm"] >= cfg.num_hidden_layers
+    assert real_swiglu is torch.ops.torchinferno.swiglu_activation and real_norm is torch.ops.torchinferno.rms_norm
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+    assert main(["model-variants", "--family", "llama3", "--lineage", "v1-cop"]) == 0
+    assert capsys.readouterr().out.strip() == "llama3: v1-cop -> v1 -> v0"
+    assert main(["validate-model-variants", "--family", "llama3", "--json-output", str(cache_dir / "v.json")]) == 0
+    res = {r["variant"]: r for r in json.loads((cache_dir / "v.json").read_text())["results"]}
+    assert res["v1-cop"]["ok"] and res["v1-cop"]["status"] == "promoted" and res["v1"]["ok"]
+
+
+def _write_record(reg, name, ops_module, parent="v1"):
+    data = json.loads(reg.read_text()) if reg.exists() else {"version": 1, "families": {}}
+    data["families"].setdefault("llama3", {})[name] = {
+        "name": name, "family": "llama3", "parent": parent, "fallback": parent, "status": "promoted",
+        "class_path": "torchinferno.models.llama3.v1:Llama3V1", "ops_module": ops_module, "notes": "test record",
+        "candidate_dir": "-", "benchmark": {}}
+    reg.parent.mkdir(parents=True, exist_ok=True)
+    reg.write_text(json.dumps(data))
+
+
+def test_missing_ops_module_falls_back_to_parent_with_a_warning(tmp_path, capsys):
+    from torchinferno.models.llama3 import fused_ops
+    from torchinferno.models.promoted import using_registry
+    from torchinferno.models.registry import get_family
+
+    reg = tmp_path / "r.json"
+    _write_record(reg, "v1-gone", "torchinferno.models.llama3.no_such_ops")
+    fam = get_family("llama3")
+    with using_registry(reg), pytest.warns(RuntimeWarning, match="building its parent 'v1'"):
+        model = fam.build(fam.size("debug"), device="cpu", variant="v1-gone")
+    assert type(model).__name__ == "Llama3V1" and model.ops is fused_ops
+    # validation reports that the promoted variant would only run as its parent
+    assert main(["validate-model-variants", "--family", "llama3", "--variant", "v1-gone", "--registry", str(reg)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_wrong_override_fails_validation(tmp_path, monkeypatch, capsys):
+    import sys
+    import types
+
+    from torchinferno.models.llama3 import fused_ops
+
+    bad = types.ModuleType("ti_test_wrong_ops")
+    bad.__dict__.update({k: v for k, v in vars(fused_ops).items() if not k.startswith("__")})
+    bad.silu_and_mul = lambda gate_up: fused_ops.silu_and_mul(gate_up) * 1.05
+    monkeypatch.setitem(sys.modules, bad.__name__, bad)
+    reg = tmp_path / "r.json"
+    _write_record(reg, "v1-wrong", bad.__name__)
+    _write_record(reg, "v1-rewrite", "torchinferno.models.llama3.torch_rewrite_ops")
+    out_json = tmp_path / "v.json"
+    assert main(["validate-model-variants", "--family", "llama3", "--registry", str(reg), "--json-output", str(out_json)]) == 1
+    res = {r["variant"]: r for r in json.loads(out_json.read_text())["results"]}
+    assert not res["v1-wrong"]["ok"] and res["v1-wrong"]["rel_err"] > 1e-3
+    assert res["v1-rewrite"]["ok"] and res["v1"]["ok"]
+    assert "2/3 variants match v0" in capsys.readouterr().out
+
+
+def test_torch_compile_candidate_is_refused_at_promotion(llama_run, tmp_path):
+    from torchinferno.workbench.candidates import run_candidate
+
+    run_candidate(tmp_path / "tc", "torch-compile", None, llama_run, backend="eager", iters=2)
+    with pytest.raises(ConfigError, match="torch-compile candidates are not promotable"):
+        promote(tmp_path / "tc", threshold=-0.99, registry=tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()

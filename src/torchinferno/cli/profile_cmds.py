@@ -221,7 +221,7 @@ def cmd_promote(a) -> int:
     from torchinferno.workbench.promotion import promote
 
     r = promote(a.candidate_dir, a.name, a.threshold, a.registry, a.parent)
-    print(f"promoted {r['family']}:{r['name']} (parent/fallback {r['parent']}): {r['notes']}")
+    print(f"promoted {r['family']}:{r['name']} (parent/fallback {r['parent']}, ops {r['ops_module']}): {r['notes']}")
     return 0
 
 

@@ -7,6 +7,9 @@ variant on the family's tiny ``debug`` config with the same random weights, runs
 ragged batch through prefill + a few cached decode steps (the variant is fed v0's tokens, so a
 flipped argmax cannot hide or cause a difference) and compares all logits. The error measure is
 ``max|variant - v0| / max|v0|`` (scale-free); a variant passes when it is ``<= --rtol``.
+Promoted variants (``--registry``, default ``<cache dir>/promoted_variants.json``) are checked the
+same way, built through ``family.build(variant=NAME)``; one whose ops-module override cannot be
+loaded (so it would run as its parent) is a failed row.
 
 The helpers ``randomize``, ``cached_decode`` and ``full_forward`` are shared with the bring-up
 smokes (``cli/deepseek_cmds.py``).
@@ -33,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--decode-steps", type=int, default=3)
     p.add_argument("--json-output", default=None, metavar="P", help="also write the results as JSON to P")
+    p.add_argument("--registry", default=None, help="promoted-variant JSON (default: <cache dir>/promoted_variants.json)")
     p.set_defaults(func=cmd_validate_model_variants)
 
 
@@ -148,11 +152,11 @@ def _families(name: str | None) -> list[str]:
     return [get_family(name).name] if name is not None else family_names()
 
 
-def _variants(family: str) -> dict:
-    """The family's built-in VARIANTS (promoted variants build their parent, so they are not re-validated)."""
-    from torchinferno.workbench.promotion import builtin_variants
+def _variants(family: str, registry=None) -> dict:
+    """The family's built-in VARIANTS plus its promoted variants (from ``registry`` or the default file)."""
+    from torchinferno.workbench.promotion import all_variants
 
-    return builtin_variants(family)[0]
+    return all_variants(family, registry)
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
@@ -166,19 +170,32 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 # ------------------------------------------------------------------------ validate-model-variants
 
 
-def validate_variant(family: str, variant: str, rtol: float, device: str = "cpu", steps: int = 3, seed: int = 0) -> dict:
+def validate_variant(family: str, variant: str, rtol: float, device: str = "cpu", steps: int = 3, seed: int = 0,
+                     registry=None) -> dict:
     """Compare ``variant`` against v0 of ``family`` on the debug config (see the module docstring)."""
+    import warnings
+
+    from torchinferno.models.promoted import using_registry
     from torchinferno.models.registry import get_family
 
     fam = get_family(family)
-    v = _variants(fam.name)[variant]
+    v = _variants(fam.name, registry)[variant]
     row = {"family": fam.name, "variant": variant, "parent": v.parent, "status": v.status, "rtol": rtol}
     t0 = time.perf_counter()
     try:
         config = fam.size("debug")
         ref = randomize(fam.build(config, device="cpu", variant="v0"), seed).to(device).eval()
         ref.family = fam
-        cand = fam.build(config, device="cpu", variant=variant)
+        with using_registry(registry), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cand = fam.build(config, device="cpu", variant=variant)
+        if v.status == "promoted":
+            fell_back = [str(w.message) for w in caught if "cannot load its override" in str(w.message)]
+            if fell_back:
+                raise RuntimeError(fell_back[0])
+            got_ops = getattr(cand, "ops", None)
+            if got_ops is not None and getattr(got_ops, "__name__", None) != v.ops_module:
+                raise RuntimeError(f"built ops module {getattr(got_ops, '__name__', got_ops)}, record names {v.ops_module}")
         cand.load_state_dict(ref.state_dict())
         cand = cand.to(device).eval()
         cand.family = fam
@@ -203,7 +220,7 @@ def cmd_validate_model_variants(a) -> int:
         raise ConfigError(f"--decode-steps must be >= 1, got {a.decode_steps}")
     rows = []
     for fam in _families(a.family):
-        vs = _variants(fam)
+        vs = _variants(fam, a.registry)
         names = [n for n in vs if vs[n].parent is not None]
         if a.variant is not None:
             if a.variant not in vs:
@@ -213,7 +230,7 @@ def cmd_validate_model_variants(a) -> int:
             if vs[a.variant].parent is None:
                 raise ConfigError(f"variant '{a.variant}' is the reference (v0) itself; pick a child variant")
             names = [a.variant]
-        rows += [validate_variant(fam, n, a.rtol, a.device, a.decode_steps) for n in names]
+        rows += [validate_variant(fam, n, a.rtol, a.device, a.decode_steps, registry=a.registry) for n in names]
     if not rows:
         raise ConfigError(f"no variant '{a.variant}' in any family ({', '.join(_families(a.family))})")
     shown = [{**r, "result": "PASS" if r["ok"] else "FAIL",

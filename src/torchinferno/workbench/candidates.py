@@ -9,6 +9,14 @@ A *partition* is what gets replaced: ``{"kind": "pattern", "pattern": "fused-rms
 * ``torch-compile`` -- ``torch.compile`` of the graph (scope: the whole graph; ``--backend``);
 * ``triton`` / ``helion`` -- only when installed and on CUDA (a one-line error otherwise).
 
+What a candidate becomes at runtime (``runtime_form``; ``promotion.promote`` stores it): runtime
+never traces or compiles (SPEC section 0), so only providers with a runtime ops module are
+promotable. ``custom-op`` -> ``models/<family>/custom_ops_ops.py`` (RMSNorm / SwiGLU through the
+``torch.ops.torchinferno`` custom ops), ``torch-rewrite`` -> ``models/<family>/torch_rewrite_ops.py``
+(the same sites as ``kernels/reference.py`` torch code). ``torch-compile`` candidates are refused
+at promotion (an offline-compiled artifact, e.g. AOTInductor, is not supported yet), as is any
+partition without a runtime ops module.
+
 ``run_candidate`` writes ``partition.json``, ``provider.json``, ``correctness.json`` (max abs
 error vs the reference graph on the run's inputs, tolerance, passed), ``benchmark.json``
 (median us of the candidate and of every baseline: the reference ATen graph and the eager
@@ -40,6 +48,37 @@ def provider_available(name: str, device: str) -> tuple[bool, str]:
             return False, f"{name} candidates need --device cuda"
         return False, f"{name} is installed but no {name} kernel is registered for this partition yet"
     return True, ""
+
+
+# provider -> ops module file under models/<family>/ implementing the family's ops contract
+RUNTIME_OPS = {"custom-op": "custom_ops_ops", "torch-rewrite": "torch_rewrite_ops"}
+# partitions whose every replaced op has a runtime equivalent in those modules
+RUNTIME_PATTERNS = ("fused-rmsnorm-swiglu", "swiglu")
+
+
+def runtime_form(family: str, provider: str, partition: dict) -> dict:
+    """``{"ops_module": ..., "description": ...}``: the buildable runtime form of a candidate, or a
+    ``ConfigError`` saying why the candidate cannot be promoted (runtime never compiles)."""
+    from torchinferno.models.registry import get_family
+
+    if provider == "torch-compile":
+        raise ConfigError("not promoted: torch-compile candidates are not promotable; runtime never compiles "
+                          "(SPEC section 0) and offline-compiled artifacts are not supported yet; promote a custom-op or "
+                          "torch-rewrite candidate of a pattern instead")
+    if provider not in RUNTIME_OPS:
+        raise ConfigError(f"not promoted: provider {provider} has no runtime form (promotable: {', '.join(RUNTIME_OPS)})")
+    if partition.get("kind") != "pattern" or partition.get("pattern") not in RUNTIME_PATTERNS:
+        raise ConfigError(f"not promoted: partition {partition} has no runtime ops module "
+                          f"(promotable patterns: {', '.join(RUNTIME_PATTERNS)})")
+    fam = get_family(family)
+    if not fam.variants_module:
+        raise ConfigError(f"not promoted: family {fam.name} has no variant registry")
+    module = f"{fam.variants_module.rsplit('.', 1)[0]}.{RUNTIME_OPS[provider]}"
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(f"not promoted: {fam.name} has no runtime ops module {module} for provider {provider}")
+    what = ("RMSNorm / SwiGLU through torch.ops.torchinferno custom ops" if provider == "custom-op"
+            else "RMSNorm / SwiGLU as torchinferno.kernels.reference torch code")
+    return {"ops_module": module, "description": f"ops module {module}: {what}; other ops as the family's fused_ops"}
 
 
 def parse_partition(pattern: str | None) -> dict:

@@ -8,9 +8,14 @@ explicitly (``--registry PATH``, e.g. inside a run directory) or the user-level 
 
 A record is a ``models.variants.Variant`` (name, parent, class_path, ops_module, status
 "promoted", notes) plus the evidence: provider, partition, correctness, benchmark, candidate dir
-and ``fallback`` (the parent variant, which runtime keeps using whenever the candidate's provider
-is unavailable on the device). Invariants: a candidate is promoted only if ``correctness.passed``
-and ``speedup_vs_best_baseline >= 1 + threshold``; names never shadow a built-in variant.
+and ``fallback`` (the parent variant). The record is buildable: ``class_path`` is the parent's
+class and ``ops_module`` the candidate's runtime ops module (``candidates.runtime_form``), so
+``family.build(config, variant=NAME)`` (through ``models/promoted.py``, which reads this file
+without importing the workbench) builds the parent's class with that ops module, or the parent
+with a warning when the module cannot be loaded. Invariants: a candidate is promoted only if
+``correctness.passed``, ``speedup_vs_best_baseline >= 1 + threshold`` and it has a runtime form
+(torch-compile candidates are refused: runtime never compiles); names never shadow a built-in
+variant.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 from pathlib import Path
 
 from torchinferno.errors import ConfigError
+from torchinferno.models.promoted import record_variant
 from torchinferno.models.variants import Variant
 from torchinferno.workbench.artifacts import read_json
 
@@ -29,9 +35,10 @@ DEFAULT_THRESHOLD = 0.05
 
 
 def default_registry_path() -> Path:
-    from torchinferno.env import read_env
+    """``<TORCHINFERNO_CACHE_DIR or ~/.cache/torchinferno>/promoted_variants.json`` (what runtime reads)."""
+    from torchinferno.models import promoted
 
-    return read_env().cache_dir / "promoted_variants.json"
+    return promoted.default_registry_path()
 
 
 def _load(path: Path) -> dict:
@@ -64,8 +71,7 @@ def all_variants(family: str, registry: str | Path | None = None) -> dict[str, V
     """Built-in variants plus promoted ones (as ``Variant`` values with status ``promoted``)."""
     out, _ = builtin_variants(family)
     for name, r in promoted_records(family, registry).items():
-        out.setdefault(name, Variant(name=name, parent=r["parent"], class_path=r["class_path"],
-                                     ops_module=r["ops_module"], status="promoted", notes=r.get("notes", "")))
+        out.setdefault(name, record_variant({**r, "name": name}))
     return out
 
 
@@ -89,6 +95,9 @@ def promote(candidate_dir: str | Path, name: str | None = None, threshold: float
     if speed < need:
         raise ConfigError(f"not promoted: {speed:.3f}x vs best baseline '{bench.get('best_baseline')}' is below the "
                           f"required {need:.3f}x (threshold {threshold})")
+    from torchinferno.workbench.candidates import runtime_form
+
+    runtime = runtime_form(family, prov["provider"], part)
     builtins, default = builtin_variants(family)
     run_variant = (part.get("run_config") or {}).get("variant")
     parent = parent or run_variant or default
@@ -102,13 +111,14 @@ def promote(candidate_dir: str | Path, name: str | None = None, threshold: float
     base = known[parent]
     record = {
         "name": name, "family": family, "parent": parent, "fallback": parent,
-        "class_path": base.class_path, "ops_module": base.ops_module, "status": "promoted",
+        "class_path": base.class_path, "ops_module": runtime["ops_module"], "status": "promoted",
         "notes": f"{prov['provider']} for {label}: {speed:.3f}x vs {bench.get('best_baseline')}, "
                  f"max err {corr.get('max_abs_error'):.2e}",
         "provider": prov, "partition": {k: v for k, v in part.items() if k not in ("run_config", "input_ids")},
         "correctness": corr, "benchmark": bench, "threshold": threshold,
         "candidate_dir": str(d.resolve()), "promoted_unix": round(time.time(), 3),
-        "runtime": "offline graph rewrite; runtime builds the parent (fallback) until a runtime ops module is attached",
+        "runtime": f"builds {parent}'s class with {runtime['description']}; falls back to {parent} (with a warning) "
+                   f"if the ops module cannot be loaded",
     }
     path = Path(registry) if registry else default_registry_path()
     data = _load(path)
@@ -135,8 +145,8 @@ def variant_rows(family: str | None = None, registry: str | Path | None = None) 
                    "class_path": v.class_path, "ops_module": v.ops_module, "notes": v.notes}
             if v.name in promoted:
                 r = promoted[v.name]
-                row["promoted"] = {"candidate_dir": r["candidate_dir"], "fallback": r["fallback"],
-                                   "speedup_vs_best_baseline": r["benchmark"].get("speedup_vs_best_baseline")}
+                row["promoted"] = {"candidate_dir": r.get("candidate_dir"), "fallback": r.get("fallback", r["parent"]),
+                                   "speedup_vs_best_baseline": (r.get("benchmark") or {}).get("speedup_vs_best_baseline")}
             rows.append(row)
     return rows
 

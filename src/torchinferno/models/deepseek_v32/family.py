@@ -9,7 +9,7 @@ from torchinferno.models.deepseek_v32 import config as cfg
 from torchinferno.models.deepseek_v32 import weights
 from torchinferno.models.deepseek_v32.registry import DEFAULT_VARIANT, VARIANTS
 from torchinferno.models.protocol import KVLayerSpec, KVSpec, ModelFamily
-from torchinferno.models.variants import pick_variant
+from torchinferno.models.promoted import load_variant_class
 
 
 def build(config: cfg.DeepSeekV32Config, device="meta", dtype: torch.dtype = torch.float32, variant: str = DEFAULT_VARIANT,
@@ -20,7 +20,7 @@ def build(config: cfg.DeepSeekV32Config, device="meta", dtype: torch.dtype = tor
     """
     if attention_backend is not None:
         raise ConfigError("deepseek-v3.2 uses its own latent (MLA) attention; attention_backend must be None")
-    cls = pick_variant(VARIANTS, variant, "deepseek-v3.2").load_class()
+    cls = load_variant_class(VARIANTS, variant, "deepseek-v3.2")  # built-in or promoted (models/promoted.py)
     with torch.device(device):
         model = cls(config, absorb_decode=absorb_decode)
     return model.to(dtype=dtype)

@@ -9,7 +9,7 @@ from torchinferno.models.dsv4 import config as cfg
 from torchinferno.models.dsv4 import weights
 from torchinferno.models.dsv4.registry import DEFAULT_VARIANT, VARIANTS
 from torchinferno.models.protocol import KVLayerSpec, KVSpec, ModelFamily
-from torchinferno.models.variants import pick_variant
+from torchinferno.models.promoted import load_variant_class
 
 
 def build(config: cfg.DSv4Config, device="meta", dtype: torch.dtype = torch.float32, variant: str = DEFAULT_VARIANT,
@@ -20,7 +20,7 @@ def build(config: cfg.DSv4Config, device="meta", dtype: torch.dtype = torch.floa
     """
     if attention_backend is not None:
         raise ConfigError("dsv4 uses its own latent attention; attention_backend must be None")
-    cls = pick_variant(VARIANTS, variant, "dsv4").load_class()
+    cls = load_variant_class(VARIANTS, variant, "dsv4")  # built-in or promoted (models/promoted.py)
     with torch.device(device):
         model = cls(config)
     return model.to(dtype=dtype)

@@ -8,12 +8,12 @@ from torchinferno.models.llama3 import config as cfg
 from torchinferno.models.llama3 import weights
 from torchinferno.models.llama3.registry import DEFAULT_VARIANT, VARIANTS
 from torchinferno.models.protocol import KVLayerSpec, KVSpec, ModelFamily
-from torchinferno.models.variants import pick_variant
+from torchinferno.models.promoted import load_variant_class
 
 
 def build(config: cfg.Llama3Config, device="meta", dtype: torch.dtype = torch.float32, variant: str = DEFAULT_VARIANT, attention_backend=None):
     """Build a llama3 model. On ``meta`` nothing is allocated; call ``materialize`` before loading."""
-    cls = pick_variant(VARIANTS, variant, "llama3").load_class()
+    cls = load_variant_class(VARIANTS, variant, "llama3")  # built-in or promoted (models/promoted.py)
     with torch.device(device):
         model = cls(config, attention_backend=attention_backend)
     return model.to(dtype=dtype)
