@@ -86,16 +86,28 @@ class _Row:
             self.finish, self.stop_reason = "stop", "stop_string"
 
 
+def _first_tensor(model: nn.Module) -> torch.Tensor:
+    """A parameter (or, for fully packed models, a buffer): tells the device and dtype."""
+    p = next(model.parameters(), None)
+    return p if p is not None else next(b for b in model.buffers() if b.is_floating_point())
+
+
+def _param_dtype(model: nn.Module) -> torch.dtype:
+    return _first_tensor(model).dtype
+
+
 class StaticGenerator:
     """Owns a static cache for ``max_batch_size`` x ``max_seq_len`` and generates with it."""
 
     def __init__(self, model: nn.Module, max_batch_size: int, max_seq_len: int, cache_dtype: torch.dtype | None = None):
         self.model = model
         self.family = model.family
-        self.device = next(model.parameters()).device
+        self.device = _first_tensor(model).device
         self.max_batch_size = max_batch_size
         self.max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
-        dtype = cache_dtype or next(model.parameters()).dtype
+        # On CPU the cache is kept in fp32: attention runs in fp32 there (see TorchAttention), and a
+        # bf16 cache would be converted on every layer of every step.
+        dtype = cache_dtype or (torch.float32 if self.device.type == "cpu" else _param_dtype(model))
         spec = self.family.kv_spec(model.config)
         self.kv_caches = spec.allocate(max_batch_size, self.max_seq_len, dtype, self.device)
         self.stats = GenerationStats()
