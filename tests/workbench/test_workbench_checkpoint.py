@@ -27,4 +27,4 @@ def test_profile_run_from_checkpoint_dir_and_region_without_source_run(tmp_path,
     assert main(["profile-region", str(tmp_path / "mlp"), "--model", str(ckpt), "--region", "model.layers.1.mlp",
                  "--iters", "2"]) == 0
     info = json.loads((tmp_path / "mlp" / "region.json").read_text())
-    assert info["module_class"] == "Llama3MLP" and info["ok"] and info["full_graph_node_ids"]
+    assert info["module_class"] == "GatedMLP" and info["ok"] and info["full_graph_node_ids"]

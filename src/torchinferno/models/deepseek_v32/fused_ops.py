@@ -10,23 +10,14 @@ import torch
 
 from torchinferno import kernels
 from torchinferno.models.common import mla, moe
+from torchinferno.models.common.norm_act_ops import Fused
 from torchinferno.models.common.rope import apply_rope_interleaved
 
+rms_norm = Fused.rms_norm
+add_rms_norm = Fused.add_rms_norm
+silu_and_mul = Fused.silu_and_mul
+
 NAME = "fused"
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return kernels.rms_norm(x, weight, eps)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    if residual is None:
-        return kernels.rms_norm(x, weight, eps), x
-    return kernels.add_rms_norm(x, residual, weight, eps)
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    return kernels.swiglu_activation(gate_up)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

@@ -22,6 +22,7 @@ from torch import nn
 
 from torchinferno.models.common.attention import gather_kv, write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.layers import GatedMLP, RMSNorm
 from torchinferno.models.common.mla import masked_scores, topk_keep_mask
 from torchinferno.models.common.rope import default_inv_freq, yarn_inv_freq
 from torchinferno.models.deepseek_v32 import raw_ops
@@ -32,18 +33,6 @@ from torchinferno.models.deepseek_v32.config import DeepSeekV32Config
 LATENT_NORM_EPS = 1e-6
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, ops: ModuleType):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Without residual: rms_norm(x). With: (rms_norm(x + residual), x + residual)."""
-        if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps)
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class IndexerProj(NamedTuple):
@@ -202,17 +191,6 @@ class DeepSeekMLA(nn.Module):
         return self.ops.mla_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
 
 
-class DenseMLP(nn.Module):
-    """SwiGLU MLP with merged gate/up projection (dense layers and shared experts)."""
-
-    def __init__(self, hidden: int, inter: int, ops: ModuleType):
-        super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-        self.ops = ops
-
-    def forward(self, x):
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class MoEGate(nn.Module):
@@ -255,7 +233,7 @@ class DeepSeekMoE(nn.Module):
         self.gate = MoEGate(cfg, ops)
         self.experts = RoutedExperts(cfg, ops)
         shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = DenseMLP(cfg.hidden_size, shared, ops) if shared else None
+        self.shared_experts = GatedMLP(cfg.hidden_size, shared, ops) if shared else None
 
     def forward(self, x):
         weights, ids = self.gate(x)
@@ -270,7 +248,7 @@ class DeepSeekDecoderLayer(nn.Module):
         self.self_attn = DeepSeekMLA(cfg, ops, absorb_decode)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         if cfg.layer_mlp_types[layer_idx] == "dense":
-            self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, ops)
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops)
         else:
             self.mlp = DeepSeekMoE(cfg, ops)
 

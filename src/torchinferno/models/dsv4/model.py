@@ -20,6 +20,7 @@ from torch import nn
 
 from torchinferno.models.common.attention import gather_kv, write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.layers import GatedMLP, RMSNorm
 from torchinferno.models.common.rope import RopeScaling, rope_cos_sin
 from torchinferno.models.dsv4 import raw_ops
 from torchinferno.models.dsv4.config import DSv4Config
@@ -29,18 +30,6 @@ from torchinferno.models.dsv4.config import DSv4Config
 LATENT_NORM_EPS = 1e-6
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, ops: ModuleType):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Without residual: rms_norm(x). With: (rms_norm(x + residual), x + residual)."""
-        if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps)
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class LatentAttention(nn.Module):
@@ -120,17 +109,6 @@ class LatentAttention(nn.Module):
         return self.ops.latent_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
 
 
-class DenseMLP(nn.Module):
-    """SwiGLU MLP with merged gate/up projection (dense layers and shared experts)."""
-
-    def __init__(self, hidden: int, inter: int, ops: ModuleType):
-        super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
-        self.ops = ops
-
-    def forward(self, x):
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class Router(nn.Module):
@@ -171,7 +149,7 @@ class MoE(nn.Module):
         self.gate = Router(cfg, ops)
         self.experts = Experts(cfg, ops)
         shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = DenseMLP(cfg.hidden_size, shared, ops) if shared else None
+        self.shared_experts = GatedMLP(cfg.hidden_size, shared, ops) if shared else None
 
     def forward(self, x):
         weights, ids = self.gate(x)
@@ -186,7 +164,7 @@ class DSv4DecoderLayer(nn.Module):
         self.self_attn = LatentAttention(cfg, ops, absorb_decode)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         dense = cfg.layer_mlp_types[layer_idx] == "dense"
-        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, ops) if dense else MoE(cfg, ops)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops) if dense else MoE(cfg, ops)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta):
         # Residual stream carried un-normalized; each norm also performs the pending residual add.

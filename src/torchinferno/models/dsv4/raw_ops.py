@@ -8,31 +8,16 @@ MoE compute come from ``models/common/{mla,moe}.py``.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from torchinferno.models.common import mla, moe
+from torchinferno.models.common.norm_act_ops import Raw
 from torchinferno.models.common.rope import apply_rope_interleaved, apply_rope_neox
 
+rms_norm = Raw.rms_norm
+add_rms_norm = Raw.add_rms_norm
+silu_and_mul = Raw.silu_and_mul
+
 NAME = "raw"
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x [T, D] -> [T, D]; normalizes in fp32 and casts back before the weight."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    """(x + residual) -> (rms_norm(sum), sum). ``residual=None`` means the sum is ``x`` itself."""
-    h = x if residual is None else x + residual
-    return rms_norm(h, weight, eps), h
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [T, 2I] (gate first) -> silu(gate) * up [T, I]."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:

@@ -10,22 +10,12 @@ spans two modules, so at runtime it stays as norm op -> Linear -> activation op.
 
 from __future__ import annotations
 
-import torch
-
 from torchinferno.kernels import custom_ops as _custom_ops  # noqa: F401  (registers torch.ops.torchinferno.*)
+from torchinferno.models.common.norm_act_ops import CustomOp
 from torchinferno.models.llama3.fused_ops import *  # noqa: F401,F403  (the rest of the contract)
 
+rms_norm = CustomOp.rms_norm
+add_rms_norm = CustomOp.add_rms_norm
+silu_and_mul = CustomOp.silu_and_mul
+
 NAME = "custom-op"
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.ops.torchinferno.rms_norm(x, weight, eps)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    h = x if residual is None else x + residual
-    return torch.ops.torchinferno.rms_norm(h, weight, eps), h
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    return torch.ops.torchinferno.swiglu_activation(gate_up)

@@ -5,22 +5,13 @@ from __future__ import annotations
 import torch
 
 from torchinferno import kernels
+from torchinferno.models.common.norm_act_ops import Fused
+
+rms_norm = Fused.rms_norm
+add_rms_norm = Fused.add_rms_norm
+silu_and_mul = Fused.silu_and_mul
 
 NAME = "fused"
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return kernels.rms_norm(x, weight, eps)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    if residual is None:
-        return kernels.rms_norm(x, weight, eps), x
-    return kernels.add_rms_norm(x, residual, weight, eps)
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    return kernels.swiglu_activation(gate_up)
 
 
 def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):

@@ -14,23 +14,10 @@ from torch import nn
 
 from torchinferno.models.common.attention import TorchAttention
 from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.layers import GatedMLP, RMSNorm
 from torchinferno.models.common.rope import rope_cos_sin
 from torchinferno.models.llama3 import raw_ops
 from torchinferno.models.llama3.config import Llama3Config
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, ops: ModuleType):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.ops = ops
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Without residual: rms_norm(x). With: (rms_norm(x + residual), x + residual)."""
-        if residual is None:
-            return self.ops.rms_norm(x, self.weight, self.eps)
-        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Llama3Attention(nn.Module):
@@ -57,15 +44,6 @@ class Llama3Attention(nn.Module):
         return self.o_proj(o.reshape(T, self.q_size))
 
 
-class Llama3MLP(nn.Module):
-    def __init__(self, cfg: Llama3Config, ops: ModuleType):
-        super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.ops = ops
-
-    def forward(self, x):
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class Llama3DecoderLayer(nn.Module):
@@ -74,7 +52,7 @@ class Llama3DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.self_attn = Llama3Attention(cfg, ops, backend)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
-        self.mlp = Llama3MLP(cfg, ops)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops, bias=cfg.mlp_bias)
 
     def forward(self, x, residual, cos, sin, kv_cache, meta):
         # Residual stream carried un-normalized; each norm also performs the pending residual add.

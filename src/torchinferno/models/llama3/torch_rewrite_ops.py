@@ -7,23 +7,11 @@ custom op and no compiler. Every other op is ``fused_ops`` (the v1 ops).
 
 from __future__ import annotations
 
-import torch
-
-from torchinferno.kernels.reference import ref_add_rms_norm, ref_rms_norm, ref_swiglu
+from torchinferno.models.common.norm_act_ops import TorchRewrite
 from torchinferno.models.llama3.fused_ops import *  # noqa: F401,F403  (the rest of the contract)
 
+rms_norm = TorchRewrite.rms_norm
+add_rms_norm = TorchRewrite.add_rms_norm
+silu_and_mul = TorchRewrite.silu_and_mul
+
 NAME = "torch-rewrite"
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return ref_rms_norm(x, weight, eps)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-    if residual is None:
-        return ref_rms_norm(x, weight, eps), x
-    return ref_add_rms_norm(x, residual, weight, eps)
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    return ref_swiglu(gate_up)
