@@ -27,8 +27,19 @@ def available() -> bool:
 
 
 def usable(t: torch.Tensor) -> bool:
-    """Whether the Triton path applies to tensors on ``t``'s device (CUDA + Triton present)."""
-    return t.is_cuda and available()
+    """Whether the Triton path applies to tensors on ``t``'s device (CUDA + Triton present).
+
+    Never while a make_fx/proxy trace is recording: a raw Triton launch writes into its output
+    behind the tracer's back (the graph would replay an uninitialized ``empty``), so traced
+    graphs take the torch path of the same op.
+    """
+    return t.is_cuda and available() and not _tracing()
+
+
+def _tracing() -> bool:
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    return get_proxy_mode() is not None
 
 
 @functools.lru_cache(maxsize=None)
