@@ -1,0 +1,94 @@
+"""perf-smoke: paged decode attention, torch reference vs the specialized (Triton) kernel."""
+
+from __future__ import annotations
+
+
+import torch
+
+from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms, wall_time_ms  # noqa: F401
+
+
+def _paged_cache(batch, seq_len, kv_heads, head_dim, value_dim, block_size, dtype, device, gen=None):
+    nb = -(-seq_len // block_size)
+    total = batch * nb + 1
+    perm = torch.randperm(total - 1, generator=gen) + 1  # block 0 stays free (scratch)
+    bt = perm[: batch * nb].view(batch, nb).to(torch.int32).to(device)
+    kc = torch.randn(total, block_size, kv_heads, head_dim, device=device, dtype=dtype)
+    vc = torch.randn(total, block_size, kv_heads, value_dim, device=device, dtype=dtype)
+    return kc, vc, bt
+
+
+# ------------------------------------------------------------------------------------- perf-smoke
+def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_dim=128, value_dim=None,
+               block_size=16, dtype="bfloat16", iters=50, sweep=False, log=print) -> dict:
+    """Paged decode attention: torch reference vs the specialized kernel (time, max error, GB/s)."""
+    from torchinferno.checkpoint.auto import resolve_dtype
+    from torchinferno.kernels import api
+    from torchinferno.models.common.attention import gather_kv
+
+    dt = resolve_dtype(dtype)
+    dv = value_dim or head_dim
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    kc, vc, bt = _paged_cache(batch, seq_len, kv_heads, head_dim, dv, block_size, dt, dev)
+    q = torch.randn(batch, heads, head_dim, device=dev, dtype=dt)
+    lens = torch.full((batch,), seq_len, dtype=torch.int32, device=dev)
+    scale = head_dim ** -0.5
+    lens_list = [seq_len] * batch
+    exact = api.paged_attention_reference(q.double(), kc.double(), vc.double(), [1] * batch, lens_list, bt, scale)
+
+    def sdpa_gather():  # what TorchAttention's decode path does
+        k = gather_kv(kc, bt, seq_len).transpose(1, 2)
+        v = gather_kv(vc, bt, seq_len).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale,
+                                                                enable_gqa=heads != kv_heads).squeeze(2)
+
+    candidates = {
+        "reference (torch fp32)": lambda: api.paged_attention_reference(q, kc, vc, [1] * batch, lens_list, bt, scale),
+        "torch SDPA over gathered blocks": sdpa_gather,
+        "specialized (api)": lambda: api.batched_paged_decode_attention(q, kc, vc, bt, lens, scale, seq_lens_list=lens_list),
+    }
+    if sweep and dev.type == "cuda":
+        from torchinferno.kernels.triton import decode_attention as da
+
+        base = da.choose_num_splits(batch, kv_heads, bt.shape[1] * block_size, dev)
+        for bn in (32, 64, 128):
+            for w in (4, 8):
+                for st in (2, 3):
+                    for sp in sorted({max(1, base // 2), base, min(64, base * 2)}):
+                        cfg = {"block_n": bn, "num_warps": w, "num_stages": st}
+                        candidates[f"triton bn={bn} w={w} st={st} splits={sp}"] = (
+                            lambda cfg=cfg, sp=sp: da.batched_paged_decode_attention(q, kc, vc, bt, lens, scale, sp, config=cfg))
+    kv_bytes = batch * seq_len * kv_heads * (head_dim + dv) * kc.element_size()
+    rows = []
+    for name, fn in candidates.items():
+        try:
+            out = fn()
+            err = float((out.double() - exact).abs().max())
+            if dev.type == "cuda":
+                ms, launch_ms = graph_time_ms(fn), cuda_time_ms(fn, iters=iters)
+            else:
+                ms = launch_ms = wall_time_ms(fn, iters=max(1, iters // 10))
+        except Exception as e:  # a sweep point that does not compile (shared memory) is reported, not fatal
+            rows.append({"name": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"})
+            continue
+        rows.append({"name": name, "ms": ms, "ms_with_launch": launch_ms, "max_abs_err": err, "kv_gb_s": kv_bytes / ms / 1e6})
+    ok = [r for r in rows if "ms" in r]
+    spec = next(r for r in ok if r["name"] == "specialized (api)")
+    ref = next(r for r in ok if r["name"].startswith("reference"))
+    result = {"device": str(dev), "batch": batch, "heads": heads, "kv_heads": kv_heads, "seq_len": seq_len,
+              "head_dim": head_dim, "value_dim": dv, "block_size": block_size, "dtype": dtype, "kv_bytes": kv_bytes,
+              "rows": rows, "speedup_vs_reference": ref["ms"] / spec["ms"]}
+    log(f"perf-smoke B={batch} H={heads} Hkv={kv_heads} L={seq_len} D={head_dim} Dv={dv} page={block_size} {dtype} on {dev}")
+    log("  (time: device time per call from CUDA-graph replays; 'with launch': eager call incl. Python launch cost)")
+    for r in sorted(rows, key=lambda r: r.get("ms", 1e9)):
+        if "ms" in r:
+            log(f"  {r['name']:<44} {r['ms'] * 1e3:9.1f} us (with launch {r['ms_with_launch'] * 1e3:8.1f} us)  "
+                f"max err {r['max_abs_err']:.2e}  KV {r['kv_gb_s']:7.0f} GB/s")
+        else:
+            log(f"  {r['name']:<44} failed: {r['error']}")
+    log(f"  specialized is {result['speedup_vs_reference']:.1f}x the reference")
+    return result
+
+
+# ------------------------------------------------------------------------------------- model
