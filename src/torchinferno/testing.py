@@ -17,12 +17,25 @@ def tiny_model(family: str = "llama3", size: str = "debug", seed: int = 0, dtype
     fam = get_family(family)
     torch.manual_seed(seed)
     kw = {} if variant is None else {"variant": variant}
-    m = fam.build(fam.size(size), device=device, **kw).to(dtype).eval()
+    m = randomize_(fam.build(fam.size(size), device=device, **kw).to(dtype).eval())
+    m.family = fam
+    return m
+
+
+def randomize_(module: torch.nn.Module, correction_bias: float | None = None) -> torch.nn.Module:
+    """In place: norm weights ~ U[0.5, 1.5], matrices ~ N(0, 0.08); with ``correction_bias``, MoE
+    ``e_score_correction_bias`` buffers ~ U[-b, b] (transformers initializes them to zero).
+
+    Works on our models and on transformers' alike, so both sides of an oracle test get the same
+    treatment."""
     with torch.no_grad():
-        for n, p in m.named_parameters():
+        for n, p in module.named_parameters():
             if "norm" in n:
                 p.uniform_(0.5, 1.5)
             elif p.dim() >= 2:
                 p.normal_(0, 0.08)
-    m.family = fam
-    return m
+        if correction_bias is not None:
+            for n, b in module.named_buffers():
+                if n.endswith("e_score_correction_bias"):
+                    b.uniform_(-correction_bias, correction_bias)
+    return module

@@ -15,6 +15,7 @@ from torchinferno.models.common import mla, moe
 from torchinferno.models.common.attention_metadata import build_attention_metadata, positions_for
 from torchinferno.models.deepseek_v32.config import config_from_hf, config_to_hf, tiny_deepseek_v32_config
 from torchinferno.models.registry import family_for_hf_config, get_family
+from torchinferno.testing import randomize_
 
 FAM = get_family("deepseek-v3.2")
 V = 320
@@ -22,16 +23,7 @@ V = 320
 
 def make(cfg, seed=0, variant="v0", absorb_decode=True):
     torch.manual_seed(seed)
-    m = FAM.build(cfg, device="cpu", variant=variant, absorb_decode=absorb_decode).eval()
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "norm" in n:
-                p.uniform_(0.5, 1.5)
-            elif p.dim() >= 2:
-                p.normal_(0, 0.08)
-        for n, b in m.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.uniform_(-0.3, 0.3)
+    m = randomize_(FAM.build(cfg, device="cpu", variant=variant, absorb_decode=absorb_decode).eval(), correction_bias=0.3)
     m.family = FAM
     return m
 

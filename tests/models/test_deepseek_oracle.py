@@ -15,6 +15,7 @@ from torchinferno.models.common.attention_metadata import build_attention_metada
 from torchinferno.models.common.rope import RopeScaling
 from torchinferno.models.deepseek_v32.config import DeepSeekV32Config, config_to_hf, tiny_deepseek_v32_config
 from torchinferno.models.registry import get_family
+from torchinferno.testing import randomize_
 
 transformers = pytest.importorskip("transformers")
 
@@ -42,17 +43,8 @@ def hf_model(cfg: DeepSeekV32Config, seed: int = 0):
     hf_cfg._experts_implementation = "eager"  # the per-expert loop, not grouped_mm
     torch.manual_seed(seed)
     model_cls = transformers.DeepseekV32ForCausalLM if v32 else transformers.DeepseekV3ForCausalLM
-    m = model_cls(hf_cfg).eval()
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "norm" in n:
-                p.uniform_(0.5, 1.5)
-            elif p.dim() >= 2:
-                p.normal_(0, 0.08)
-        for n, b in m.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.uniform_(-0.3, 0.3)  # large enough to change which experts win
-    return m
+    # correction bias large enough to change which experts win
+    return randomize_(model_cls(hf_cfg).eval(), correction_bias=0.3)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

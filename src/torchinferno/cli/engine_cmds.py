@@ -24,21 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _random_model(kind: str, size: str, device: str, dtype, seed: int):
-    import torch
+    from torchinferno.testing import tiny_model
 
-    from torchinferno.models.registry import get_family
-
-    fam = get_family(kind)
-    torch.manual_seed(seed)
-    m = fam.build(fam.size(size), device=device).to(dtype).eval()
-    with torch.no_grad():
-        for n, prm in m.named_parameters():
-            if "norm" in n:
-                prm.uniform_(0.5, 1.5)
-            elif prm.dim() >= 2:
-                prm.normal_(0, 0.08)
-    m.family = fam
-    return m
+    return tiny_model(kind, size, seed=seed, dtype=dtype, device=device)
 
 
 def _prompts(n: int, vocab: int, block_size: int, max_len: int, seed: int) -> list[list[int]]:

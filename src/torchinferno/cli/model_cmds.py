@@ -54,11 +54,9 @@ def _force_pull(a):
 
 
 def _run(a, prompt_ids: list[int], tokenizer, model) -> dict:
-    from torchinferno.engine.generate import generate
-
-    params = sampling_from_args(a)
     from torchinferno.engine.generate import StaticGenerator
 
+    params = sampling_from_args(a)
     gen = StaticGenerator(model, 1, len(prompt_ids) + params.max_tokens)
     res = gen.generate([prompt_ids], params, tokenizer)[0]
     return {

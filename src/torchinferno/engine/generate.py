@@ -42,48 +42,26 @@ class GenerationStats:
 
 
 class _Row:
-    """Per-row decoding state (token ids, stop handling, incremental text)."""
+    """Per-row decoding state: token ids and the shared text/stop handling (``SequenceText``)."""
 
     def __init__(self, prompt: list[int], params: SamplingParams, tokenizer, eos_ids: set[int], device):
         from torchinferno.text.sampling import make_generator
+        from torchinferno.text.sequence_text import SequenceText
 
         self.prompt = prompt
         self.params = params
         self.out: list[int] = []
-        self.finish: str | None = None
-        self.stop_reason = None
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos_ids)
         self.generator = make_generator(params.seed, device) if params.seed is not None else None
-        self.detok = self.stopper = None
-        self.text = ""
-        if tokenizer is not None:
-            from torchinferno.text.detokenizer import IncrementalDetokenizer
-            from torchinferno.text.stop import StopChecker
+        self.seq = SequenceText(tokenizer, params.stop)
 
-            self.detok = IncrementalDetokenizer(tokenizer)
-            self.stopper = StopChecker(params.stop) if params.stop else None
+    @property
+    def finish(self) -> str | None:
+        return self.seq.finish_reason
 
     def append(self, tok: int) -> None:
         self.out.append(tok)
-        if tok in self.stop_ids:
-            self.finish, self.stop_reason = "stop", tok
-        elif self.detok is not None:
-            self._emit(self.detok.add(tok))
-        if self.finish is None and len(self.out) >= self.params.max_tokens:
-            self.finish = "length"
-        if self.finish is not None and self.detok is not None and self.stop_reason != "stop_string":
-            self._emit(self.detok.flush())
-            if self.stopper is not None and self.stop_reason != "stop_string":
-                self.text += self.stopper.flush()
-
-    def _emit(self, delta: str) -> None:
-        if self.stopper is None:
-            self.text += delta
-            return
-        safe, hit = self.stopper.feed(delta)
-        self.text += safe
-        if hit:
-            self.finish, self.stop_reason = "stop", "stop_string"
+        self.seq.add(tok, tok in self.stop_ids, len(self.out) >= self.params.max_tokens)
 
 
 def _first_tensor(model: nn.Module) -> torch.Tensor:
@@ -182,7 +160,8 @@ class StaticGenerator:
         sync()
         stats.decode_s = time.perf_counter() - t0
         return [
-            GenerationResult(r.prompt, r.out, r.finish or "length", r.text if tokenizer is not None else None, r.stop_reason)
+            GenerationResult(r.prompt, r.out, r.finish or "length", r.seq.text if tokenizer is not None else None,
+                             r.seq.stop_reason)
             for r in rows
         ]
 

@@ -1,22 +1,15 @@
-"""Per-request text state: incremental detokenization, stop strings and ``RequestOutput``s.
+"""Per-request text state and ``RequestOutput``s.
 
-Stop handling is the same as ``engine/generate.py``'s reference loop, token by token:
-
-1. a stop token (eos unless ``ignore_eos``, or ``stop_token_ids``) finishes with ``"stop"``;
-   its id is kept in ``token_ids`` but contributes no text;
-2. otherwise the token's text goes through the UTF-8-safe incremental detokenizer and the stop
-   string filter; completing a stop string finishes with ``"stop"`` and cuts the text before it;
-3. reaching ``max_tokens`` (when not already stopped) finishes with ``"length"``;
-4. on finish (except by stop string) held-back text is flushed.
-
-The scheduler applies 1 and 3 (it owns request state); this module re-derives the same reason
-and adds 2, which can turn a ``"length"`` finish into ``"stop"`` exactly as the reference does.
+Stop handling is ``text.sequence_text.SequenceText`` (shared with ``engine/generate.py``). The
+scheduler applies the token-level rules (stop token, ``max_tokens``) because it owns request
+state; this module passes its verdict in and gets the text and final reason back.
 """
 
 from __future__ import annotations
 
 from torchinferno.engine.outputs import RequestOutput, TokenLogprob
 from torchinferno.engine.request import Request, RequestStatus
+from torchinferno.text.sequence_text import SequenceText
 
 __all__ = ["RequestTextState"]
 
@@ -29,48 +22,32 @@ class RequestTextState:
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.token_ids: list[int] = []
-        self.text = ""
-        self.finish_reason: str | None = None
-        self.stop_reason: int | str | None = None
-        self.detok = self.stopper = None
-        if tokenizer is not None:
-            from torchinferno.text.detokenizer import IncrementalDetokenizer
-            from torchinferno.text.stop import StopChecker
+        self.seq = SequenceText(tokenizer, params.stop)
 
-            self.detok = IncrementalDetokenizer(tokenizer)
-            self.stopper = StopChecker(params.stop) if params.stop else None
+    @property
+    def text(self) -> str:
+        return self.seq.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.seq.finish_reason
+
+    @property
+    def stop_reason(self) -> int | str | None:
+        return self.seq.stop_reason
 
     def add_token(self, tok: int, request: Request) -> str:
         """Apply one sampled token; ``request`` carries the scheduler's token-level verdict.
 
         Returns the text delta; sets ``finish_reason`` / ``stop_reason`` when the request ends.
         """
-        start = len(self.text)
         self.token_ids.append(tok)
-        if request.status == RequestStatus.FINISHED_STOPPED and request.stop_reason == tok:
-            self.finish_reason, self.stop_reason = "stop", tok
-        elif self.detok is not None:
-            self._emit(self.detok.add(tok))
-        if self.finish_reason is None and request.status == RequestStatus.FINISHED_LENGTH:
-            self.finish_reason = "length"
-        if self.finish_reason is not None and self.detok is not None and self.stop_reason != "stop_string":
-            self._emit(self.detok.flush())
-            if self.stopper is not None and self.stop_reason != "stop_string":
-                self.text += self.stopper.flush()
-        return self.text[start:]
-
-    def _emit(self, delta: str) -> None:
-        if self.stopper is None:
-            self.text += delta
-            return
-        safe, hit = self.stopper.feed(delta)
-        self.text += safe
-        if hit:
-            self.finish_reason, self.stop_reason = "stop", "stop_string"
+        is_stop = request.status == RequestStatus.FINISHED_STOPPED and request.stop_reason == tok
+        return self.seq.add(tok, is_stop, request.status == RequestStatus.FINISHED_LENGTH)
 
     def abort(self) -> None:
-        if self.finish_reason is None:
-            self.finish_reason = "abort"
+        if self.seq.finish_reason is None:
+            self.seq.finish_reason = "abort"
 
     def make_output(self, new_token_ids: list[int], delta: str, num_cached_tokens: int = 0,
                     logprobs: list[TokenLogprob] | None = None) -> RequestOutput:

@@ -71,7 +71,7 @@ class TorchAttention(torch.nn.Module):
         if kv_cache is not None and meta.is_decode:
             return self._decode(q, k_cache, v_cache, meta, gqa, cdt)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
-        starts = meta.query_start_loc.tolist() if meta.query_start_loc.device.type != "cpu" else meta.query_start_loc.tolist()
+        starts = meta.query_starts_list
         for b, (qlen, slen) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
             s, e = starts[b], starts[b] + qlen
             ctx = slen - qlen

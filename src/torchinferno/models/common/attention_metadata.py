@@ -51,6 +51,14 @@ class AttentionMetadata:
         return all(q == 1 for q in self.query_lens_list)
 
     @property
+    def query_starts_list(self) -> list[int]:
+        """Host copy of ``query_start_loc`` (derived from ``query_lens_list``: no device sync)."""
+        out = [0]
+        for q in self.query_lens_list:
+            out.append(out[-1] + q)
+        return out
+
+    @property
     def context_lens_list(self) -> list[int]:
         return [s - q for s, q in zip(self.seq_lens_list, self.query_lens_list)]
 

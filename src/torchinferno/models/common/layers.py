@@ -35,3 +35,62 @@ class GatedMLP(nn.Module):
 
     def forward(self, x):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class SigmoidRouter(nn.Module):
+    """fp32 router logits -> sigmoid scores; ``e_score_correction_bias`` steers selection only.
+
+    ``forward(x [T, D]) -> (weights [T, k] fp32, expert ids [T, k])`` via the ops module's ``route``
+    (group-limited when ``n_group > 1``).
+    """
+
+    def __init__(self, num_experts: int, hidden: int, top_k: int, n_group: int, topk_group: int,
+                 norm_topk_prob: bool, scaling: float, ops: ModuleType):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        nn.init.normal_(self.weight, std=0.02)
+        self.register_buffer("e_score_correction_bias", torch.zeros(num_experts), persistent=True)
+        self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
+        self.norm_topk_prob, self.scaling = norm_topk_prob, scaling
+        self.ops = ops
+
+    def forward(self, x) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = torch.nn.functional.linear(x.float(), self.weight.float())
+        return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
+                              self.norm_topk_prob, self.scaling)
+
+
+class RoutedExperts(nn.Module):
+    """All routed experts as two 3-D tensors (transformers' in-memory layout):
+    gate_up [E, 2I, D] (gate rows first), down [E, D, I]; compute grouped by expert (ops)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, ops: ModuleType):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        nn.init.normal_(self.gate_up_proj, std=0.02)
+        nn.init.normal_(self.down_proj, std=0.02)
+        self.ops = ops
+
+    def forward(self, x, ids, weights):
+        return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj, self.ops.silu_and_mul)
+
+
+class SparseMoE(nn.Module):
+    """Sigmoid-routed MoE with optional shared experts; built from any DeepSeek-style config
+    (``n_routed_experts``, ``moe_intermediate_size``, ``n_shared_experts``, ``num_experts_per_tok``,
+    ``norm_topk_prob``, ``routed_scaling_factor``; ``n_group``/``topk_group`` default to 1)."""
+
+    def __init__(self, cfg, ops: ModuleType):
+        super().__init__()
+        E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate = SigmoidRouter(E, D, cfg.num_experts_per_tok, getattr(cfg, "n_group", 1), getattr(cfg, "topk_group", 1),
+                                  cfg.norm_topk_prob, cfg.routed_scaling_factor, ops)
+        self.experts = RoutedExperts(E, D, I, ops)
+        shared = I * cfg.n_shared_experts
+        self.shared_experts = GatedMLP(D, shared, ops) if shared else None
+
+    def forward(self, x):
+        weights, ids = self.gate(x)
+        y = self.experts(x, ids, weights)
+        return y if self.shared_experts is None else y + self.shared_experts(x)

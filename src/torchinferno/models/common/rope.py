@@ -83,11 +83,15 @@ def yarn_inv_freq(dim: int, theta: float, s: RopeScaling) -> tuple[torch.Tensor,
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     extra_factor = 1 - ramp
     inv_freq = inter * (1 - extra_factor) + extra * extra_factor
-    if s.mscale_all_dim:
-        att = yarn_get_mscale(s.factor, s.mscale) / yarn_get_mscale(s.factor, s.mscale_all_dim)
-    else:
-        att = yarn_get_mscale(s.factor)
-    return inv_freq, float(att)
+    return inv_freq, yarn_attention_factor(s)
+
+
+def yarn_attention_factor(s: RopeScaling) -> float:
+    """cos/sin multiplier of YaRN, transformers' rule: the mscale ratio only when *both*
+    ``mscale`` and ``mscale_all_dim`` are set, ``mscale(factor)`` otherwise."""
+    if s.mscale and s.mscale_all_dim:
+        return float(yarn_get_mscale(s.factor, s.mscale) / yarn_get_mscale(s.factor, s.mscale_all_dim))
+    return float(yarn_get_mscale(s.factor))
 
 
 def rope_cos_sin(dim: int, theta: float, max_pos: int, scaling: RopeScaling, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from torchinferno.errors import ConfigError
-from torchinferno.models.common.rope import RopeScaling, yarn_get_mscale
+from torchinferno.models.common.rope import RopeScaling, yarn_attention_factor, yarn_get_mscale
 
 HF_MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
 
@@ -123,18 +123,9 @@ class DeepSeekV32Config:
 
     @property
     def rope_attention_factor(self) -> float:
-        """cos/sin multiplier of YaRN, following transformers' rule.
-
-        transformers uses ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` only when
-        *both* are truthy and ``mscale(factor)`` otherwise (``common.rope`` only checks
-        ``mscale_all_dim``); the model builds its tables with this value.
-        """
+        """cos/sin multiplier of YaRN (``common.rope.yarn_attention_factor``); 1 without YaRN."""
         s = self.rope_scaling
-        if s.rope_type != "yarn":
-            return 1.0
-        if s.mscale and s.mscale_all_dim:
-            return yarn_get_mscale(s.factor, s.mscale) / yarn_get_mscale(s.factor, s.mscale_all_dim)
-        return yarn_get_mscale(s.factor)
+        return yarn_attention_factor(s) if s.rope_type == "yarn" else 1.0
 
     @property
     def eos_token_ids(self) -> list[int]:

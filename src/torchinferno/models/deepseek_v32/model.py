@@ -22,17 +22,16 @@ from torch import nn
 
 from torchinferno.models.common.attention import gather_kv, write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
-from torchinferno.models.common.layers import GatedMLP, RMSNorm
+from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, PreNormDecoderLayer
+from torchinferno.models.common.layers import GatedMLP, RMSNorm, SparseMoE
+from torchinferno.models.common.rope import rope_cos_sin
 from torchinferno.models.common.mla import masked_scores, topk_keep_mask
-from torchinferno.models.common.rope import default_inv_freq, yarn_inv_freq
 from torchinferno.models.deepseek_v32 import raw_ops
 from torchinferno.models.deepseek_v32.config import DeepSeekV32Config
 
 # transformers (and the public release) build q_a_layernorm / kv_a_layernorm with the RMSNorm
 # default eps, not config.rms_norm_eps; the indexer's k_norm is a LayerNorm with eps 1e-6.
 LATENT_NORM_EPS = 1e-6
-
-
 
 
 class IndexerProj(NamedTuple):
@@ -155,7 +154,7 @@ class DeepSeekMLA(nn.Module):
         if meta is None:  # one sequence, no cache
             spans = [(0, T, 0)]
         else:
-            starts = meta.query_start_loc.tolist()
+            starts = meta.query_starts_list
             spans = [(starts[b], ql, sl - ql) for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list))]
         out = q_nope.new_empty(T, self.num_heads, self.v_dim)
         for b, (s, qlen, ctx) in enumerate(spans):
@@ -191,57 +190,7 @@ class DeepSeekMLA(nn.Module):
         return self.ops.mla_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
 
 
-
-
-class MoEGate(nn.Module):
-    """Router: fp32 logits, sigmoid scores, bias-corrected group-limited top-k selection."""
-
-    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
-        nn.init.normal_(self.weight, std=0.02)
-        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts), persistent=True)
-        self.top_k, self.n_group, self.topk_group = cfg.num_experts_per_tok, cfg.n_group, cfg.topk_group
-        self.norm_topk_prob, self.routed_scaling_factor = cfg.norm_topk_prob, cfg.routed_scaling_factor
-        self.ops = ops
-
-    def forward(self, x) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] fp32, ids [T, k]
-        logits = F.linear(x.float(), self.weight.float())
-        return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
-                              self.norm_topk_prob, self.routed_scaling_factor)
-
-
-class RoutedExperts(nn.Module):
-    """All routed experts as two 3-D tensors (transformers' in-memory layout)."""
-
-    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType):
-        super().__init__()
-        E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))  # [E, 2I, D]: gate rows, then up rows
-        self.down_proj = nn.Parameter(torch.empty(E, D, I))  # [E, D, I]
-        nn.init.normal_(self.gate_up_proj, std=0.02)
-        nn.init.normal_(self.down_proj, std=0.02)
-        self.ops = ops
-
-    def forward(self, x, ids, weights):
-        return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj, self.ops.silu_and_mul)
-
-
-class DeepSeekMoE(nn.Module):
-    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType):
-        super().__init__()
-        self.gate = MoEGate(cfg, ops)
-        self.experts = RoutedExperts(cfg, ops)
-        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = GatedMLP(cfg.hidden_size, shared, ops) if shared else None
-
-    def forward(self, x):
-        weights, ids = self.gate(x)
-        y = self.experts(x, ids, weights)
-        return y if self.shared_experts is None else y + self.shared_experts(x)
-
-
-class DeepSeekDecoderLayer(nn.Module):
+class DeepSeekDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: DeepSeekV32Config, layer_idx: int, ops: ModuleType, absorb_decode: bool):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
@@ -250,38 +199,10 @@ class DeepSeekDecoderLayer(nn.Module):
         if cfg.layer_mlp_types[layer_idx] == "dense":
             self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops)
         else:
-            self.mlp = DeepSeekMoE(cfg, ops)
-
-    def forward(self, x, residual, cos, sin, kv_cache, meta):
-        # Residual stream carried un-normalized; each norm also performs the pending residual add.
-        if residual is None:
-            h, residual = self.input_layernorm(x), x
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, cos, sin, kv_cache, meta)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+            self.mlp = SparseMoE(cfg, ops)
 
 
-class DeepSeekV32Model(nn.Module):
-    def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType, absorb_decode: bool):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DeepSeekDecoderLayer(cfg, i, ops, absorb_decode) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
-
-
-def rope_tables(cfg: DeepSeekV32Config, max_pos: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_pos, rope_dim/2] fp32 for the rope part, YaRN attention factor folded in."""
-    dim, s = cfg.qk_rope_head_dim, cfg.rope_scaling
-    inv = yarn_inv_freq(dim, cfg.rope_theta, s)[0] if s.rope_type == "yarn" else default_inv_freq(dim, cfg.rope_theta)
-    t = torch.arange(max_pos or cfg.max_position_embeddings, dtype=torch.float32)
-    freqs = torch.outer(t, inv.float())
-    att = cfg.rope_attention_factor
-    return freqs.cos() * att, freqs.sin() * att
-
-
-class DeepSeekV32ForCausalLM(nn.Module):
+class DeepSeekV32ForCausalLM(CausalLMBase):
     """DeepSeek-V3/V3.2 causal LM. ``forward(input_ids [T], positions [T], kv_caches, attn_meta) -> hidden [T, D]``.
 
     ``absorb_decode=False`` runs decode steps through the expanded path (the reference the
@@ -289,45 +210,10 @@ class DeepSeekV32ForCausalLM(nn.Module):
     """
 
     def __init__(self, config: DeepSeekV32Config, ops: ModuleType = raw_ops, absorb_decode: bool = True):
-        super().__init__()
-        self.config = config
-        self.ops = ops
-        self.model = DeepSeekV32Model(config, ops, absorb_decode)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self.init_buffers()
+        layers = (DeepSeekDecoderLayer(config, i, ops, absorb_decode) for i in range(config.num_hidden_layers))
+        super().__init__(config, ops, DecoderStack(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers, ops))
 
-    def init_buffers(self) -> None:
-        """(Re)compute non-persistent buffers (after ``to_empty`` from meta, or a device move)."""
-        device = self.model.embed_tokens.weight.device
-        if device.type == "meta":
-            self.rope_cos = torch.empty(0, device="meta")
-            self.rope_sin = torch.empty(0, device="meta")
-            return
-        cos, sin = rope_tables(self.config)
-        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
-
-    @property
-    def kv_layer_count(self) -> int:
-        return len(self.model.layers)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T]
-        kv_caches: list[tuple[torch.Tensor, ...]] | None = None,
-        attn_meta: AttentionMetadata | None = None,
-    ) -> torch.Tensor:  # [T, D]
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [T, r/2]
-        h = self.model.embed_tokens(input_ids)
-        residual = None
-        for i, layer in enumerate(self.model.layers):
-            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], attn_meta)
-        h, _ = self.model.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] -> logits [N, V] in fp32."""
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w).float()
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [max_pos, rope_dim/2] fp32 for the rope part, YaRN attention factor folded in."""
+        c = self.config
+        return rope_cos_sin(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, c.rope_scaling)

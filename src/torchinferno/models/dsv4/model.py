@@ -15,12 +15,12 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from torchinferno.models.common.attention import gather_kv, write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
-from torchinferno.models.common.layers import GatedMLP, RMSNorm
+from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, PreNormDecoderLayer
+from torchinferno.models.common.layers import GatedMLP, RMSNorm, SparseMoE
 from torchinferno.models.common.rope import RopeScaling, rope_cos_sin
 from torchinferno.models.dsv4 import raw_ops
 from torchinferno.models.dsv4.config import DSv4Config
@@ -28,8 +28,6 @@ from torchinferno.models.dsv4.config import DSv4Config
 # Latent norms use a fixed eps (as DeepSeek-V3's q_a/kv_a layernorms do), so converted
 # DeepSeek weights give the same activations.
 LATENT_NORM_EPS = 1e-6
-
-
 
 
 class LatentAttention(nn.Module):
@@ -83,7 +81,7 @@ class LatentAttention(nn.Module):
         if meta is None:  # one sequence, no cache
             spans = [(0, T, 0)]
         else:
-            starts = meta.query_start_loc.tolist()
+            starts = meta.query_starts_list
             spans = [(starts[b], ql, sl - ql) for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list))]
         out = q_nope.new_empty(T, self.num_heads, self.v_dim)
         for b, (s, qlen, ctx) in enumerate(spans):
@@ -109,83 +107,17 @@ class LatentAttention(nn.Module):
         return self.ops.latent_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
 
 
-
-
-class Router(nn.Module):
-    """fp32 logits -> sigmoid scores; the correction bias steers selection only (weights unbiased)."""
-
-    def __init__(self, cfg: DSv4Config, ops: ModuleType):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
-        nn.init.normal_(self.weight, std=0.02)
-        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_routed_experts), persistent=True)
-        self.top_k, self.norm_topk_prob, self.scaling = cfg.num_experts_per_tok, cfg.norm_topk_prob, cfg.routed_scaling_factor
-        self.ops = ops
-
-    def forward(self, x) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] fp32, ids [T, k]
-        logits = F.linear(x.float(), self.weight.float())
-        return self.ops.route(logits, self.e_score_correction_bias, self.top_k, 1, 1, self.norm_topk_prob, self.scaling)
-
-
-class Experts(nn.Module):
-    """Routed experts as two 3-D tensors: gate_up [E, 2I, D] (gate rows first), down [E, D, I]."""
-
-    def __init__(self, cfg: DSv4Config, ops: ModuleType):
-        super().__init__()
-        E, D, I = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, D))
-        self.down_proj = nn.Parameter(torch.empty(E, D, I))
-        nn.init.normal_(self.gate_up_proj, std=0.02)
-        nn.init.normal_(self.down_proj, std=0.02)
-        self.ops = ops
-
-    def forward(self, x, ids, weights):
-        return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj, self.ops.silu_and_mul)
-
-
-class MoE(nn.Module):
-    def __init__(self, cfg: DSv4Config, ops: ModuleType):
-        super().__init__()
-        self.gate = Router(cfg, ops)
-        self.experts = Experts(cfg, ops)
-        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = GatedMLP(cfg.hidden_size, shared, ops) if shared else None
-
-    def forward(self, x):
-        weights, ids = self.gate(x)
-        y = self.experts(x, ids, weights)
-        return y if self.shared_experts is None else y + self.shared_experts(x)
-
-
-class DSv4DecoderLayer(nn.Module):
+class DSv4DecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg: DSv4Config, layer_idx: int, ops: ModuleType, absorb_decode: bool):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.self_attn = LatentAttention(cfg, ops, absorb_decode)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         dense = cfg.layer_mlp_types[layer_idx] == "dense"
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops) if dense else MoE(cfg, ops)
-
-    def forward(self, x, residual, cos, sin, kv_cache, meta):
-        # Residual stream carried un-normalized; each norm also performs the pending residual add.
-        if residual is None:
-            h, residual = self.input_layernorm(x), x
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, cos, sin, kv_cache, meta)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, ops) if dense else SparseMoE(cfg, ops)
 
 
-class DSv4Model(nn.Module):
-    def __init__(self, cfg: DSv4Config, ops: ModuleType, absorb_decode: bool):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DSv4DecoderLayer(cfg, i, ops, absorb_decode) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
-
-
-class DSv4ForCausalLM(nn.Module):
+class DSv4ForCausalLM(CausalLMBase):
     """dsv4 causal LM (local compact family, not DeepSeek-V4).
 
     ``forward(input_ids [T], positions [T], kv_caches, attn_meta) -> hidden [T, D]``;
@@ -193,46 +125,9 @@ class DSv4ForCausalLM(nn.Module):
     """
 
     def __init__(self, config: DSv4Config, ops: ModuleType = raw_ops, absorb_decode: bool = False):
-        super().__init__()
-        self.config = config
-        self.ops = ops
-        self.model = DSv4Model(config, ops, absorb_decode)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
-        self.init_buffers()
+        layers = (DSv4DecoderLayer(config, i, ops, absorb_decode) for i in range(config.num_hidden_layers))
+        super().__init__(config, ops, DecoderStack(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers, ops))
 
-    def init_buffers(self) -> None:
-        """(Re)compute non-persistent buffers (after ``to_empty`` from meta, or a device move)."""
-        device = self.model.embed_tokens.weight.device
-        if device.type == "meta":
-            self.rope_cos = torch.empty(0, device="meta")
-            self.rope_sin = torch.empty(0, device="meta")
-            return
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        cos, sin = rope_cos_sin(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, RopeScaling())
-        self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
-
-    @property
-    def kv_layer_count(self) -> int:
-        return len(self.model.layers)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # [T]
-        positions: torch.Tensor,  # [T]
-        kv_caches: list[tuple[torch.Tensor, ...]] | None = None,
-        attn_meta: AttentionMetadata | None = None,
-    ) -> torch.Tensor:  # [T, D]
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [T, r/2]
-        h = self.model.embed_tokens(input_ids)
-        residual = None
-        for i, layer in enumerate(self.model.layers):
-            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], attn_meta)
-        h, _ = self.model.norm(h, residual)
-        return h
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, D] -> logits [N, V] in fp32."""
-        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, w).float()
+        return rope_cos_sin(c.qk_rope_head_dim, c.rope_theta, c.max_position_embeddings, RopeScaling())
