@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.fx.experimental.proxy_tensor import get_proxy_mode  # already loaded by torch itself
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,8 +38,6 @@ def usable(t: torch.Tensor) -> bool:
 
 
 def _tracing() -> bool:
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-
     return get_proxy_mode() is not None
 
 

@@ -25,6 +25,7 @@ import torch
 
 from torchinferno.checkpoint.fp8 import Fp8Pairer
 from torchinferno.errors import CheckpointError
+from torchinferno.models.common.hf_names import missing_hf_names
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -110,25 +111,9 @@ def load_weights(model, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
             )
         dst.copy_(tensor.to(dst.dtype))
         covered[name] |= _required(name, state[name]) if piece == "__all__" else {piece}
-    missing = [hf for name, got in covered.items() for hf in _missing_hf_names(name, _required(name, state[name]) - got)]
+    missing = [hf for name, got in covered.items() for hf in missing_hf_names(name, _required(name, state[name]) - got)]
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s) for {_FAMILY}, e.g. {', '.join(missing[:5])}")
-
-
-def _missing_hf_names(name: str, pieces: set) -> list[str]:
-    """HF names (per-expert hub layout) of the missing pieces of internal tensor ``name``."""
-    if not pieces:
-        return []
-    if name.endswith("mlp.experts.gate_up_proj"):
-        base = name[: -len("gate_up_proj")]
-        return [f"{base}{e}.{'gate_proj' if j == 0 else 'up_proj'}.weight" for e, j in sorted(pieces)]
-    if name.endswith("mlp.experts.down_proj"):
-        base = name[: -len("down_proj")]
-        return [f"{base}{e}.down_proj.weight" for e in sorted(pieces)]
-    if name.endswith("gate_up_proj.weight"):
-        base = name[: -len("gate_up_proj.weight")]
-        return [f"{base}{'gate_proj' if j == 0 else 'up_proj'}.weight" for j in sorted(pieces)]
-    return [name]
 
 
 def export_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
