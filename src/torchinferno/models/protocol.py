@@ -52,6 +52,11 @@ class KVSpec:
 
     layers: tuple[KVLayerSpec, ...]
 
+    @staticmethod
+    def uniform(layer: KVLayerSpec, num_layers: int) -> "KVSpec":
+        """Every layer stores the same thing."""
+        return KVSpec(layers=(layer,) * num_layers)
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)

@@ -32,7 +32,7 @@ def kv_spec(config: cfg.DeepSeekV32Config) -> KVSpec:
     if config.has_indexer:
         tensors += (("index_k", (config.index_head_dim,)),)
     layer = KVLayerSpec(kind="mla", tensors=tensors)
-    return KVSpec(layers=tuple(layer for _ in range(config.num_hidden_layers)))
+    return KVSpec.uniform(layer, config.num_hidden_layers)
 
 
 FAMILY = ModelFamily(

@@ -29,7 +29,7 @@ def build(config: cfg.DSv4Config, device="meta", dtype: torch.dtype = torch.floa
 def kv_spec(config: cfg.DSv4Config) -> KVSpec:
     """Per layer: the latent ``[c_kv | k_pe]`` (kv_lora_rank + rope_dim values per token)."""
     layer = KVLayerSpec(kind="mla", tensors=(("latent", (config.latent_dim,)),))
-    return KVSpec(layers=tuple(layer for _ in range(config.num_hidden_layers)))
+    return KVSpec.uniform(layer, config.num_hidden_layers)
 
 
 FAMILY = ModelFamily(

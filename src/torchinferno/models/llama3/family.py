@@ -22,7 +22,7 @@ def build(config: cfg.Llama3Config, device="meta", dtype: torch.dtype = torch.fl
 def kv_spec(config: cfg.Llama3Config) -> KVSpec:
     shape = (config.num_key_value_heads, config.head_dim_)
     layer = KVLayerSpec(kind="mha", tensors=(("k", shape), ("v", shape)))
-    return KVSpec(layers=tuple(layer for _ in range(config.num_hidden_layers)))
+    return KVSpec.uniform(layer, config.num_hidden_layers)
 
 
 FAMILY = ModelFamily(
