@@ -46,11 +46,10 @@ class TritonPagedAttention(TorchAttention):
                                             meta.block_tables, self.scale, meta.query_lens_list, meta.seq_lens_list)
 
     def _fresh_prompt(self, q, k, v):
-        # K/V are expanded to H heads so SDPA's FlashAttention backend applies whatever the GQA
-        # support of the installed torch; the copy is T*H*D elements, negligible next to the math.
-        rep = self.num_heads // self.num_kv_heads
-        if rep > 1:
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        # SDPA's FlashAttention backend takes grouped K/V heads directly (``enable_gqa``), so K/V
+        # are never expanded to H heads; [T, H, D] transposed to [1, H, T, D] is FlashAttention's
+        # native (B, S, H, D) memory layout, so neither the inputs nor the output are copied.
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                           is_causal=True, scale=self.scale)
+                                           is_causal=True, scale=self.scale,
+                                           enable_gqa=self.num_heads != self.num_kv_heads)
         return o[0].transpose(0, 1)
