@@ -4,7 +4,8 @@ Every batch shape (prefill, decode, chunked prefill, mixed) is the same call: th
 tokens of all requests are concatenated into ``input_ids [T]`` / ``positions [T]``, the attention
 metadata says where each request's queries start and where its KV lives, and logits are computed
 only at the last position of requests that sample this step. The attention backend is whatever
-the model was built with; this file only builds host metadata and moves it to the model's device.
+the model was built with; the host-side inputs come from ``engine.input_batch.InputBatch`` (a
+persistent block table and one host-to-device copy per step).
 """
 
 from __future__ import annotations
@@ -13,31 +14,52 @@ import torch
 from torch import nn
 
 from torchinferno.cache.kv_cache import PagedKVCache
-from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprob
-from torchinferno.models.common.attention_metadata import build_attention_metadata
+from torchinferno.engine.input_batch import InputBatch
+from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprob
 from torchinferno.text.sampling import compute_logprobs, make_generator, sample
 
 __all__ = ["ModelRunner"]
 
 
 class ModelRunner:
-    """Executes scheduled steps of ``model`` against ``kv_cache``.
+    """Executes scheduled steps of ``model`` against ``kv_cache`` eagerly.
 
     Keeps one ``torch.Generator`` per seeded request (created on first sight, dropped when the
     scheduler reports the request finished), so a seeded request draws the same tokens whatever
     it is batched with and across preemptions (recompute never samples).
+
+    Invariant: ``execute`` sees every ``SchedulerOutput`` of the engine, in order (the input
+    batch releases a request's block-table row when it is reported finished or preempted).
+    ``max_num_seqs`` / ``max_model_len`` only size the persistent host buffers.
     """
 
-    def __init__(self, model: nn.Module, kv_cache: PagedKVCache):
+    def __init__(self, model: nn.Module, kv_cache: PagedKVCache, max_num_seqs: int = 64,
+                 max_model_len: int | None = None):
         self.model = model
         self.kv_cache = kv_cache
         self.device = kv_cache.device
+        bs = kv_cache.block_size
+        max_blocks = -(-max_model_len // bs) if max_model_len else 16
+        self.inputs = InputBatch(bs, self.device, max_num_seqs, max_blocks)
         self._generators: dict[str, torch.Generator] = {}
         self.num_forward_calls = 0
+        self.num_graph_steps = 0  # decode steps replayed from CUDA graphs (CudaGraphModelRunner)
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return False
 
     def forget(self, request_ids) -> None:
         for rid in request_ids:
             self._generators.pop(rid, None)
+
+    def _begin(self, sched: SchedulerOutput) -> None:
+        """Drop per-request state of requests that left since the last step."""
+        if sched.finished_ids:
+            self.forget(sched.finished_ids)
+            self.inputs.release(sched.finished_ids)
+        if sched.preempted_ids:
+            self.inputs.release(sched.preempted_ids)
 
     def _generator(self, rid: str, seed: int | None) -> torch.Generator | None:
         if seed is None:
@@ -49,34 +71,29 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        self.forget(sched.finished_ids)
-        out = ModelRunnerOutput()
+        self._begin(sched)
         if not sched.scheduled:
-            return out
+            return ModelRunnerOutput()
         reqs = sched.scheduled
-        query_lens = [s.num_tokens for s in reqs]
-        context_lens = [s.num_computed_tokens for s in reqs]
-        bs = self.kv_cache.block_size
-        # Only the blocks covering each request's tokens so far (a narrower block table).
-        tables = [s.block_ids[: -(-(c + q) // bs)] for s, c, q in zip(reqs, context_lens, query_lens)]
-        meta = build_attention_metadata(query_lens, context_lens, tables, bs, self.device)
-        ids = torch.tensor([t for s in reqs for t in s.token_ids], dtype=torch.long).to(self.device)
-        pos = torch.cat([torch.arange(c, c + q) for c, q in zip(context_lens, query_lens)]).to(self.device)
-        hidden = self.model(ids, pos, self.kv_cache.tensors, meta)  # [T, D]
+        step = self.inputs.prepare(reqs)
+        hidden = self.model(step.input_ids, step.positions, self.kv_cache.tensors, step.attention_metadata())  # [T, D]
         self.num_forward_calls += 1
+        if not step.sample_rows:
+            return ModelRunnerOutput()
+        # Every row samples its only token (pure decode): no gather needed.
+        sel = hidden if step.num_tokens == len(step.sample_rows) else hidden[step.sample_indices]
+        logits = self.model.compute_logits(sel)  # [N, D] -> [N, V] fp32
+        return self._sample(reqs, step.sample_rows, logits)
 
-        rows = [i for i, s in enumerate(reqs) if s.sample]
-        if not rows:
-            return out
-        last = meta.query_start_loc[1:].long() - 1  # [B]
-        idx = last[torch.tensor(rows, dtype=torch.long, device=self.device)] if len(rows) < len(reqs) else last
-        logits = self.model.compute_logits(hidden[idx])  # [N, V] fp32
+    def _sample(self, reqs: list[ScheduledRequest], rows: list[int], logits: torch.Tensor) -> ModelRunnerOutput:
+        """Sample ``logits [N, V]`` (row ``n`` belongs to ``reqs[rows[n]]``), with logprobs when asked."""
         params = [reqs[i].sampling_params for i in rows]
-        gens = [self._generator(reqs[i].request_id, reqs[i].sampling_params.seed) for i in rows]
+        gens = None
+        if any(p.seed is not None for p in params):
+            gens = [self._generator(reqs[i].request_id, reqs[i].sampling_params.seed) for i in rows]
         tokens = sample(logits, params, gens)  # [N]
         token_list = tokens.tolist()
-        for i, t in zip(rows, token_list):
-            out.sampled_token_ids[reqs[i].request_id] = t
+        out = ModelRunnerOutput(sampled_token_ids=dict(zip([reqs[i].request_id for i in rows], token_list)))
 
         want = [j for j, p in enumerate(params) if p.logprobs is not None]
         if want:

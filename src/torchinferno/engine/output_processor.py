@@ -51,18 +51,20 @@ class RequestTextState:
 
     def make_output(self, new_token_ids: list[int], delta: str, num_cached_tokens: int = 0,
                     logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+        seq = self.seq
+        # Positional (field order of RequestOutput): this runs once per request per step.
         return RequestOutput(
-            request_id=self.request_id,
-            new_token_ids=list(new_token_ids),
-            text_delta=delta,
-            text=self.text,
-            token_ids=list(self.token_ids),
-            finished=self.finish_reason is not None,
-            finish_reason=self.finish_reason,
-            prompt_tokens=len(self.prompt_token_ids),
-            completion_tokens=len(self.token_ids),
-            stop_reason=self.stop_reason,
-            logprobs=logprobs,
-            num_cached_tokens=num_cached_tokens,
-            prompt_token_ids=self.prompt_token_ids,
+            self.request_id,
+            list(new_token_ids),
+            delta,  # text_delta
+            seq.text,
+            list(self.token_ids),  # cumulative: a snapshot, the state's list keeps growing
+            seq.finish_reason is not None,  # finished
+            seq.finish_reason,
+            len(self.prompt_token_ids),  # prompt_tokens
+            len(self.token_ids),  # completion_tokens
+            seq.stop_reason,
+            logprobs,
+            num_cached_tokens,
+            self.prompt_token_ids,
         )

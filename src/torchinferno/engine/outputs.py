@@ -18,6 +18,8 @@ __all__ = ["ScheduledRequest", "SchedulerOutput", "TokenLogprob", "ModelRunnerOu
 class ScheduledRequest:
     """One request's work in a step: compute ``token_ids`` at positions ``num_computed_tokens ...``.
 
+    Built positionally once per request per step (``Scheduler._scheduled``): add fields at the end.
+
     ``block_ids`` is the request's whole block table (covers ``num_computed_tokens +
     len(token_ids)`` tokens); ``sample`` is True when this step reaches the end of the known
     tokens, so the runner samples the next one from the last position.
@@ -73,7 +75,10 @@ class ModelRunnerOutput:
 
 @dataclass
 class RequestOutput:
-    """What the engine reports for one request after a step (a streaming delta + totals)."""
+    """What the engine reports for one request after a step (a streaming delta + totals).
+
+    Built positionally once per request per step (``RequestTextState.make_output``): add fields at the end.
+    """
 
     request_id: str
     new_token_ids: list[int]

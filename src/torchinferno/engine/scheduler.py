@@ -155,7 +155,7 @@ class Scheduler:
                     continue
                 num_new = budget
             need = self._blocks_needed(req, num_new)
-            while need > self.pool.num_free:
+            while need and need > self.pool.num_free:
                 # Preempt the latest arrival among those not yet scheduled this step.
                 victim = max([req, *pending], key=lambda r: r.arrival_index)
                 if victim is not req:
@@ -166,8 +166,9 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:
                 continue
-            new_blocks = self.pool.allocate(need)
-            req.block_ids.extend(new_blocks)
+            new_blocks = self.pool.allocate(need) if need else []
+            if new_blocks:
+                req.block_ids.extend(new_blocks)
             (decodes if num_new == 1 and req.num_computed_tokens >= req.num_prompt_tokens else prefills).append(
                 self._scheduled(req, num_new, new_blocks))
             budget -= num_new
@@ -209,33 +210,39 @@ class Scheduler:
 
     def _scheduled(self, req: Request, num_new: int, new_blocks: list[int]) -> ScheduledRequest:
         start = req.num_computed_tokens
+        stop = start + num_new
+        # Positional (field order of ScheduledRequest): this runs once per request per step.
         return ScheduledRequest(
-            request_id=req.request_id,
-            token_ids=req.token_slice(start, start + num_new),
-            num_computed_tokens=start,
-            block_ids=list(req.block_ids),
-            new_block_ids=list(new_blocks),
-            sample=start + num_new == req.num_tokens,
-            sampling_params=req.sampling_params,
+            req.request_id,
+            req.token_slice(start, stop),  # token_ids
+            start,  # num_computed_tokens
+            list(req.block_ids),  # block_ids: a snapshot, the request's list keeps growing
+            new_blocks,  # new_block_ids: a fresh list from the pool, not aliased by the request
+            stop == req.num_tokens,  # sample
+            req.sampling_params,
         )
 
     # ------------------------------------------------------------------ results
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[StepResult]:
         results: list[StepResult] = []
+        sampled = out.sampled_token_ids
+        running = RequestStatus.RUNNING
         for s in sched.scheduled:
             req = self.requests.get(s.request_id)
-            if req is None or req.status != RequestStatus.RUNNING:
+            if req is None or req.status is not running:
                 continue  # finished or preempted after scheduling
-            req.num_computed_tokens += s.num_tokens
+            req.num_computed_tokens += len(s.token_ids)
             self._register_full_blocks(req)
             if not s.sample:
                 continue
-            tok = out.sampled_token_ids[s.request_id]
-            req.output_token_ids.append(tok)
+            tok = sampled[s.request_id]
+            outs = req.output_token_ids
+            outs.append(tok)
             status = None
             if tok in req.stop_token_ids:
                 status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok
-            elif req.num_output_tokens >= req.sampling_params.max_tokens or req.num_tokens >= self.max_model_len:
+            elif (len(outs) >= req.sampling_params.max_tokens
+                  or len(req.prompt_token_ids) + len(outs) >= self.max_model_len):
                 status = RequestStatus.FINISHED_LENGTH
             if status is not None:
                 self.running.remove(req)
