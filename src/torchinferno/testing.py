@@ -8,8 +8,10 @@ from torchinferno.models.registry import get_family
 
 
 def tiny_model(family: str = "llama3", size: str = "debug", seed: int = 0, dtype: torch.dtype = torch.float32,
-               variant: str | None = None, device: str = "cpu"):
+               variant: str | None = None, device: str = "cpu", attention_backend=None):
     """A randomly initialized model of a named size (default ``debug``), with ``.family`` set.
+
+    ``attention_backend`` is passed to ``family.build`` when given (GQA families only).
 
     Norm weights are drawn in [0.5, 1.5] and matrices from N(0, 0.08) so that a missed or
     mis-mapped tensor changes the logits (ones/zeros would hide it).
@@ -17,6 +19,8 @@ def tiny_model(family: str = "llama3", size: str = "debug", seed: int = 0, dtype
     fam = get_family(family)
     torch.manual_seed(seed)
     kw = {} if variant is None else {"variant": variant}
+    if attention_backend is not None:
+        kw["attention_backend"] = attention_backend
     m = randomize_(fam.build(fam.size(size), device=device, **kw).to(dtype).eval())
     m.family = fam
     return m
