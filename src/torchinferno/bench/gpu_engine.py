@@ -1,51 +1,15 @@
-"""bench-gpu (d): offline engine throughput, eager runner or decode steps replayed from CUDA graphs."""
+"""bench-gpu (d): offline engine throughput, eager runner or decode steps replayed from CUDA graphs.
+
+Both modes are the serving engine as shipped: ``graphs=True`` is the default ``LLMEngine`` (its
+``CudaGraphModelRunner`` captures the decode buckets at construction when the model's attention
+is capturable), ``graphs=False`` is ``EngineConfig.enforce_eager=True``.
+"""
 
 from __future__ import annotations
 
 import time
 
 import torch
-
-
-def _graph_model_runner_cls():
-    """A ModelRunner whose pure-decode steps replay CUDA graphs (defined lazily: engine import)."""
-    from torchinferno.engine.model_runner import ModelRunner
-    from torchinferno.engine.outputs import ModelRunnerOutput
-    from torchinferno.kernels.cuda_graphs import DEFAULT_BUCKETS, CudaGraphDecodeRunner
-    from torchinferno.text.sampling import sample
-
-    class GraphModelRunner(ModelRunner):
-        def __init__(self, model, kv_cache, max_model_len: int, buckets=DEFAULT_BUCKETS):
-            super().__init__(model, kv_cache)
-            bs = kv_cache.block_size
-            self.graph = CudaGraphDecodeRunner(model, kv_cache.tensors, bs, -(-max_model_len // bs), buckets)
-            self.graph.capture()
-            self.num_graph_steps = 0
-
-        @torch.inference_mode()
-        def execute(self, sched):
-            reqs = sched.scheduled
-            plain = all(s.num_tokens == 1 and s.sample and s.sampling_params.logprobs is None
-                        and s.sampling_params.seed is None for s in reqs)
-            if not reqs or not plain or self.graph.bucket_for(len(reqs)) is None:
-                return super().execute(sched)
-            self.forget(sched.finished_ids)
-            bs = self.kv_cache.block_size
-            n = len(reqs)
-            pos = [s.num_computed_tokens for s in reqs]
-            width = max(-(-(p + 1) // bs) for p in pos)
-            table = [s.block_ids[:width] + [0] * (width - min(width, len(s.block_ids))) for s in reqs]
-            slots = [s.block_ids[p // bs] * bs + p % bs for s, p in zip(reqs, pos)]
-            host = torch.tensor([[s.token_ids[0] for s in reqs], pos, slots, [p + 1 for p in pos]], dtype=torch.long)
-            dev = host.to(self.device, non_blocking=True)
-            bt = torch.tensor(table, dtype=torch.int32).to(self.device, non_blocking=True)
-            logits = self.graph.run(dev[0], dev[1], dev[2], bt, dev[3].to(torch.int32))
-            tokens = sample(logits, [s.sampling_params for s in reqs]).tolist()
-            self.num_forward_calls += 1
-            self.num_graph_steps += 1
-            return ModelRunnerOutput(sampled_token_ids={s.request_id: t for s, t in zip(reqs, tokens)})
-
-    return GraphModelRunner
 
 
 def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadline_s: float, graphs: bool,
@@ -55,12 +19,13 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
 
     max_len = in_len + out_len
     kv_mem = max_num_seqs * (max_len + 16) * model.family.kv_spec(model.config).bytes_per_token(torch.bfloat16)
+    t_setup = time.perf_counter()  # KV allocation + (graphs) capture of every decode bucket
     engine = LLMEngine(model, None, block_size=16, kv_cache_memory=int(kv_mem * 1.02), max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_batched_tokens, max_model_len=max_len, enable_prefix_caching=False)
-    t_setup = time.perf_counter()
-    if graphs:
-        engine.runner = _graph_model_runner_cls()(model, engine.kv_cache, max_len)
+                       max_num_batched_tokens=max_batched_tokens, max_model_len=max_len, enable_prefix_caching=False,
+                       enforce_eager=not graphs)
     setup_s = time.perf_counter() - t_setup
+    if graphs and not engine.runner.uses_cuda_graphs:
+        log("  engine graphs=True: the model's attention backend is not capturable; every step runs eagerly")
     exec_s = [0.0]
     inner = engine.runner.execute
 
@@ -93,10 +58,11 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
            "input_len": in_len, "output_len": out_len, "wall_s": wall, "output_tokens": out_tokens,
            "output_tok_s": out_tokens / wall, "total_tok_s": (st.num_computed_tokens) / wall, "steps": steps,
            "max_batch_seqs": st.max_batch_seqs, "preemptions": st.num_preemptions, "graph_setup_s": setup_s,
-           "graph_steps": getattr(engine.runner, "num_graph_steps", 0), "runner_s": exec_s[0],
+           "graph_steps": st.num_graph_steps, "runner_s": exec_s[0],
            "outside_runner_s": wall - exec_s[0]}
     log(f"  engine graphs={graphs}: {out_tokens} output tokens in {wall:.1f} s = {res['output_tok_s']:.0f} tok/s "
-        f"({finished}/{num_requests} finished, {steps} steps, max batch {st.max_batch_seqs}); runner {exec_s[0]:.1f} s, "
+        f"({finished}/{num_requests} finished, {steps} steps, {st.num_graph_steps} from graphs, max batch "
+        f"{st.max_batch_seqs}); runner {exec_s[0]:.1f} s, "
         f"scheduler/output processing {wall - exec_s[0]:.1f} s")
     del engine
     torch.cuda.empty_cache()

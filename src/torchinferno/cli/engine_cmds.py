@@ -20,13 +20,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
     p.set_defaults(func=cmd_serve_smoke)
 
 
 def _random_model(kind: str, size: str, device: str, dtype, seed: int):
+    """A tiny random model built with the attention backend a checkpoint would get on ``device``."""
+    from torchinferno.checkpoint.auto import default_attention_backend
+    from torchinferno.models.registry import get_family
     from torchinferno.testing import tiny_model
 
-    return tiny_model(kind, size, seed=seed, dtype=dtype, device=device)
+    fam = get_family(kind)
+    backend = default_attention_backend(fam, fam.size(size), device)
+    return tiny_model(kind, size, seed=seed, dtype=dtype, device=device, attention_backend=backend)
 
 
 def _prompts(n: int, vocab: int, block_size: int, max_len: int, seed: int) -> list[list[int]]:
@@ -77,7 +85,8 @@ def cmd_serve_smoke(a) -> int:
     ref = [r.token_ids for r in ref_gen.generate(prompts, params)]
 
     cfg = EngineConfig(block_size=a.block_size, kv_cache_memory=a.kv_cache_memory,
-                       max_num_batched_tokens=a.max_num_batched_tokens,
+                       max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
+                       enforce_eager=a.enforce_eager,
                        max_model_len=max(len(p) for p in prompts) + a.max_tokens)
     if a.kv_cache_memory is None:
         per_req = -(-cfg.max_model_len // a.block_size)
@@ -98,7 +107,7 @@ def cmd_serve_smoke(a) -> int:
     verdict = "OK" if not bad else "MISMATCH"
     print(f"serve-smoke {verdict}: {len(prompts) - len(bad)}/{len(prompts)} requests equal plain generation "
           f"({name}, {a.device}, {s.num_forward_calls} forwards, max batch {s.max_batch_seqs} seqs/{s.max_batch_tokens} tokens, "
-          f"preemptions {s.num_preemptions}, prefix hits {s.prefix_hits}/{s.prefix_queries} tokens, "
+          f"graph steps {s.num_graph_steps}, preemptions {s.num_preemptions}, prefix hits {s.prefix_hits}/{s.prefix_queries} tokens, "
           f"{s.num_generated_tokens / wall:.1f} tok/s, {engine.describe()})"
           + (f"; mismatched requests: {bad}" if bad else ""))
     return 0 if not bad else 1

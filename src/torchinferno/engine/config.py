@@ -39,6 +39,10 @@ class EngineConfig:
     context length (capped by the pool capacity); a request needs ``prompt + max_tokens <=
     max_model_len``. Without chunked prefill a whole prompt must fit one step's token budget, so
     ``max_num_batched_tokens`` is raised to ``max_model_len``.
+
+    On a CUDA KV cache whose model's attention backends are capturable, plain decode steps
+    replay per-batch-size CUDA graphs (``engine.graph_runner``); ``enforce_eager=True`` keeps
+    every step eager (debugging, or comparing against the graph path).
     """
 
     block_size: int = 16
@@ -51,6 +55,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_logprobs: int = 20
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:

@@ -15,7 +15,7 @@ from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
 from torchinferno.cache.kv_cache import allocate_kv_cache
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
-from torchinferno.engine.model_runner import ModelRunner
+from torchinferno.engine.graph_runner import make_model_runner
 from torchinferno.engine.output_processor import RequestTextState
 from torchinferno.engine.outputs import RequestOutput
 from torchinferno.engine.request import Request, RequestStatus
@@ -45,6 +45,7 @@ class EngineStats:
     num_generated_tokens: int
     num_finished: int
     num_aborted: int
+    num_graph_steps: int = 0  # decode steps replayed from CUDA graphs
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -103,7 +104,7 @@ class LLMEngine:
 
         self.pool = BlockPool(self.kv_cache.num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.pool, self.max_model_len)
-        self.runner = ModelRunner(model, self.kv_cache)
+        self.runner = make_model_runner(model, self.kv_cache, config, self.max_model_len)
         self.vocab_size = getattr(model.config, "vocab_size", None)
         eos = set(getattr(model.config, "eos_token_ids", []) or [])
         if tokenizer is not None:
@@ -172,9 +173,10 @@ class LLMEngine:
         runner_out = self.runner.execute(sched)
         self._steps += 1
         if sched.scheduled:
+            num_tokens = sched.total_num_tokens
             self._max_seqs = max(self._max_seqs, sched.num_seqs)
-            self._max_tokens = max(self._max_tokens, sched.total_num_tokens)
-            self._computed_tokens += sched.total_num_tokens
+            self._max_tokens = max(self._max_tokens, num_tokens)
+            self._computed_tokens += num_tokens
         for res in self.scheduler.update_from_output(sched, runner_out):
             req = res.request
             state = self._states[req.request_id]
@@ -185,11 +187,12 @@ class LLMEngine:
             for tok in res.new_token_ids:
                 delta += state.add_token(tok, req)
             self._gen_tokens += len(res.new_token_ids)
-            if state.finish_reason is not None and not res.finished:
+            reason = state.finish_reason
+            if reason is not None and not res.finished:
                 # A stop string ended it; the scheduler frees the blocks.
                 self.scheduler.finish_request(req.request_id, RequestStatus.FINISHED_STOPPED)
             outputs.append(state.make_output(res.new_token_ids, delta, req.num_cached_tokens, lps))
-            if state.finish_reason is not None:
+            if reason is not None:
                 del self._states[req.request_id]
                 self._finished += 1
         return outputs
@@ -222,10 +225,11 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions, num_forward_calls=self.runner.num_forward_calls,
             num_steps=self._steps, max_batch_seqs=self._max_seqs, max_batch_tokens=self._max_tokens,
             num_computed_tokens=self._computed_tokens, num_generated_tokens=self._gen_tokens,
-            num_finished=self._finished, num_aborted=self._aborted,
+            num_finished=self._finished, num_aborted=self._aborted, num_graph_steps=self.runner.num_graph_steps,
         )
 
     def describe(self) -> str:
         kv = self.kv_cache
         return (f"{kv.num_blocks} blocks x {kv.block_size} tokens ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}), "
-                f"max_model_len={self.max_model_len}, device={self.device}")
+                f"max_model_len={self.max_model_len}, device={self.device}, "
+                f"runner={'cuda-graphs' if self.runner.uses_cuda_graphs else 'eager'}")

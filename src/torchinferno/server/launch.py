@@ -29,6 +29,8 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--cache-dir", default=None)
@@ -50,10 +52,13 @@ def build(args: argparse.Namespace):
     check_device(args.device)
     model_spec = args.model or args.model_pos
     if args.model_kind and not model_spec:
-        from torchinferno.checkpoint.auto import resolve_dtype
+        from torchinferno.checkpoint.auto import default_attention_backend, resolve_dtype
+        from torchinferno.models.registry import get_family
         from torchinferno.testing import tiny_model
 
-        model = tiny_model(args.model_kind, dtype=resolve_dtype(args.dtype), device=args.device)
+        fam = get_family(args.model_kind)
+        backend = default_attention_backend(fam, fam.size("debug"), args.device)
+        model = tiny_model(args.model_kind, dtype=resolve_dtype(args.dtype), device=args.device, attention_backend=backend)
         root, name, tok_spec = f"random:{args.model_kind}", args.served_model_name or f"tiny-{args.model_kind}", args.tokenizer or "byte"
     else:
         from torchinferno.checkpoint.auto import load_model_auto
@@ -72,7 +77,8 @@ def build(args: argparse.Namespace):
     block = max_len if args.cache_backend == "dense" else args.block_size
     cfg = EngineConfig(block_size=block, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
-                       enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged")
+                       enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
+                       enforce_eager=args.enforce_eager)
     engine = LLMEngine(model, tokenizer, cfg)
     async_engine = AsyncEngine(engine)
     scfg = ServerConfig(model_name=name, root=root, max_model_len=engine.config.max_model_len or max_len, api_key=args.api_key)

@@ -1,0 +1,109 @@
+"""Model runner whose decode steps replay CUDA graphs, and the engine's choice of runner.
+
+``CudaGraphModelRunner`` captures one graph per batch-size bucket at construction
+(``kernels.cuda_graphs.CudaGraphDecodeRunner``: static input buffers, buckets up to
+``max_num_seqs``). A step replays the smallest bucket that holds it when it is *plain decode*:
+every scheduled request adds one token, samples it, and needs nothing the graph cannot do (no
+per-request seed, no logprobs). Everything else (prefill, chunked prefill, mixed batches, seeded
+or logprob requests, batches above the largest bucket) runs the eager ``ModelRunner.execute``
+on the same KV cache.
+
+Padded bucket rows never touch a live KV row: their ``slot_mapping`` is ``-1`` (the KV append
+skips them) and their block-table row points at a scratch block they only read (see
+``kernels/cuda_graphs.py``; tested in ``tests/kernels/test_cuda_graphs.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchinferno.cache.kv_cache import PagedKVCache
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.model_runner import ModelRunner
+from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from torchinferno.kernels.cuda_graphs import DEFAULT_BUCKETS, CudaGraphDecodeRunner, backend_supports_graphs
+from torchinferno.text.sampling import sample
+
+__all__ = ["CudaGraphModelRunner", "can_use_cuda_graphs", "graph_batch_sizes", "make_model_runner"]
+
+# Batches above this many sequences run eagerly: each bucket costs capture time and graph memory,
+# and at this size the step is dominated by GPU work, not launch overhead.
+MAX_GRAPH_BATCH = 512
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """Buckets for an engine admitting ``max_num_seqs``: the defaults below it, then steps of 64,
+    ending exactly at ``min(max_num_seqs, MAX_GRAPH_BATCH)``."""
+    top = max(1, min(max_num_seqs, MAX_GRAPH_BATCH))
+    sizes = [b for b in DEFAULT_BUCKETS if b < top]
+    b = DEFAULT_BUCKETS[-1] + 64
+    while b < top:
+        sizes.append(b)
+        b += 64
+    return sizes + [top]
+
+
+def can_use_cuda_graphs(model: nn.Module, kv_cache: PagedKVCache) -> bool:
+    """The cache is on CUDA and every attention backend of ``model`` is capturable."""
+    return kv_cache.device.type == "cuda" and torch.cuda.is_available() and backend_supports_graphs(model)
+
+
+def make_model_runner(model: nn.Module, kv_cache: PagedKVCache, config: EngineConfig, max_model_len: int) -> ModelRunner:
+    """The engine's runner: CUDA graphs when possible and not ``config.enforce_eager``, else eager."""
+    if not config.enforce_eager and can_use_cuda_graphs(model, kv_cache):
+        return CudaGraphModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
+    return ModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
+
+
+class CudaGraphModelRunner(ModelRunner):
+    """``ModelRunner`` whose plain decode steps replay per-bucket CUDA graphs (module docstring).
+
+    Construction captures every bucket of ``batch_sizes`` (default ``graph_batch_sizes(max_num_seqs)``)
+    against ``kv_cache``, which must never be reallocated afterwards. ``num_graph_steps`` counts
+    replayed steps; ``num_forward_calls`` counts every forward (replayed or eager).
+    """
+
+    def __init__(self, model: nn.Module, kv_cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
+                 batch_sizes=None):
+        super().__init__(model, kv_cache, max_num_seqs, max_model_len)
+        if not can_use_cuda_graphs(model, kv_cache):
+            raise ValueError("CUDA graphs need a CUDA KV cache and attention backends with supports_cuda_graphs")
+        bs = kv_cache.block_size
+        sizes = batch_sizes if batch_sizes is not None else graph_batch_sizes(max_num_seqs)
+        self.graph = CudaGraphDecodeRunner(model, kv_cache.tensors, bs, -(-max_model_len // bs), sizes,
+                                           use_graphs=True)
+        self.graph.capture()
+        self.max_graph_batch = self.graph.buckets[-1]
+
+    @property
+    def uses_cuda_graphs(self) -> bool:
+        return True
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        return list(self.graph.buckets)
+
+    def replayable(self, reqs: list[ScheduledRequest]) -> bool:
+        """A plain decode step that fits a captured bucket."""
+        if not reqs or len(reqs) > self.max_graph_batch:
+            return False
+        for s in reqs:
+            p = s.sampling_params
+            if len(s.token_ids) != 1 or not s.sample or p.seed is not None or p.logprobs is not None:
+                return False
+        return True
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        reqs = sched.scheduled
+        if not self.replayable(reqs):
+            return super().execute(sched)
+        self._begin(sched)
+        step = self.inputs.prepare(reqs)
+        # [n, V] fp32 view of the bucket's static output: sampled before the next replay.
+        logits = self.graph.run(step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.seq_lens)
+        tokens = sample(logits, [s.sampling_params for s in reqs]).tolist()
+        self.num_forward_calls += 1
+        self.num_graph_steps += 1
+        return ModelRunnerOutput(sampled_token_ids=dict(zip([s.request_id for s in reqs], tokens)))
