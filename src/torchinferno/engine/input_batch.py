@@ -193,7 +193,7 @@ class InputBatch:
         host = self._host[: buf.shape[0]]
         if self._pinned:
             dev = host.to(self.device, non_blocking=True)
-            self._copied.record()
+            self._copied.record(torch.cuda.current_stream(self.device))
         else:  # CPU: views of the staging buffer (read only during this step's forward)
             dev = host
         d_meta = dev[off:]
