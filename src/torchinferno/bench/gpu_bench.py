@@ -11,8 +11,8 @@ model with random bf16 weights built with ``TritonPagedAttention``:
 (c) 2048-token prefill time and model TFLOP/s (linear FLOPs of every token, logits of the last
     token, causal attention FLOPs);
 (d) offline engine throughput: random 1024-in / 1024-out prompts with ignore_eos through
-    ``LLMEngine`` (paged continuous batching), eager runner, then the same with decode steps
-    replayed from CUDA graphs (``GraphModelRunner`` below, a subclass used only here);
+    ``LLMEngine`` (paged continuous batching) as it runs on CUDA by default (decode steps
+    replayed from CUDA graphs, ``engine/graph_runner.py``) and with ``enforce_eager``;
 (e) transformers' eager ``generate`` on the same weights (its LlamaForCausalLM sharing our
     tensors), batch 1 and 64, decode tok/s as ``B * (N - 1) / (t(N) - t(1))``.
 
