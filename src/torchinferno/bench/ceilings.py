@@ -28,6 +28,25 @@ def copy_bandwidth(device: str | torch.device = "cpu", nbytes: int = 512 * 1024*
     return 2 * src.numel() * 4 / best
 
 
+def read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 2 * 1024**3, iters: int = 5) -> float:
+    """Bytes/s of a full reduction (``sum``) over a buffer far larger than caches: reads only.
+
+    Informational next to ``copy_bandwidth``: a GEMV streams its weights read-only, and HBM reads
+    alone can run faster than a copy's mixed reads and writes. Bounds use the copy figure.
+    """
+    device = torch.device(device)
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+    src.sum()
+    _sync(device)
+    best = float("inf")
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        src.sum()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return src.numel() * 2 / best
+
+
 def matmul_rate(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, n: int = 2048, iters: int = 5) -> float:
     """FLOP/s of an ``n x n x n`` matmul (best of ``iters``)."""
     device = torch.device(device)

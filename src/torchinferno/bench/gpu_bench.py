@@ -147,7 +147,6 @@ def measure_prefill(model, tokens: int, bw: float) -> dict:
     prof = profile_kernels(run)
     cfg = model.config
     gemm_flops = flops - 2 * 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim_ * tokens * (tokens + 1) / 2
-    del caches
     return {"tokens": tokens, "ms": ms, "flops": flops, "tflop_s": flops / ms / 1e9, "profile": prof,
             "graph_ms": graph_ms, "graph_tflop_s": flops / graph_ms / 1e9,
             "gemm_tflop_s": gemm_flops / prof["groups_ms"].get("gemm", float("nan")) / 1e9,
@@ -196,7 +195,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
                   engine_modes=("graphs", "eager"), hf: bool = True, gemv_experiment_on: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
                   json_path: str | None = None, log=print) -> dict:
     """Run every section in one process (see the module docstring); returns and optionally writes the report."""
-    from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate
+    from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate, read_bandwidth
 
     t_start = time.perf_counter()
     left = lambda: budget_s - (time.perf_counter() - t_start)  # noqa: E731
@@ -216,9 +215,11 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
                 json.dump(rep, f, indent=2, default=str)
 
     bw = copy_bandwidth(dev, nbytes=4 * 1024**3, iters=10)
+    rbw = read_bandwidth(dev, nbytes=4 * 1024**3, iters=10)
     mm = matmul_rate(dev, torch.bfloat16, n=8192, iters=10)
-    rep["ceilings"] = {"copy_gb_s": bw / 1e9, "bf16_matmul_tflop_s": mm / 1e12}
-    log(f"ceilings: copy {bw / 1e9:.0f} GB/s (read+write), bf16 matmul {mm / 1e12:.0f} TFLOP/s")
+    rep["ceilings"] = {"copy_gb_s": bw / 1e9, "read_gb_s": rbw / 1e9, "bf16_matmul_tflop_s": mm / 1e12}
+    log(f"ceilings: copy {bw / 1e9:.0f} GB/s (read+write), read-only (sum) {rbw / 1e9:.0f} GB/s (info), "
+        f"bf16 matmul {mm / 1e12:.0f} TFLOP/s")
     model = build_random_model(size, dev)
     wbytes = weight_bytes_per_step(model)
     rep["weight_bytes_per_step"] = wbytes
@@ -312,7 +313,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
 def format_table(rep: dict) -> str:
     """The summary table (markdown) with each figure, its ceiling/peer and the target."""
     c = rep.get("ceilings", {})
-    lines = [f"| figure | measured | ceiling / peer | target |", "|---|---|---|---|",
+    lines = ["| figure | measured | ceiling / peer | target |", "|---|---|---|---|",
              f"| copy bandwidth (read+write) | {c.get('copy_gb_s', 0):.0f} GB/s | | |",
              f"| bf16 matmul 8192^3 | {c.get('bf16_matmul_tflop_s', 0):.0f} TFLOP/s | | |"]
     for r in rep.get("decode_batch1", []):

@@ -11,7 +11,8 @@ from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms, profile_k
 
 GEMV_CONFIGS = ({"block_n": 8, "block_k": 512, "num_warps": 4}, {"block_n": 8, "block_k": 1024, "num_warps": 4},
                 {"block_n": 16, "block_k": 512, "num_warps": 8}, {"block_n": 4, "block_k": 1024, "num_warps": 4},
-                {"block_n": 16, "block_k": 256, "num_warps": 4})
+                {"block_n": 16, "block_k": 256, "num_warps": 4}, {"block_n": 4, "block_k": 2048, "num_warps": 8},
+                {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 5}, {"block_n": 2, "block_k": 4096, "num_warps": 8})
 
 
 @torch.inference_mode()
@@ -21,23 +22,29 @@ def gemv_experiment(model, bench, weight_bytes: int, bw: float, contexts, log=pr
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
     from torchinferno.kernels.triton.gemv import gemv, swap_linear_for_gemv
 
-    shapes: dict[tuple, int] = {}
-    weights = {}
+    # Every weight of each shape, timed in model order: one graph replays a call per layer, so
+    # each call streams a different matrix from HBM (timing one matrix again and again would
+    # measure L2 for the smaller ones).
+    by_shape: dict[tuple, list[torch.Tensor]] = {}
     for mod in model.modules():
         if type(mod) is torch.nn.Linear:
-            key = tuple(mod.weight.shape)
-            shapes[key] = shapes.get(key, 0) + 1
-            weights[key] = mod.weight
+            by_shape.setdefault(tuple(mod.weight.shape), []).append(mod.weight)
     rows, totals = [], {"cublas": 0.0}
-    for key, count in shapes.items():
-        w = weights[key]
+    for key, ws in by_shape.items():
+        count = len(ws)
+        w = ws[0]
         x = torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype)
-        row = {"shape": key, "count": count, "cublas_us": 1e3 * graph_time_ms(lambda: torch.nn.functional.linear(x, w))}
+
+        def over_layers(fn):
+            return lambda: [fn(wi) for wi in ws]
+
+        cub = over_layers(lambda wi: torch.nn.functional.linear(x, wi))
+        row = {"shape": key, "count": count, "cublas_us": 1e3 * graph_time_ms(cub, calls=1) / count}
         ref = torch.nn.functional.linear(x, w).float()
         totals["cublas"] += row["cublas_us"] * count
         for i, cfg in enumerate(GEMV_CONFIGS):
             err = float((gemv(x, w, None, **cfg).float() - ref).norm() / ref.norm())
-            us = 1e3 * graph_time_ms(lambda cfg=cfg: gemv(x, w, None, **cfg))
+            us = 1e3 * graph_time_ms(over_layers(lambda wi, cfg=cfg: gemv(x, wi, None, **cfg)), calls=1) / count
             row[f"cfg{i}_us"], row[f"cfg{i}_err"] = us, err
             totals[f"cfg{i}"] = totals.get(f"cfg{i}", 0.0) + us * count
         nbytes = w.numel() * w.element_size()
