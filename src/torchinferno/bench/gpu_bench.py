@@ -150,7 +150,30 @@ def measure_prefill(model, tokens: int, bw: float) -> dict:
     return {"tokens": tokens, "ms": ms, "flops": flops, "tflop_s": flops / ms / 1e9, "profile": prof,
             "graph_ms": graph_ms, "graph_tflop_s": flops / graph_ms / 1e9,
             "gemm_tflop_s": gemm_flops / prof["groups_ms"].get("gemm", float("nan")) / 1e9,
-            "attention_variants": prefill_attention_variants(cfg, tokens, dev)}
+            "attention_variants": prefill_attention_variants(cfg, tokens, dev),
+            "gemm_shapes": prefill_gemm_shapes(model, tokens)}
+
+
+def prefill_gemm_shapes(model, tokens: int) -> dict:
+    """TFLOP/s of each distinct linear shape at ``tokens`` rows: ``F.linear`` (weight [N, K], as the
+    model runs it) vs the same product with a pre-transposed [K, N] weight, each over every layer's
+    weight in turn (graph-replayed)."""
+    import torch.nn.functional as F
+
+    by_shape: dict[tuple, list[torch.Tensor]] = {}
+    for mod in model.modules():
+        if type(mod) is torch.nn.Linear and mod.weight.shape[0] < 100_000:  # the head runs on one row
+            by_shape.setdefault(tuple(mod.weight.shape), []).append(mod.weight)
+    out = {}
+    for (n, k), ws in by_shape.items():
+        ws = ws[:4]
+        x = torch.randn(tokens, k, device=ws[0].device, dtype=ws[0].dtype)
+        wts = [w.t().contiguous() for w in ws]
+        flops = 2 * tokens * n * k * len(ws)
+        tn = graph_time_ms(lambda: [F.linear(x, w) for w in ws], calls=1)
+        nn_ = graph_time_ms(lambda: [x @ wt for wt in wts], calls=1)
+        out[f"{n}x{k}"] = {"linear_tflop_s": flops / tn / 1e9, "pretransposed_tflop_s": flops / nn_ / 1e9}
+    return out
 
 
 def prefill_attention_variants(cfg, tokens: int, dev) -> dict:
@@ -258,6 +281,8 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
         f"({100 * r['tflop_s'] / (mm / 1e12):.0f}% of the measured matmul rate)")
     log(f"    graph-replayed prefill: {r['graph_ms']:.2f} ms, {r['graph_tflop_s']:.0f} TFLOP/s")
     log(f"    profile: {_fmt_profile(r['profile'])}; GEMMs alone at {r['gemm_tflop_s']:.0f} TFLOP/s")
+    log("    prefill GEMMs: " + ", ".join(f"{k}: linear {v['linear_tflop_s']:.0f} / pre-transposed "
+                                         f"{v['pretransposed_tflop_s']:.0f} TFLOP/s" for k, v in r["gemm_shapes"].items()))
     log("    prefill attention per layer: " + ", ".join(
         f"{k} {v['ms']:.3f} ms (err {v['rel_err_vs_expanded']:.1e})" if "ms" in v else f"{k} {v['error']}"
         for k, v in r["attention_variants"].items()))
