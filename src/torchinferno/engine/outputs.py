@@ -11,7 +11,12 @@ from dataclasses import dataclass, field
 
 from torchinferno.core.sampling_params import SamplingParams
 
-__all__ = ["ScheduledRequest", "SchedulerOutput", "TokenLogprob", "ModelRunnerOutput", "RequestOutput"]
+__all__ = ["PLACEHOLDER_TOKEN", "ScheduledRequest", "SchedulerOutput", "TokenLogprob", "ModelRunnerOutput",
+           "RequestOutput"]
+
+# Stands for a token sampled by the step still in flight (async scheduling): the host does not know
+# it yet, so the runner fills it on the device from that step's sampled tokens. Never a valid id.
+PLACEHOLDER_TOKEN = -1
 
 
 @dataclass
@@ -21,8 +26,13 @@ class ScheduledRequest:
     Built positionally once per request per step (``Scheduler._scheduled``): add fields at the end.
 
     ``block_ids`` is the request's whole block table (covers ``num_computed_tokens +
-    len(token_ids)`` tokens); ``sample`` is True when this step reaches the end of the known
+    len(token_ids)`` tokens); ``sample`` is True when this step reaches the end of the request's
     tokens, so the runner samples the next one from the last position.
+
+    Async scheduling: the last entry of ``token_ids`` may be ``PLACEHOLDER_TOKEN`` (then it is the
+    only entry, a decode): the token the previous step sampled for this request, which the runner
+    takes from that step's device tensor. ``arrival_index`` identifies the scheduled request
+    (request ids can be reused once a request finished, while its last step is still in flight).
     """
 
     request_id: str
@@ -32,6 +42,7 @@ class ScheduledRequest:
     new_block_ids: list[int]
     sample: bool
     sampling_params: SamplingParams
+    arrival_index: int = -1  # Request.arrival_index of the scheduled request
 
     @property
     def num_tokens(self) -> int:

@@ -33,12 +33,19 @@ class RequestStatus(enum.Enum):
 class Request:
     """One generation request.
 
-    Invariants: ``num_computed_tokens <= num_tokens`` is the number of leading tokens of
-    ``all_token_ids`` whose KV sits in ``block_ids`` (``len(block_ids) * block_size >=
-    num_computed_tokens``); ``block_hashes[i]`` is the chained hash of full block ``i`` of
-    ``all_token_ids``; the first ``num_registered_blocks`` blocks have been offered to the
-    prefix cache. A preempted request has no blocks and ``num_computed_tokens == 0``; it resumes
-    by recomputing prompt + generated tokens, so nothing it produced is lost.
+    Invariants: ``num_computed_tokens <= num_tokens + num_inflight`` is the number of leading
+    tokens whose KV sits in ``block_ids`` or is written there by a step already scheduled (it
+    advances when a step is scheduled; ``len(block_ids) * block_size >= num_computed_tokens``);
+    ``block_hashes[i]`` is the chained hash of full block ``i`` of ``all_token_ids``; the first
+    ``num_registered_blocks`` blocks have been offered to the prefix cache (only blocks whose
+    tokens the host knows). A preempted request has no blocks and ``num_computed_tokens == 0``;
+    it resumes by recomputing prompt + generated tokens, so nothing it produced is lost.
+
+    ``num_inflight`` counts tokens sampled by scheduled steps whose results have not been applied
+    (the request's logical length is ``num_tokens + num_inflight``). Synchronous engine: 0 at
+    every ``schedule()``. Async scheduling (one step in flight): at most 1 between engine steps and
+    2 inside one (after scheduling step k, before step k-1's result is applied); a WAITING or
+    PREEMPTED request has 0 whenever the scheduler considers admitting it.
     """
 
     request_id: str
@@ -49,6 +56,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    num_inflight: int = 0  # sampled by a scheduled step, not yet appended (async scheduling)
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0

@@ -10,10 +10,28 @@ Each ``schedule()`` builds one step under two budgets, ``max_num_batched_tokens`
 2. waiting requests in FCFS order (skipped in a step that preempted): each reuses the longest
    cached prefix of its tokens, then computes the rest, chunked to the remaining token budget.
 
-``update_from_output()`` consumes the runner's sampled tokens: advances computed counts,
-registers newly full blocks in the prefix cache, appends tokens and applies token-level stops
-(eos / stop_token_ids / max_tokens / max_model_len). Stop strings need text, so the engine
-reports them through ``finish_request``. Only this class changes ``Request`` state.
+Scheduling a request advances its ``num_computed_tokens`` (the step's KV writes are launched
+before anything that could read them) and, for a sampling row, its ``num_inflight``.
+``update_from_output()`` consumes the runner's sampled tokens: appends them, applies token-level
+stops (eos / stop_token_ids / max_tokens / max_model_len) and registers newly full blocks in the
+prefix cache. Stop strings need text, so the engine reports them through ``finish_request``.
+Only this class changes ``Request`` state.
+
+Async scheduling (``LLMEngine`` with ``async_scheduling``): step k is scheduled before step
+k-1's result is applied, so a request may hold one in-flight token. It is counted in the
+request's length (positions, slots, blocks) and scheduled as ``PLACEHOLDER_TOKEN``; the runner
+fills it on the device. Invariants:
+
+* at most one step is unapplied when ``schedule()`` runs, so ``num_inflight <= 1`` there;
+* a request whose outputs + in-flight token already reach ``max_tokens`` / ``max_model_len`` is
+  not scheduled: it finishes when the token arrives;
+* a request preempted with a token in flight gets that token appended (and token-level stops
+  applied) while WAITING; it cannot be re-admitted first, because a step that preempts admits
+  nothing and the in-flight result is applied before the next ``schedule()``;
+* results for requests finished meanwhile (abort, stop string, a stop token of the previous
+  step) are dropped, also when the request id was reused (``arrival_index`` differs);
+* blocks freed while a launched step may still write them (abort, stop, preemption) are safe:
+  device work is stream-ordered, and any step that reuses them is launched later.
 """
 
 from __future__ import annotations
@@ -24,7 +42,7 @@ from dataclasses import dataclass
 
 from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
 from torchinferno.engine.config import EngineConfig
-from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from torchinferno.engine.outputs import PLACEHOLDER_TOKEN, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from torchinferno.engine.request import Request, RequestStatus
 
 __all__ = ["Scheduler", "StepResult"]
@@ -122,10 +140,11 @@ class Scheduler:
             req.block_hashes.extend(hash_token_blocks(toks, self.block_size, start=have, parent_hash=parent))
 
     def _register_full_blocks(self, req: Request) -> None:
-        """Offer blocks whose KV is now completely written to the prefix cache."""
+        """Offer full blocks whose tokens are known and whose KV is written or being written by a
+        launched step to the prefix cache (a later reader is launched after that step)."""
         if not self.pool.enable_prefix_caching:
             return
-        full = req.num_computed_tokens // self.block_size
+        full = min(req.num_computed_tokens, req.num_tokens) // self.block_size
         if full <= req.num_registered_blocks:
             return
         self._ensure_hashes(req, full * self.block_size)
@@ -136,6 +155,12 @@ class Scheduler:
     def _blocks_needed(self, req: Request, num_new: int) -> int:
         return max(0, _cdiv(req.num_computed_tokens + num_new, self.block_size) - len(req.block_ids))
 
+    def _ends_with_inflight(self, req: Request) -> bool:
+        """The in-flight token will finish ``req`` by length: nothing more to schedule for it."""
+        n = req.num_inflight
+        return (req.num_output_tokens + n >= req.sampling_params.max_tokens
+                or req.num_tokens + n >= self.max_model_len)
+
     # ------------------------------------------------------------------ schedule
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
@@ -145,11 +170,14 @@ class Scheduler:
         preempted: list[str] = []
 
         # 1. Running requests: decodes (one token) first, then continuing prefill chunks.
-        order = sorted(self.running, key=lambda r: (r.num_tokens - r.num_computed_tokens > 1, r.arrival_index))
+        order = sorted(self.running,
+                       key=lambda r: (r.num_tokens + r.num_inflight - r.num_computed_tokens > 1, r.arrival_index))
         pending = deque(order)
         while pending and budget > 0:
             req = pending.popleft()
-            num_new = req.num_tokens - req.num_computed_tokens
+            if req.num_inflight and self._ends_with_inflight(req):
+                continue
+            num_new = req.num_tokens + req.num_inflight - req.num_computed_tokens
             if num_new > budget:
                 if not cfg.enable_chunked_prefill:
                     continue
@@ -169,13 +197,16 @@ class Scheduler:
             new_blocks = self.pool.allocate(need) if need else []
             if new_blocks:
                 req.block_ids.extend(new_blocks)
-            (decodes if num_new == 1 and req.num_computed_tokens >= req.num_prompt_tokens else prefills).append(
-                self._scheduled(req, num_new, new_blocks))
+            is_decode = num_new == 1 and req.num_computed_tokens >= req.num_prompt_tokens
+            (decodes if is_decode else prefills).append(self._scheduled(req, num_new, new_blocks))
             budget -= num_new
 
         # 2. Waiting requests (FCFS); none in a step that had to preempt.
         while self.waiting and budget > 0 and not preempted and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
+            if req.num_inflight:
+                raise RuntimeError(f"request {req.request_id!r} would be admitted with a token in flight "
+                                   "(more than one step in flight?)")
             hit: list[int] = []
             if self.pool.enable_prefix_caching:
                 # Always recompute at least the last token, so never reuse the block holding it.
@@ -209,35 +240,54 @@ class Scheduler:
         return SchedulerOutput(scheduled=decodes + prefills, preempted_ids=preempted, finished_ids=finished)
 
     def _scheduled(self, req: Request, num_new: int, new_blocks: list[int]) -> ScheduledRequest:
+        """The step's work for ``req``; advances ``num_computed_tokens`` (and ``num_inflight``)."""
         start = req.num_computed_tokens
         stop = start + num_new
+        known = req.num_tokens
+        if stop <= known:
+            tokens = req.token_slice(start, stop)
+        else:  # the in-flight token: only ever a decode of it (a sampling step reached the end)
+            if req.num_inflight != 1 or start != known:
+                raise RuntimeError(f"request {req.request_id!r}: cannot schedule tokens {start}..{stop} with "
+                                   f"{known} known and {req.num_inflight} in flight")
+            tokens = [PLACEHOLDER_TOKEN]
+        sample = stop == known + req.num_inflight
+        req.num_computed_tokens = stop
+        if sample:
+            req.num_inflight += 1
         # Positional (field order of ScheduledRequest): this runs once per request per step.
         return ScheduledRequest(
             req.request_id,
-            req.token_slice(start, stop),  # token_ids
+            tokens,  # token_ids
             start,  # num_computed_tokens
             list(req.block_ids),  # block_ids: a snapshot, the request's list keeps growing
             new_blocks,  # new_block_ids: a fresh list from the pool, not aliased by the request
-            stop == req.num_tokens,  # sample
+            sample,
             req.sampling_params,
+            req.arrival_index,
         )
 
     # ------------------------------------------------------------------ results
     def update_from_output(self, sched: SchedulerOutput, out: ModelRunnerOutput) -> list[StepResult]:
+        """Apply the result of ``sched`` (steps are applied in the order they were scheduled)."""
         results: list[StepResult] = []
         sampled = out.sampled_token_ids
         running = RequestStatus.RUNNING
         for s in sched.scheduled:
             req = self.requests.get(s.request_id)
-            if req is None or req.status is not running:
-                continue  # finished or preempted after scheduling
-            req.num_computed_tokens += len(s.token_ids)
-            self._register_full_blocks(req)
+            if req is None or req.arrival_index != s.arrival_index:
+                continue  # finished after scheduling (its id may be in use again): drop the result
             if not s.sample:
+                if req.status is running:
+                    self._register_full_blocks(req)
                 continue
+            # Sampled: applied even if the request was preempted since (async scheduling).
+            req.num_inflight -= 1
             tok = sampled[s.request_id]
             outs = req.output_token_ids
             outs.append(tok)
+            if req.status is running:  # before a finish frees the blocks: they stay cached
+                self._register_full_blocks(req)
             status = None
             if tok in req.stop_token_ids:
                 status, req.stop_reason = RequestStatus.FINISHED_STOPPED, tok
@@ -245,7 +295,7 @@ class Scheduler:
                   or len(req.prompt_token_ids) + len(outs) >= self.max_model_len):
                 status = RequestStatus.FINISHED_LENGTH
             if status is not None:
-                self.running.remove(req)
+                (self.running if req.status is running else self.waiting).remove(req)
                 self._finish(req, status)
             results.append(StepResult(req, [tok], status is not None))
         return results
