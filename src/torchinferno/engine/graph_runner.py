@@ -6,7 +6,9 @@
 every scheduled request adds one token, samples it, and needs nothing the graph cannot do (no
 per-request seed, no logprobs). Everything else (prefill, chunked prefill, mixed batches, seeded
 or logprob requests, batches above the largest bucket) runs the eager ``ModelRunner.execute``
-on the same KV cache.
+on the same KV cache. Async scheduling works on both paths: a decode whose input token is still
+in flight (``PLACEHOLDER_TOKEN``) is replayable, its token is gathered on the device into the
+step's ``input_ids`` before they are loaded into the graph's static buffer.
 
 Padded bucket rows never touch a live KV row: their ``slot_mapping`` is ``-1`` (the KV append
 skips them) and their block-table row points at a scratch block they only read (see
@@ -21,9 +23,9 @@ from torch import nn
 from torchinferno.cache.kv_cache import PagedKVCache
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.model_runner import ModelRunner
-from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from torchinferno.engine.outputs import ScheduledRequest, SchedulerOutput
+from torchinferno.engine.step_handle import StepHandle
 from torchinferno.kernels.cuda_graphs import DEFAULT_BUCKETS, CudaGraphDecodeRunner, backend_supports_graphs
-from torchinferno.text.sampling import sample
 
 __all__ = ["CudaGraphModelRunner", "can_use_cuda_graphs", "graph_batch_sizes", "make_model_runner"]
 
@@ -95,15 +97,15 @@ class CudaGraphModelRunner(ModelRunner):
         return True
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_async(self, sched: SchedulerOutput) -> StepHandle:
         reqs = sched.scheduled
         if not self.replayable(reqs):
-            return super().execute(sched)
+            return super().execute_async(sched)
         self._begin(sched)
-        step = self.inputs.prepare(reqs)
-        # [n, V] fp32 view of the bucket's static output: sampled before the next replay.
+        # Placeholders are filled in step.input_ids, which graph.run copies into the static buffer.
+        step = self._prepare(reqs)
+        # [n, V] fp32 view of the bucket's static output: sampled (launched) before the next replay.
         logits = self.graph.run(step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.seq_lens)
-        tokens = sample(logits, [s.sampling_params for s in reqs]).tolist()
         self.num_forward_calls += 1
         self.num_graph_steps += 1
-        return ModelRunnerOutput(sampled_token_ids=dict(zip([s.request_id for s in reqs], tokens)))
+        return self._sample(reqs, step.sample_rows, logits)

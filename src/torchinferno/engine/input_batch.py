@@ -12,6 +12,12 @@ work (W = context blocks, ~128 at 2k tokens) and one host tensor per sequence. I
 * all integers of the step are packed into one int64 host buffer (pinned on CUDA) and moved with
   one non-blocking copy; the device tensors are views of that copy.
 
+Async scheduling: a ``PLACEHOLDER_TOKEN`` in ``token_ids`` stands for the token the previous
+step sampled for that request. ``prepare`` writes 0 there on the host and returns the flat
+positions (``fill_dst``) and the rows of the previous step's sampled-token tensor (``fill_src``,
+from ``prev_rows``) in the same copy; the runner does ``input_ids[fill_dst] =
+prev_sampled[fill_src]`` on the device before the forward.
+
 Invariant kept by the engine: ``release`` is called with the ids of every request reported
 finished or preempted (``SchedulerOutput.finished_ids`` / ``preempted_ids``) before the next
 ``prepare``. Between admission and release a request's block list only grows; a row whose
@@ -22,6 +28,7 @@ admission with prefix-cache hits needs no special case.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +56,8 @@ class StepInputs:
     query_lens_list: list[int]
     seq_lens_list: list[int]
     block_size: int
+    fill_dst: torch.Tensor | None = None  # [P] int64 flat token positions holding a placeholder
+    fill_src: torch.Tensor | None = None  # [P] int64 rows of the previous step's sampled tokens
 
     @property
     def num_seqs(self) -> int:
@@ -146,8 +155,12 @@ class InputBatch:
             self._host_np = self._host.numpy()
         return self._host_np[:n]
 
-    def prepare(self, reqs: list[ScheduledRequest]) -> StepInputs:
-        """Inputs of one forward over ``reqs`` (non-empty, batch order)."""
+    def prepare(self, reqs: list[ScheduledRequest], prev_rows: Mapping[str, int] | None = None) -> StepInputs:
+        """Inputs of one forward over ``reqs`` (non-empty, batch order).
+
+        ``prev_rows``: request id -> row of the previous step's sampled tokens; needed only when a
+        request has a placeholder token (async scheduling).
+        """
         B = len(reqs)
         bs = self.block_size
         rows = np.fromiter((self._sync_row(s) for s in reqs), dtype=np.int64, count=B)
@@ -156,27 +169,39 @@ class InputBatch:
         ctx = np.fromiter((s.num_computed_tokens for s in reqs), dtype=np.int64, count=B)  # [B]
         seq = ctx + q  # [B]
         T = int(q.sum())
+        if T == B:  # pure decode: one token per row
+            flat = np.fromiter((s.token_ids[0] for s in reqs), dtype=np.int64, count=B)
+        else:
+            flat = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in reqs), dtype=np.int64, count=T)
+            seq_of_tok = np.repeat(np.arange(B), q)  # [T] batch row of each token
+        holes = np.flatnonzero(flat < 0)  # placeholders (async scheduling)
+        P = int(holes.size)
+        if P:
+            flat[holes] = 0
+            src = self._fill_sources(reqs, holes if T == B else seq_of_tok[holes], prev_rows)
         sample_rows = [i for i, s in enumerate(reqs) if s.sample]
         N = len(sample_rows)
         W = int(-(-int(seq.max()) // bs))
 
         # Segment starts are multiples of 4 elements, so every view (int64 here, int32 after the
         # metadata cast) is 16-byte aligned like a fresh allocation: Triton kernels specialize on it.
-        aT, aN, aB1, aB = _align(T), _align(N), _align(B + 1), _align(B)
-        off = 3 * aT + aN
+        aT, aN, aP, aB1, aB = _align(T), _align(N), _align(P), _align(B + 1), _align(B)
+        fo = 3 * aT + aN  # fill_dst | fill_src (empty without placeholders)
+        off = fo + 2 * aP
         buf = self._staging(off + aB1 + aB + B * W)
         ids, pos, slots = buf[:T], buf[aT : aT + T], buf[2 * aT : 2 * aT + T]
         sidx = buf[3 * aT : 3 * aT + N]
+        ids[:] = flat
+        if P:
+            buf[fo : fo + P] = holes
+            buf[fo + aP : fo + aP + P] = src
         qsl, lens = buf[off : off + B + 1], buf[off + aB1 : off + aB1 + B]
         tables = buf[off + aB1 + aB :].reshape(B, W)
 
-        if T == B:  # pure decode: one token per row
-            ids[:] = [s.token_ids[0] for s in reqs]
+        if T == B:
             pos[:] = ctx
             tok_rows = rows
         else:
-            ids[:] = list(itertools.chain.from_iterable(s.token_ids for s in reqs))
-            seq_of_tok = np.repeat(np.arange(B), q)  # [T] batch row of each token
             starts = np.cumsum(q) - q  # [B] first flat token of each row
             pos[:] = np.arange(T) - starts[seq_of_tok] + ctx[seq_of_tok]
             tok_rows = rows[seq_of_tok]
@@ -202,7 +227,18 @@ class InputBatch:
             sample_indices=dev[3 * aT : 3 * aT + N], query_start_loc=d_meta[: B + 1], seq_lens=d_meta[aB1 : aB1 + B],
             block_tables=d_meta[aB1 + aB :].view(B, W), packed_meta=d_meta, sample_rows=sample_rows,
             query_lens_list=q_list, seq_lens_list=seq.tolist(), block_size=bs,
+            fill_dst=dev[fo : fo + P] if P else None, fill_src=dev[fo + aP : fo + aP + P] if P else None,
         )
+
+    @staticmethod
+    def _fill_sources(reqs: list[ScheduledRequest], batch_rows: np.ndarray,
+                      prev_rows: Mapping[str, int] | None) -> list[int]:
+        """Row of the previous step's sampled tokens for each placeholder (batch rows ``batch_rows``)."""
+        try:
+            return [prev_rows[reqs[b].request_id] for b in batch_rows.tolist()]
+        except (KeyError, TypeError):
+            raise RuntimeError("a placeholder token has no sampled token in the previous step "
+                               "(async scheduling needs every step, in order, on this runner)") from None
 
 
 def _align(n: int) -> int:

@@ -6,6 +6,11 @@ metadata says where each request's queries start and where its KV lives, and log
 only at the last position of requests that sample this step. The attention backend is whatever
 the model was built with; the host-side inputs come from ``engine.input_batch.InputBatch`` (a
 persistent block table and one host-to-device copy per step).
+
+``execute_async`` launches a step and returns a ``StepHandle`` without waiting for the device
+(async scheduling); ``execute`` is ``execute_async(...).result()``. The runner remembers the
+previous step's sampled tokens on the device, so a step scheduled before those reached the host
+(``PLACEHOLDER_TOKEN`` inputs) gets them by a device-side gather before its forward.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import torch
 from torch import nn
 
 from torchinferno.cache.kv_cache import PagedKVCache
-from torchinferno.engine.input_batch import InputBatch
-from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprob
+from torchinferno.engine.input_batch import InputBatch, StepInputs
+from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from torchinferno.engine.step_handle import LogprobRows, StepHandle, to_device_index
 from torchinferno.text.sampling import compute_logprobs, make_generator, sample
 
 __all__ = ["ModelRunner"]
@@ -28,9 +34,13 @@ class ModelRunner:
     scheduler reports the request finished), so a seeded request draws the same tokens whatever
     it is batched with and across preemptions (recompute never samples).
 
-    Invariant: ``execute`` sees every ``SchedulerOutput`` of the engine, in order (the input
-    batch releases a request's block-table row when it is reported finished or preempted).
-    ``max_num_seqs`` / ``max_model_len`` only size the persistent host buffers.
+    Invariant: ``execute`` / ``execute_async`` see every ``SchedulerOutput`` of the engine, in
+    order (the input batch releases a request's block-table row when it is reported finished or
+    preempted, and a placeholder token refers to the immediately preceding step's samples).
+    Seeded generators draw once per sampling step of their request, in step order, so async
+    scheduling draws what the synchronous engine draws (plus, at most, one draw after a request
+    finished, which nobody sees). ``max_num_seqs`` / ``max_model_len`` only size the persistent
+    host buffers.
     """
 
     def __init__(self, model: nn.Module, kv_cache: PagedKVCache, max_num_seqs: int = 64,
@@ -42,6 +52,10 @@ class ModelRunner:
         max_blocks = -(-max_model_len // bs) if max_model_len else 16
         self.inputs = InputBatch(bs, self.device, max_num_seqs, max_blocks)
         self._generators: dict[str, torch.Generator] = {}
+        # The previous step's sampled tokens [n_prev] (device) and request id -> row; None when it
+        # sampled nothing. Read by the next step's placeholder fill (stream-ordered after it).
+        self._prev_tokens: torch.Tensor | None = None
+        self._prev_rows: dict[str, int] | None = None
         self.num_forward_calls = 0
         self.num_graph_steps = 0  # decode steps replayed from CUDA graphs (CudaGraphModelRunner)
 
@@ -69,40 +83,59 @@ class ModelRunner:
             g = self._generators[rid] = make_generator(seed, self.device)
         return g
 
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step and wait for its sampled tokens."""
+        return self.execute_async(sched).result()
+
+    @torch.inference_mode()
+    def execute_async(self, sched: SchedulerOutput) -> StepHandle:
+        """Launch one step (forward, sampling, logprobs); the handle's ``result()`` waits for it."""
         self._begin(sched)
-        if not sched.scheduled:
-            return ModelRunnerOutput()
         reqs = sched.scheduled
-        step = self.inputs.prepare(reqs)
+        if not reqs:
+            return self._sampled_nothing()
+        step = self._prepare(reqs)
         hidden = self.model(step.input_ids, step.positions, self.kv_cache.tensors, step.attention_metadata())  # [T, D]
         self.num_forward_calls += 1
         if not step.sample_rows:
-            return ModelRunnerOutput()
+            return self._sampled_nothing()
         # Every row samples its only token (pure decode): no gather needed.
         sel = hidden if step.num_tokens == len(step.sample_rows) else hidden[step.sample_indices]
         logits = self.model.compute_logits(sel)  # [N, D] -> [N, V] fp32
         return self._sample(reqs, step.sample_rows, logits)
 
-    def _sample(self, reqs: list[ScheduledRequest], rows: list[int], logits: torch.Tensor) -> ModelRunnerOutput:
-        """Sample ``logits [N, V]`` (row ``n`` belongs to ``reqs[rows[n]]``), with logprobs when asked."""
+    def _prepare(self, reqs: list[ScheduledRequest]) -> StepInputs:
+        """Step inputs with placeholder tokens replaced by the previous step's samples (on device)."""
+        step = self.inputs.prepare(reqs, self._prev_rows)
+        if step.fill_dst is not None:
+            step.input_ids.index_copy_(0, step.fill_dst, self._prev_tokens.index_select(0, step.fill_src))
+        return step
+
+    def _sampled_nothing(self) -> StepHandle:
+        self._prev_tokens = self._prev_rows = None
+        return StepHandle.empty()
+
+    def _sample(self, reqs: list[ScheduledRequest], rows: list[int], logits: torch.Tensor) -> StepHandle:
+        """Sample ``logits [N, V]`` (row ``n`` belongs to ``reqs[rows[n]]``), with logprobs when asked.
+
+        Launches only: no host-device synchronization (index lists go through pinned memory).
+        """
         params = [reqs[i].sampling_params for i in rows]
+        ids = [reqs[i].request_id for i in rows]
         gens = None
         if any(p.seed is not None for p in params):
             gens = [self._generator(reqs[i].request_id, reqs[i].sampling_params.seed) for i in rows]
         tokens = sample(logits, params, gens)  # [N]
-        token_list = tokens.tolist()
-        out = ModelRunnerOutput(sampled_token_ids=dict(zip([reqs[i].request_id for i in rows], token_list)))
+        self._prev_tokens, self._prev_rows = tokens, dict(zip(ids, range(len(ids))))
 
+        lp = None
         want = [j for j, p in enumerate(params) if p.logprobs is not None]
         if want:
-            k = max(params[j].logprobs for j in want)
-            sel = torch.tensor(want, dtype=torch.long, device=logits.device)
-            chosen, top_ids, top_lp = compute_logprobs(logits[sel], tokens[sel], k)
-            chosen, top_ids, top_lp = chosen.tolist(), top_ids.tolist(), top_lp.tolist()
-            for n, j in enumerate(want):
-                kj = params[j].logprobs
-                out.logprobs[reqs[rows[j]].request_id] = TokenLogprob(
-                    token_list[j], chosen[n], top_ids[n][:kj], top_lp[n][:kj])
-        return out
+            ks = [params[j].logprobs for j in want]
+            if len(want) == len(rows):
+                chosen, top_ids, top_lp = compute_logprobs(logits, tokens, max(ks))
+            else:
+                sel = to_device_index(want, logits.device)
+                chosen, top_ids, top_lp = compute_logprobs(logits[sel], tokens[sel], max(ks))
+            lp = LogprobRows(want, ks, chosen, top_ids, top_lp)
+        return StepHandle(ids, tokens, lp)
