@@ -43,6 +43,11 @@ class EngineConfig:
     On a CUDA KV cache whose model's attention backends are capturable, plain decode steps
     replay per-batch-size CUDA graphs (``engine.graph_runner``); ``enforce_eager=True`` keeps
     every step eager (debugging, or comparing against the graph path).
+
+    ``async_scheduling=True`` overlaps host work with the device: ``LLMEngine.step()`` schedules
+    and launches step k+1 before step k's sampled tokens reach the host (the runner feeds them to
+    step k+1 on the device), then processes step k's results while step k+1 runs. Outputs are
+    the same as the synchronous engine's; each output is reported one ``step()`` later.
     """
 
     block_size: int = 16
@@ -56,6 +61,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_logprobs: int = 20
     enforce_eager: bool = False
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
@@ -68,5 +74,7 @@ class EngineConfig:
             raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ConfigError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
+        if not isinstance(self.async_scheduling, bool):
+            raise ConfigError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")

@@ -3,6 +3,16 @@
 One ``step()`` = scheduler.schedule() -> runner.execute() -> scheduler.update_from_output() ->
 text processing. Requests join and leave at every step. Not thread-safe: one thread drives it
 (``AsyncEngine`` runs it in a background thread and feeds it through a queue).
+
+With ``EngineConfig.async_scheduling`` one step is kept in flight: ``step()`` schedules and
+launches step k (``runner.execute_async``; inputs that step k-1 sampled are filled on the device),
+then waits for step k-1's sampled tokens and applies them (update + text) while the device runs
+step k, and returns step k-1's outputs. Invariants: at most one launched step is unapplied
+between ``step()`` calls; steps are applied in launch order; ``has_unfinished()`` counts the
+in-flight step; when nothing is left to schedule, ``step()`` just applies it. A request aborted
+or stopped (stop string) while its next step is in flight is finished at once (blocks freed;
+device work is stream-ordered, so a later step reusing them runs after the in-flight one) and
+that step's result for it is dropped.
 """
 
 from __future__ import annotations
@@ -17,9 +27,10 @@ from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.config import DEFAULT_KV_CACHE_MEMORY, EngineConfig
 from torchinferno.engine.graph_runner import make_model_runner
 from torchinferno.engine.output_processor import RequestTextState
-from torchinferno.engine.outputs import RequestOutput
+from torchinferno.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
 from torchinferno.engine.request import Request, RequestStatus
 from torchinferno.engine.scheduler import Scheduler
+from torchinferno.engine.step_handle import StepHandle
 from torchinferno.errors import ConfigError, SamplingError
 
 __all__ = ["LLMEngine", "EngineStats"]
@@ -112,6 +123,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(eos)
         self._states: dict[str, RequestTextState] = {}
         self._pending: list[RequestOutput] = []  # abort outputs reported by the next step
+        self._inflight: tuple[SchedulerOutput, StepHandle] | None = None  # async scheduling: launched, unapplied
         self._steps = 0
         self._max_seqs = self._max_tokens = 0
         self._computed_tokens = self._gen_tokens = 0
@@ -160,23 +172,47 @@ class LLMEngine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or self._inflight is not None
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        if self.config.async_scheduling:
+            return self._step_async(outputs)
         if not self.scheduler.has_unfinished():
             return outputs
+        sched = self._schedule()
+        self._apply(sched, self.runner.execute(sched), outputs)
+        return outputs
+
+    def _step_async(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Launch step k, then apply step k-1 while the device runs step k (module docstring)."""
+        launched = None
+        if self.scheduler.has_unfinished():
+            sched = self._schedule()
+            handle = self.runner.execute_async(sched)  # every SchedulerOutput reaches the runner, in order
+            if sched.scheduled:
+                launched = (sched, handle)
+        prev, self._inflight = self._inflight, launched
+        if prev is not None:
+            self._apply(prev[0], prev[1].result(), outputs)
+        return outputs
+
+    def _schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()
         if not sched.scheduled and not self.scheduler.running and not sched.preempted_ids:
+            # Nothing in flight can free blocks either: its requests are running, finished or preempted.
             raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next waiting request")
-        runner_out = self.runner.execute(sched)
         self._steps += 1
         if sched.scheduled:
             num_tokens = sched.total_num_tokens
             self._max_seqs = max(self._max_seqs, sched.num_seqs)
             self._max_tokens = max(self._max_tokens, num_tokens)
             self._computed_tokens += num_tokens
+        return sched
+
+    def _apply(self, sched: SchedulerOutput, runner_out: ModelRunnerOutput, outputs: list[RequestOutput]) -> None:
+        """Apply one step's sampled tokens: scheduler state, then text and stop strings."""
         for res in self.scheduler.update_from_output(sched, runner_out):
             req = res.request
             state = self._states[req.request_id]
@@ -195,7 +231,6 @@ class LLMEngine:
             if reason is not None:
                 del self._states[req.request_id]
                 self._finished += 1
-        return outputs
 
     def run_to_completion(self) -> dict[str, RequestOutput]:
         """Step until idle; the final output of every request (by id)."""
@@ -232,4 +267,5 @@ class LLMEngine:
         kv = self.kv_cache
         return (f"{kv.num_blocks} blocks x {kv.block_size} tokens ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}), "
                 f"max_model_len={self.max_model_len}, device={self.device}, "
-                f"runner={'cuda-graphs' if self.runner.uses_cuda_graphs else 'eager'}")
+                f"runner={'cuda-graphs' if self.runner.uses_cuda_graphs else 'eager'}"
+                f"{', async scheduling' if self.config.async_scheduling else ''}")
