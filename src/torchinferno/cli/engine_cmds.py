@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule and launch step k+1 before step k's tokens reach the host (overlaps host work "
+                        "with the device; same outputs)")
     p.set_defaults(func=cmd_serve_smoke)
 
 
@@ -86,7 +89,7 @@ def cmd_serve_smoke(a) -> int:
 
     cfg = EngineConfig(block_size=a.block_size, kv_cache_memory=a.kv_cache_memory,
                        max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-                       enforce_eager=a.enforce_eager,
+                       enforce_eager=a.enforce_eager, async_scheduling=a.async_scheduling,
                        max_model_len=max(len(p) for p in prompts) + a.max_tokens)
     if a.kv_cache_memory is None:
         per_req = -(-cfg.max_model_len // a.block_size)

@@ -31,6 +31,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule and launch step k+1 before step k's tokens reach the host (overlaps host work "
+                        "with the device; same outputs)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--cache-dir", default=None)
@@ -78,7 +81,7 @@ def build(args: argparse.Namespace):
     cfg = EngineConfig(block_size=block, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
                        enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
-                       enforce_eager=args.enforce_eager)
+                       enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling)
     engine = LLMEngine(model, tokenizer, cfg)
     async_engine = AsyncEngine(engine)
     scfg = ServerConfig(model_name=name, root=root, max_model_len=engine.config.max_model_len or max_len, api_key=args.api_key)
