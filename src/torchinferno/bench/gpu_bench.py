@@ -12,7 +12,8 @@ model with random bf16 weights built with ``TritonPagedAttention``:
     token, causal attention FLOPs);
 (d) offline engine throughput: random 1024-in / 1024-out prompts with ignore_eos through
     ``LLMEngine`` (paged continuous batching) as it runs on CUDA by default (decode steps
-    replayed from CUDA graphs, ``engine/graph_runner.py``) and with ``enforce_eager``;
+    replayed from CUDA graphs, ``engine/graph_runner.py``), with graphs + ``async_scheduling``
+    (engine mode ``async``) and with ``enforce_eager`` (mode ``eager``);
 (e) transformers' eager ``generate`` on the same weights (its LlamaForCausalLM sharing our
     tensors), batch 1 and 64, decode tok/s as ``B * (N - 1) / (t(N) - t(1))``.
 
@@ -215,7 +216,7 @@ TARGETS = {"a_fraction_of_bound": 0.85, "b_vs_transformers": 10.0, "c_tflop_s": 
 
 def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64, batch_ctx: int = 1024,
                   prefill_tokens: int = 2048, engine_requests: int = 256, engine_in: int = 1024, engine_out: int = 1024,
-                  engine_modes=("graphs", "eager"), hf: bool = True, gemv_experiment_on: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
+                  engine_modes=("graphs", "async"), hf: bool = True, gemv_experiment_on: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
                   json_path: str | None = None, log=print) -> dict:
     """Run every section in one process (see the module docstring); returns and optionally writes the report."""
     from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate, read_bandwidth
@@ -317,17 +318,19 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     # (d) engine
     rep["engine"] = []
     for mode in engine_modes:
-        graphs = mode == "graphs"
+        graphs = mode in ("graphs", "async")  # async: graphs + async scheduling
+        async_sched = mode == "async"
         if left() < 60:
             rep["skipped"].append(f"engine {mode}")
             continue
         # A first run keeps time for a second one; each stops at its deadline.
         deadline = min(left() - 100, 240.0) if mode != engine_modes[-1] else left() - 30
         try:
-            rep["engine"].append(engine_throughput(model, engine_requests, engine_in, engine_out, deadline, graphs, log=log))
+            rep["engine"].append(engine_throughput(model, engine_requests, engine_in, engine_out, deadline, graphs, log=log,
+                                                   async_scheduling=async_sched))
         except Exception as e:
-            rep["engine"].append({"graphs": graphs, "error": f"{type(e).__name__}: {e}"})
-            log(f"(d) engine graphs={graphs} failed: {type(e).__name__}: {e}")
+            rep["engine"].append({"graphs": graphs, "async_scheduling": async_sched, "error": f"{type(e).__name__}: {e}"})
+            log(f"(d) engine graphs={graphs} async={async_sched} failed: {type(e).__name__}: {e}")
         save()
     rep["wall_s"] = time.perf_counter() - t_start
     save()
@@ -359,10 +362,12 @@ def format_table(rep: dict) -> str:
                          f"{r['graph_tflop_s']:.0f} TFLOP/s | | >= 650 TFLOP/s |")
     for r in rep.get("engine", []):
         if "error" in r:
-            lines.append(f"| (d) engine graphs={r['graphs']} | failed: {r['error'][:60]} | | |")
+            lines.append(f"| (d) engine graphs={r['graphs']} async={r.get('async_scheduling', False)} | "
+                         f"failed: {r['error'][:60]} | | |")
             continue
         done = "complete" if r["complete"] else f"stopped at deadline, {r['finished']}/{r['requests']} finished"
-        lines.append(f"| (d) engine {r['requests']}x{r['input_len']}/{r['output_len']}, graphs={r['graphs']} | "
+        lines.append(f"| (d) engine {r['requests']}x{r['input_len']}/{r['output_len']}, graphs={r['graphs']}, "
+                     f"async={r.get('async_scheduling', False)} | "
                      f"{r['output_tok_s']:.0f} output tok/s ({done}) | | >= 10000 |")
     for h in rep.get("hf", []) or []:
         lines.append(f"| (e) transformers generate, batch {h['batch']} | {h['tok_s']:.0f} tok/s | | |")

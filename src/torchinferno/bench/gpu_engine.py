@@ -2,7 +2,9 @@
 
 Both modes are the serving engine as shipped: ``graphs=True`` is the default ``LLMEngine`` (its
 ``CudaGraphModelRunner`` captures the decode buckets at construction when the model's attention
-is capturable), ``graphs=False`` is ``EngineConfig.enforce_eager=True``.
+is capturable), ``graphs=False`` is ``EngineConfig.enforce_eager=True``. ``async_scheduling=True``
+is ``EngineConfig.async_scheduling`` (host work of step k overlaps the device running step k+1);
+then ``runner_s`` is launch time plus the wait for each step's sampled tokens (``wait_s``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import torch
 
 
 def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadline_s: float, graphs: bool,
-                      max_num_seqs: int = 256, max_batched_tokens: int = 8192, log=print) -> dict:
+                      max_num_seqs: int = 256, max_batched_tokens: int = 8192, log=print,
+                      async_scheduling: bool = False) -> dict:
     from torchinferno.core.sampling_params import SamplingParams
     from torchinferno.engine.llm_engine import LLMEngine
 
@@ -22,21 +25,39 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
     t_setup = time.perf_counter()  # KV allocation + (graphs) capture of every decode bucket
     engine = LLMEngine(model, None, block_size=16, kv_cache_memory=int(kv_mem * 1.02), max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_batched_tokens, max_model_len=max_len, enable_prefix_caching=False,
-                       enforce_eager=not graphs)
+                       enforce_eager=not graphs, async_scheduling=async_scheduling)
     setup_s = time.perf_counter() - t_setup
     if graphs and not engine.runner.uses_cuda_graphs:
         log("  engine graphs=True: the model's attention backend is not capturable; every step runs eagerly")
     exec_s = [0.0]
-    inner = engine.runner.execute
+    wait_s = [0.0]
+    inner = engine.runner.execute_async if async_scheduling else engine.runner.execute
 
     def timed_execute(sched):  # runner time includes the wait for the GPU (sampling syncs)
         t = time.perf_counter()
         try:
-            return inner(sched)
+            out = inner(sched)
         finally:
             exec_s[0] += time.perf_counter() - t
+        if async_scheduling:  # also time the wait in result() (applied one step later)
+            result = out.result
 
-    engine.runner.execute = timed_execute
+            def timed_result():
+                t = time.perf_counter()
+                try:
+                    return result()
+                finally:
+                    dt = time.perf_counter() - t
+                    exec_s[0] += dt
+                    wait_s[0] += dt
+
+            out.result = timed_result
+        return out
+
+    if async_scheduling:
+        engine.runner.execute_async = timed_execute
+    else:
+        engine.runner.execute = timed_execute
     g = torch.Generator().manual_seed(1)
     params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
     for i in range(num_requests):
@@ -54,15 +75,15 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     st = engine.stats()
-    res = {"graphs": graphs, "requests": num_requests, "finished": finished, "complete": finished == num_requests,
+    res = {"graphs": graphs, "async_scheduling": async_scheduling, "requests": num_requests, "finished": finished, "complete": finished == num_requests,
            "input_len": in_len, "output_len": out_len, "wall_s": wall, "output_tokens": out_tokens,
            "output_tok_s": out_tokens / wall, "total_tok_s": (st.num_computed_tokens) / wall, "steps": steps,
            "max_batch_seqs": st.max_batch_seqs, "preemptions": st.num_preemptions, "graph_setup_s": setup_s,
-           "graph_steps": st.num_graph_steps, "runner_s": exec_s[0],
+           "graph_steps": st.num_graph_steps, "runner_s": exec_s[0], "wait_s": wait_s[0],
            "outside_runner_s": wall - exec_s[0]}
-    log(f"  engine graphs={graphs}: {out_tokens} output tokens in {wall:.1f} s = {res['output_tok_s']:.0f} tok/s "
+    log(f"  engine graphs={graphs} async={async_scheduling}: {out_tokens} output tokens in {wall:.1f} s = {res['output_tok_s']:.0f} tok/s "
         f"({finished}/{num_requests} finished, {steps} steps, {st.num_graph_steps} from graphs, max batch "
-        f"{st.max_batch_seqs}); runner {exec_s[0]:.1f} s, "
+        f"{st.max_batch_seqs}); runner {exec_s[0]:.1f} s (waiting for sampled tokens {wait_s[0]:.1f} s), "
         f"scheduler/output processing {wall - exec_s[0]:.1f} s")
     del engine
     torch.cuda.empty_cache()

@@ -31,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--engine-requests", type=int, default=256)
     b.add_argument("--engine-input", type=int, default=1024)
     b.add_argument("--engine-output", type=int, default=1024)
-    b.add_argument("--engine-modes", nargs="*", default=["graphs", "eager"], choices=["graphs", "eager"],
-                   help="engine runs: decode steps replayed from CUDA graphs and/or the eager runner (none: skip)")
+    b.add_argument("--engine-modes", nargs="*", default=["graphs", "async"], choices=["graphs", "async", "eager"],
+                   help="engine runs: decode steps replayed from CUDA graphs, graphs + async scheduling, and/or the "
+                        "eager runner (none: skip)")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     b.add_argument("--no-gemv-experiment", action="store_true", help="skip the batch-1 Triton GEMV experiment")
     b.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget; sections past it are skipped")
