@@ -9,6 +9,7 @@ then ``runner_s`` is launch time plus the wait for each step's sampled tokens (`
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -85,7 +86,12 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
         f"({finished}/{num_requests} finished, {steps} steps, {st.num_graph_steps} from graphs, max batch "
         f"{st.max_batch_seqs}); runner {exec_s[0]:.1f} s (waiting for sampled tokens {wait_s[0]:.1f} s), "
         f"scheduler/output processing {wall - exec_s[0]:.1f} s")
+    # The timing wrapper (an instance attribute closing over the runner's own method) is a
+    # reference cycle: drop it and collect, or the KV cache outlives this run and the next
+    # engine mode runs out of memory.
+    vars(engine.runner).pop("execute_async" if async_scheduling else "execute", None)
     del engine
+    gc.collect()
     torch.cuda.empty_cache()
     return res
 
