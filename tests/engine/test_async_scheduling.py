@@ -5,6 +5,8 @@ through stops, preemption, prefix hits, chunked prefill, aborts and late arrival
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -317,6 +319,40 @@ def test_graph_runner_steps_with_device_filled_tokens_on_cpu(tiny_llama, monkeyp
     assert [_key(o) for o in got] == [_key(o) for o in want]
     s = eng.stats()
     assert 0 < s.num_graph_steps < s.num_forward_calls and spy.filled_steps >= s.num_graph_steps // 2
+
+
+def test_async_engine_thread_serves_an_async_scheduling_engine(tiny_llama):
+    import asyncio
+
+    from torchinferno.engine.async_engine import AsyncEngine
+
+    prompts = _prompts()[:4]
+    ref = _drive(LLMEngine(tiny_llama), prompts, _greedy(16))
+    server = AsyncEngine(LLMEngine(tiny_llama, async_scheduling=True))
+
+    async def consume(i, p, stop_after=None):
+        toks = []
+        async for out in server.generate(f"q{i}", p, _greedy(16)):
+            toks += out.new_token_ids
+            if stop_after is not None and len(toks) >= stop_after:
+                break  # client disconnect: aborts a request whose next step is in flight
+        return toks
+
+    async def main():
+        return await asyncio.gather(*(consume(i, p, 3 if i == 2 else None) for i, p in enumerate(prompts)))
+
+    try:
+        got = asyncio.run(main())
+        assert [got[i] for i in (0, 1, 3)] == [ref[i].token_ids for i in (0, 1, 3)]
+        assert got[2] == ref[2].token_ids[: len(got[2])] and len(got[2]) >= 3
+        eng = server.engine
+        for _ in range(200):  # the abort is applied by the engine thread
+            if server.stats().num_aborted == 1 and server.stats().kv_usage == 0.0:
+                break
+            time.sleep(0.01)
+        assert server.stats().num_aborted == 1 and server.stats().kv_usage == 0.0 and eng.config.async_scheduling
+    finally:
+        server.shutdown()
 
 
 # ------------------------------------------------------------------------------ config and flags
