@@ -17,6 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Dispatch-only module (imports no Triton); bound once because Fused is on the per-layer hot path.
+from torchinferno import kernels
+
 
 class Raw:
     @staticmethod
@@ -39,22 +42,16 @@ class Raw:
 class Fused:
     @staticmethod
     def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        from torchinferno import kernels
-
         return kernels.rms_norm(x, weight, eps)
 
     @staticmethod
     def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
-        from torchinferno import kernels
-
         if residual is None:
             return kernels.rms_norm(x, weight, eps), x
         return kernels.add_rms_norm(x, residual, weight, eps)
 
     @staticmethod
     def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-        from torchinferno import kernels
-
         return kernels.swiglu_activation(gate_up)
 
 
