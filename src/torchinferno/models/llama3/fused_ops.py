@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from torchinferno import kernels
+from torchinferno.kernels import api
 from torchinferno.models.common.norm_act_ops import Fused
 
 rms_norm = Fused.rms_norm
@@ -15,8 +16,8 @@ NAME = "fused"
 
 
 def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
-    # Cast once per forward instead of once per layer.
-    return cos.to(dtype), sin.to(dtype)
+    # Once per forward instead of once per layer (cast for Triton, full-width tables for torch).
+    return api.rotary_tables_neox(cos, sin, dtype)
 
 
 def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
