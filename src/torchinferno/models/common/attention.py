@@ -64,12 +64,13 @@ class TorchAttention(torch.nn.Module):
                 scale=self.scale, enable_gqa=gqa,
             )
             return o.transpose(0, 1).to(q.dtype)
+        if kv_cache is not None and q.shape[0] == len(meta.query_lens_list) and max(meta.query_lens_list) == 1:
+            # == meta.is_decode (T rows, none longer than 1: all are 1), without a per-layer generator
+            return self._decode(q, k, v, kv_cache, meta, gqa, cdt)
         if kv_cache is not None:
             k_cache, v_cache = kv_cache
             write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
             write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
-        if kv_cache is not None and meta.is_decode:
-            return self._decode(q, k_cache, v_cache, meta, gqa, cdt)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
         starts = meta.query_starts_list
         for b, (qlen, slen) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
@@ -97,19 +98,55 @@ class TorchAttention(torch.nn.Module):
             out[s:e] = o[0].transpose(0, 1).to(q.dtype)
         return out
 
-    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, gqa: bool, cdt: torch.dtype):
-        # q [B, H, D]: one query per sequence; attend to seq_lens[b] cached tokens.
-        length = meta.max_seq_len
-        if meta.num_seqs == 1 and meta.block_tables_host is not None and length <= k_cache.shape[1]:
-            # One sequence whose context sits in one block: attend to a view, copy nothing.
-            row = meta.block_tables_host[0][0]
-            kb = k_cache[row, :length].unsqueeze(0).transpose(1, 2).to(cdt)
-            vb = v_cache[row, :length].unsqueeze(0).transpose(1, 2).to(cdt)
+    def _decode(self, q, k, v, kv_cache, meta: AttentionMetadata, gqa: bool, cdt: torch.dtype):
+        # q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv]: one new token per sequence; write its K/V, then
+        # attend to the seq_lens[b] cached tokens. This runs per layer per decode step, where host
+        # overhead is a large part of a CPU step: the views are built directly with as_strided.
+        B, H, D = q.shape
+        k_cache, v_cache = kv_cache
+        lens = meta.seq_lens_list
+        length = max(lens)
+        ragged = min(lens) != length
+        r0 = _dense_first_row(meta.block_tables_host, length, k_cache, v_cache)
+        if r0 is None:
+            write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
+            write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
+            kb = gather_kv(k_cache, meta.block_tables, length).transpose(1, 2)  # [B, Hkv, L, D]
+            vb = gather_kv(v_cache, meta.block_tables, length).transpose(1, 2)
         else:
-            kb = gather_kv(k_cache, meta.block_tables, length).transpose(1, 2).to(cdt)  # [B, Hkv, L, D]
-            vb = gather_kv(v_cache, meta.block_tables, length).transpose(1, 2).to(cdt)
+            # Sequence b's context is the head of cache block r0 + b: write and read through views.
+            _, bs, hkv, d = k_cache.shape
+            dv = v_cache.shape[3]
+            k_off = k_cache.storage_offset() + r0 * bs * hkv * d
+            v_off = v_cache.storage_offset() + r0 * bs * hkv * dv
+            if ragged or meta.has_padding:
+                write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
+                write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
+            else:  # every row writes position length - 1 of its block: one strided copy (and cast) each
+                k_cache.as_strided((B, hkv, d), (bs * hkv * d, d, 1), k_off + (length - 1) * hkv * d).copy_(k)
+                v_cache.as_strided((B, hkv, dv), (bs * hkv * dv, dv, 1), v_off + (length - 1) * hkv * dv).copy_(v)
+            kb = k_cache.as_strided((B, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), k_off)  # [B, Hkv, L, D]
+            vb = v_cache.as_strided((B, hkv, length, dv), (bs * hkv * dv, dv, hkv * dv, 1), v_off)
         mask = None
-        if min(meta.seq_lens_list) != length:
+        if ragged:
             mask = (torch.arange(length, device=q.device)[None, :] < meta.seq_lens[:, None])[:, None, None, :]
-        o = F.scaled_dot_product_attention(q.unsqueeze(2).to(cdt), kb, vb, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
-        return o.squeeze(2).to(q.dtype)
+        if kb.dtype != cdt:
+            kb, vb = kb.to(cdt), vb.to(cdt)
+        # CPU: the flash kernel reads the strided views directly; it beat explicit matmul/softmax
+        # formulations (grouped bmm, cross-head masked bmm) at B = 1 and 8 in-model.
+        o = F.scaled_dot_product_attention(q.view(B, H, 1, D).to(cdt), kb, vb, attn_mask=mask, scale=self.scale,
+                                           enable_gqa=gqa)
+        return o.view(B, H, -1).to(q.dtype)  # [B, H, Dv]
+
+
+def _dense_first_row(block_tables_host: list[list[int]] | None, length: int, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor) -> int | None:
+    """``r0`` when sequence b's first ``length`` tokens sit in block ``r0 + b`` of contiguous caches
+    ``[num_blocks, block_size, Hkv, D]`` (checked on the host), else None."""
+    if block_tables_host is None or length > k_cache.shape[1] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None
+    r0 = block_tables_host[0][0]
+    for b in range(1, len(block_tables_host)):
+        if block_tables_host[b][0] != r0 + b:
+            return None
+    return r0
