@@ -64,7 +64,8 @@ class TorchAttention(torch.nn.Module):
                 scale=self.scale, enable_gqa=gqa,
             )
             return o.transpose(0, 1).to(q.dtype)
-        if kv_cache is not None and q.shape[0] == len(meta.query_lens_list) and max(meta.query_lens_list) == 1:
+        qlens = meta.query_lens_list
+        if kv_cache is not None and qlens and q.shape[0] == len(qlens) and max(qlens) == 1:
             # == meta.is_decode (T rows, none longer than 1: all are 1), without a per-layer generator
             return self._decode(q, k, v, kv_cache, meta, gqa, cdt)
         if kv_cache is not None:
