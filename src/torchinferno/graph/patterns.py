@@ -49,6 +49,12 @@ def replace_subgraph_pattern(gm: fx.GraphModule, pattern: Callable | fx.GraphMod
         if example_inputs is None:
             raise ConfigError("a callable pattern needs example_inputs to be traced with make_fx")
         pattern = trace_with_make_fx(pattern, example_inputs)
+    # Multi-output ops (native_layer_norm's mean / rstd) leave unused getitems behind: the matcher
+    # refuses them in a pattern, and in ``gm`` they would be users outside any match. Dropping
+    # them changes no computation (mutating ops are impure and stay) and no other node's id.
+    for g in (pattern, gm):
+        if g.graph.eliminate_dead_code():
+            g.recompile()
     hoist_get_attrs(gm)
     matches = replace_pattern_with_filters(gm, pattern, replacement, match_filters=match_filters)
     out = []
@@ -102,7 +108,13 @@ def _norm_reference(h, w, eps):  # kernels.reference.ref_rms_norm
     return (w.float() * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps))).to(h.dtype)
 
 
-NORMS = {"functional": _norm_functional, "hf": _norm_hf, "reference": _norm_reference}
+def _norm_pair(h, w, eps):  # kernels.api CPU path: LayerNorm of [h, -h] (mean 0, variance mean(h^2))
+    d = h.shape[-1]
+    out = torch.layer_norm(torch.cat((h, h.neg()), -1), (2 * d,), None, None, eps)[..., :d] * w
+    return out if out.dtype == h.dtype else out.to(h.dtype)
+
+
+NORMS = {"functional": _norm_functional, "hf": _norm_hf, "reference": _norm_reference, "pair": _norm_pair}
 
 
 @dataclass(frozen=True)
@@ -130,10 +142,12 @@ def _mlp_sites(gm: fx.GraphModule) -> list[tuple[int, int, torch.dtype]]:
 
 
 def _eps_literals(gm: fx.GraphModule) -> list[float]:
-    """Scalars added to a ``mean`` (the eps of every RMSNorm in the graph)."""
+    """Scalars added to a ``mean``, or given to a LayerNorm (the eps of every RMSNorm in the graph)."""
     adds = (torch.ops.aten.add.Tensor, torch.ops.aten.add.Scalar, torch.ops.aten.add_.Scalar, torch.ops.aten.add_.Tensor)
     eps = set()
     for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.native_layer_norm.default and len(n.args) == 5:
+            eps.add(float(n.args[4]))
         if n.op == "call_function" and n.target in adds and len(n.args) == 2 and isinstance(n.args[1], float):
             if isinstance(n.args[0], fx.Node) and n.args[0].target is torch.ops.aten.mean.dim:
                 eps.add(n.args[1])

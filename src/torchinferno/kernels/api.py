@@ -53,8 +53,8 @@ def swiglu_activation(gate_up: torch.Tensor) -> torch.Tensor:
         from torchinferno.kernels.triton import activation
 
         return activation.swiglu_activation(gate_up)
-    inter = gate_up.shape[-1] // 2
-    return F.silu(gate_up[..., :inter]).mul_(gate_up[..., inter:])
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def rotary_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
