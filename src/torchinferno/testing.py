@@ -43,3 +43,23 @@ def randomize_(module: torch.nn.Module, correction_bias: float | None = None) ->
                 if n.endswith("e_score_correction_bias"):
                     b.uniform_(-correction_bias, correction_bias)
     return module
+
+
+def wide_byte_tokenizer():
+    """A ``ByteTokenizer`` for the tiny models' 320-token vocab: ids 259..319 (beyond the bytes and
+    the three specials) decode to bytes 0x40.., so every sampled id has text (stop-string tests)."""
+    from torchinferno.text.byte_tokenizer import ByteTokenizer
+
+    class WideByteTokenizer(ByteTokenizer):
+        @property
+        def vocab_size(self) -> int:
+            return 320
+
+        def decode(self, ids, skip_special_tokens=True):
+            ids = [int(i) for i in ids]
+            return super().decode([i - 259 + 0x40 if i >= 259 else i for i in ids], skip_special_tokens)
+
+        def is_special(self, token_id):
+            return int(token_id) in (256, 257, 258)
+
+    return WideByteTokenizer()

@@ -15,6 +15,7 @@ from torchinferno.engine import graph_runner
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.llm_engine import LLMEngine
 from torchinferno.errors import ConfigError
+from torchinferno.testing import wide_byte_tokenizer
 from torchinferno.text.byte_tokenizer import ByteTokenizer
 
 
@@ -171,23 +172,8 @@ def test_stop_tokens_and_eos_hit_mid_stream(tiny_llama):
     assert spy.filled_steps > 0
 
 
-class _WideByteTokenizer(ByteTokenizer):
-    """ByteTokenizer whose ids 259..319 (the tiny model's extra vocab) decode to bytes 0x40.."""
-
-    @property
-    def vocab_size(self) -> int:
-        return 320
-
-    def decode(self, ids, skip_special_tokens=True):
-        ids = [int(i) for i in ids]
-        return super().decode([i - 259 + 0x40 if i >= 259 else i for i in ids], skip_special_tokens)
-
-    def is_special(self, token_id):
-        return int(token_id) in (256, 257, 258)
-
-
 def test_stop_strings_finish_requests_whose_next_step_is_in_flight(tiny_llama):
-    tok = _WideByteTokenizer()
+    tok = wide_byte_tokenizer()
     prompts = _prompts((9, 3, 21, 14), seed=5)
     free = _drive(LLMEngine(tiny_llama, tok), prompts, _greedy(24))
     params = [_greedy(24, stop=[o.text[3 + i : 5 + i]]) for i, o in enumerate(free)]

@@ -9,22 +9,7 @@ from torchinferno.engine.generate import generate
 from torchinferno.engine.llm import LLM
 from torchinferno.engine.llm_engine import LLMEngine
 from torchinferno.errors import ConfigError
-from torchinferno.text.byte_tokenizer import ByteTokenizer
-
-
-class WideByteTokenizer(ByteTokenizer):
-    """ByteTokenizer whose ids 259..319 (the tiny model's extra vocab) decode to bytes 0x40.."""
-
-    @property
-    def vocab_size(self) -> int:
-        return 320
-
-    def decode(self, ids, skip_special_tokens=True):
-        ids = [int(i) for i in ids]
-        return super().decode([i - 259 + 0x40 if i >= 259 else i for i in ids], skip_special_tokens)
-
-    def is_special(self, token_id):
-        return int(token_id) in (256, 257, 258)
+from torchinferno.testing import wide_byte_tokenizer
 
 
 def _prompts():
@@ -49,7 +34,7 @@ def _engine_run(model, tok, prompts, params):
 
 
 def test_stop_strings_and_text_match_plain_generation(tiny_llama):
-    tok = WideByteTokenizer()
+    tok = wide_byte_tokenizer()
     prompts = _prompts()
     free = generate(tiny_llama, prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), tok)
     params = []
@@ -73,7 +58,7 @@ def test_stop_strings_and_text_match_plain_generation(tiny_llama):
 
 
 def test_llm_generate_offline_api(tiny_llama):
-    tok = WideByteTokenizer()
+    tok = wide_byte_tokenizer()
     llm = LLM(tiny_llama, tokenizer=tok, max_num_seqs=2)
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     outs = llm.generate(["hello", "a longer prompt here", "x"], sp)
