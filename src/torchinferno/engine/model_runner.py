@@ -21,8 +21,8 @@ from torch import nn
 from torchinferno.cache.kv_cache import PagedKVCache
 from torchinferno.engine.input_batch import InputBatch, StepInputs
 from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
-from torchinferno.engine.step_handle import LogprobRows, StepHandle, to_device_index
-from torchinferno.text.sampling import compute_logprobs, make_generator, sample
+from torchinferno.engine.step_handle import LogprobRows, StepHandle
+from torchinferno.text.sampling import compute_logprobs, make_generator, sample, values_to_device
 
 __all__ = ["ModelRunner"]
 
@@ -135,7 +135,7 @@ class ModelRunner:
             if len(want) == len(rows):
                 chosen, top_ids, top_lp = compute_logprobs(logits, tokens, max(ks))
             else:
-                sel = to_device_index(want, logits.device)
+                sel = values_to_device(want, torch.long, logits.device)
                 chosen, top_ids, top_lp = compute_logprobs(logits[sel], tokens[sel], max(ks))
             lp = LogprobRows(want, ks, chosen, top_ids, top_lp)
         return StepHandle(ids, tokens, lp)

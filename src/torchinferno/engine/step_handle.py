@@ -20,7 +20,7 @@ import torch
 
 from torchinferno.engine.outputs import ModelRunnerOutput, TokenLogprob
 
-__all__ = ["LogprobRows", "StepHandle", "to_device_index"]
+__all__ = ["LogprobRows", "StepHandle"]
 
 
 @dataclass
@@ -40,14 +40,6 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host
-
-
-def to_device_index(values: list[int], device: torch.device) -> torch.Tensor:
-    """An int64 index tensor on ``device`` without a host-device synchronization (pinned source)."""
-    t = torch.tensor(values, dtype=torch.long)
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
 
 
 class StepHandle:

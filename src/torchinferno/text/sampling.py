@@ -39,8 +39,8 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     return gen
 
 
-def _host_values(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Per-row parameters as a device tensor without a host sync.
+def values_to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A short host list (per-row parameters, row indices) as a device tensor without a host sync.
 
     ``torch.tensor(values, device=cuda)`` copies from pageable memory and waits for the stream,
     which would serialize async scheduling (the host must not wait for a step still running); a
@@ -61,21 +61,21 @@ def apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
     x = logits.float()
     rows, vocab = x.shape
     device = x.device
-    temps = _host_values([p.temperature for p in params], torch.float32, device)
+    temps = values_to_device([p.temperature for p in params], torch.float32, device)
     x = x / temps.clamp_min(1e-6).unsqueeze(1)  # [R, V]; the clamp keeps tiny temperatures finite
 
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = [float(p.top_p) for p in params]
     sort_rows = [i for i in range(rows) if top_k[i] < vocab or top_p[i] < 1.0]
     if sort_rows:
-        idx = _host_values(sort_rows, torch.long, device)
+        idx = values_to_device(sort_rows, torch.long, device)
         sub = x.index_select(0, idx)  # [S, V]
         sorted_logits, sorted_ids = sub.sort(dim=-1, descending=True)  # [S, V] each
         positions = torch.arange(vocab, device=device).unsqueeze(0)  # [1, V]
-        k = _host_values([top_k[i] for i in sort_rows], torch.long, device).unsqueeze(1)
+        k = values_to_device([top_k[i] for i in sort_rows], torch.long, device).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(positions >= k, float("-inf"))
         # Rows with top_p == 1 get a threshold of 2 so rounding in the cumsum never removes tokens.
-        p = _host_values([top_p[i] if top_p[i] < 1.0 else 2.0 for i in sort_rows],
+        p = values_to_device([top_p[i] if top_p[i] < 1.0 else 2.0 for i in sort_rows],
                          torch.float32, device).unsqueeze(1)  # [S, 1]
         probs = sorted_logits.softmax(dim=-1)  # [S, V]
         mass_before = probs.cumsum(dim=-1) - probs  # [S, V] exclusive cumulative mass
@@ -87,7 +87,7 @@ def apply_filters(logits: torch.Tensor, params: Sequence[SamplingParams]) -> tor
 
     min_p = [float(p.min_p) for p in params]
     if any(m > 0.0 for m in min_p):
-        mp = _host_values(min_p, torch.float32, device).unsqueeze(1)  # [R, 1]
+        mp = values_to_device(min_p, torch.float32, device).unsqueeze(1)  # [R, 1]
         probs = x.softmax(dim=-1)  # [R, V]
         threshold = probs.amax(dim=-1, keepdim=True) * mp
         x = x.masked_fill(probs < threshold, float("-inf"))
@@ -106,7 +106,7 @@ def _draw(filtered: torch.Tensor, generators: Sequence[torch.Generator | None]) 
             if g is not None:
                 noise[i].exponential_(generator=g)
         if unseeded:
-            idx = _host_values(unseeded, torch.long, probs.device)
+            idx = values_to_device(unseeded, torch.long, probs.device)
             noise.index_copy_(0, idx, torch.empty((len(unseeded), probs.shape[1]), device=probs.device).exponential_())
     # E can be exactly 0 in fp32; clamp so p / E stays finite and masked tokens (p == 0) never win.
     return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
@@ -139,7 +139,7 @@ def sample(
     if len(sampled_rows) == batch:
         rows_logits = logits
     else:
-        rows_idx = _host_values(sampled_rows, torch.long, logits.device)
+        rows_idx = values_to_device(sampled_rows, torch.long, logits.device)
         rows_logits = logits.index_select(0, rows_idx)
     filtered = apply_filters(rows_logits, [params[i] for i in sampled_rows])
     drawn = _draw(filtered, [generators[i] for i in sampled_rows])

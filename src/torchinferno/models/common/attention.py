@@ -64,9 +64,7 @@ class TorchAttention(torch.nn.Module):
                 scale=self.scale, enable_gqa=gqa,
             )
             return o.transpose(0, 1).to(q.dtype)
-        qlens = meta.query_lens_list
-        if kv_cache is not None and qlens and q.shape[0] == len(qlens) and max(qlens) == 1:
-            # == meta.is_decode (T rows, none longer than 1: all are 1), without a per-layer generator
+        if kv_cache is not None and meta.query_lens_list and meta.is_decode:  # an empty batch has no decode
             return self._decode(q, k, v, kv_cache, meta, gqa, cdt)
         if kv_cache is not None:
             k_cache, v_cache = kv_cache

@@ -47,8 +47,12 @@ class AttentionMetadata:
 
     @property
     def is_decode(self) -> bool:
-        """Every sequence adds exactly one token (the batched decode fast path)."""
-        return all(q == 1 for q in self.query_lens_list)
+        """Every sequence adds exactly one token (the batched decode fast path); True when empty.
+
+        Read by every attention layer of every step: ``max`` runs in C, a generator would not
+        (query lengths are >= 1, so a maximum of 1 means all are 1)."""
+        q = self.query_lens_list
+        return not q or max(q) == 1
 
     @property
     def query_starts_list(self) -> list[int]:
