@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 
 def missing_hf_names(name: str, pieces: set) -> list[str]:
     """HF names of the missing ``pieces`` of internal tensor ``name``.
@@ -21,3 +23,14 @@ def missing_hf_names(name: str, pieces: set) -> list[str]:
         base = name[: -len("gate_up_proj.weight")]
         return [f"{base}{'gate_proj' if j == 0 else 'up_proj'}.weight" for j in sorted(pieces)]
     return [name]
+
+
+def required_pieces(name: str, t: torch.Tensor) -> set:
+    """Every piece (as in :func:`missing_hf_names`) of internal tensor ``name`` a checkpoint must provide."""
+    if name.endswith("mlp.experts.gate_up_proj"):
+        return {(e, j) for e in range(t.shape[0]) for j in (0, 1)}
+    if name.endswith("mlp.experts.down_proj"):
+        return set(range(t.shape[0]))
+    if name.endswith("gate_up_proj.weight"):
+        return {0, 1}
+    return {None}

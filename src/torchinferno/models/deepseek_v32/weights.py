@@ -25,7 +25,7 @@ import torch
 
 from torchinferno.checkpoint.fp8 import Fp8Pairer
 from torchinferno.errors import CheckpointError
-from torchinferno.models.common.hf_names import missing_hf_names
+from torchinferno.models.common.hf_names import missing_hf_names, required_pieces
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -42,17 +42,6 @@ _FAMILY = "deepseek-v3.2"
 def _state(model) -> dict[str, torch.Tensor]:
     """Every tensor a checkpoint must fill: parameters + persistent buffers (the router bias)."""
     return {k: v for k, v in model.state_dict(keep_vars=True).items()}
-
-
-def _required(name: str, t: torch.Tensor) -> set:
-    """The pieces of internal tensor ``name`` that must be loaded."""
-    if name.endswith("mlp.experts.gate_up_proj"):
-        return {(e, j) for e in range(t.shape[0]) for j in (0, 1)}
-    if name.endswith("mlp.experts.down_proj"):
-        return set(range(t.shape[0]))
-    if name.endswith("gate_up_proj.weight"):
-        return {0, 1}
-    return {None}
 
 
 def _target(model, hf_name: str, state: dict) -> tuple[str, object, torch.Tensor | None]:
@@ -110,8 +99,8 @@ def load_weights(model, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
                 f"shape mismatch for tensor '{hf_name}': checkpoint {tuple(tensor.shape)}, model expects {tuple(dst.shape)}"
             )
         dst.copy_(tensor.to(dst.dtype))
-        covered[name] |= _required(name, state[name]) if piece == "__all__" else {piece}
-    missing = [hf for name, got in covered.items() for hf in missing_hf_names(name, _required(name, state[name]) - got)]
+        covered[name] |= required_pieces(name, state[name]) if piece == "__all__" else {piece}
+    missing = [hf for name, got in covered.items() for hf in missing_hf_names(name, required_pieces(name, state[name]) - got)]
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s) for {_FAMILY}, e.g. {', '.join(missing[:5])}")
 
