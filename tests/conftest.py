@@ -1,8 +1,19 @@
 """Shared fixtures: tiny random models (see torchinferno.testing)."""
 
 import pytest
+import torch
 
 from torchinferno.testing import tiny_model
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (restored after): stable, fast timings on a shared 2-core
+    machine, where OpenMP barriers with a descheduled sibling thread cost milliseconds per op."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

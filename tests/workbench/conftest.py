@@ -5,11 +5,8 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_threaded(one_thread):  # tests/conftest.py
     yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")

@@ -79,10 +79,11 @@ class TensorInfo:
 def read_config(ckpt_dir: str | os.PathLike) -> dict:
     """``config.json`` of ``ckpt_dir`` as a dict; missing or invalid -> CheckpointError naming it."""
     path = Path(ckpt_dir) / "config.json"
-    return _read_json(path, what="config.json")
+    return read_json_object(path, what="config.json")
 
 
-def _read_json(path: Path, what: str) -> dict:
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON file holding one object; missing, undecodable or not an object -> one-line CheckpointError."""
     if not path.is_file():
         raise CheckpointError(f"missing {what}: {path}")
     try:
@@ -184,7 +185,7 @@ def tensor_index(ckpt_dir: str | os.PathLike) -> dict[str, TensorInfo]:
 
 
 def _sharded_index(d: Path, index_path: Path) -> dict[str, TensorInfo]:
-    index = _read_json(index_path, what="safetensors index")
+    index = read_json_object(index_path, what="safetensors index")
     wmap = index.get("weight_map")
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise CheckpointError(f"invalid safetensors index {index_path}: missing or malformed 'weight_map'")

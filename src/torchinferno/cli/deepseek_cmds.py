@@ -288,15 +288,10 @@ def cmd_capture_logits(a) -> int:
 
 
 def _read_reference(path: str) -> tuple[list[int], torch.Tensor]:
+    from torchinferno.checkpoint.safetensors_io import read_json_object
+
     p = Path(path)
-    if not p.is_file():
-        raise CheckpointError(f"reference logits file not found: {p}")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"invalid JSON in {p}: {e}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"invalid reference {p}: expected a JSON object")
+    data = read_json_object(p, what="reference logits file")
     for key in ("input_ids", "logits"):
         if key not in data:
             raise CheckpointError(f"reference {p} is missing key '{key}'")
