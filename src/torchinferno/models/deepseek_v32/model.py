@@ -24,14 +24,14 @@ from torchinferno.models.common.attention import gather_kv, write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, PreNormDecoderLayer
 from torchinferno.models.common.layers import GatedMLP, RMSNorm, SparseMoE
+from torchinferno.models.common.mla_projections import MLAProjections
 from torchinferno.models.common.rope import rope_cos_sin
 from torchinferno.models.common.mla import masked_scores, topk_keep_mask
 from torchinferno.models.deepseek_v32 import raw_ops
 from torchinferno.models.deepseek_v32.config import DeepSeekV32Config
 
-# transformers (and the public release) build q_a_layernorm / kv_a_layernorm with the RMSNorm
-# default eps, not config.rms_norm_eps; the indexer's k_norm is a LayerNorm with eps 1e-6.
-LATENT_NORM_EPS = 1e-6
+# The indexer's k_norm is a LayerNorm with eps 1e-6 (as transformers and the public release build it);
+# the latent norms' fixed eps is in common/mla_projections.py.
 
 
 class IndexerProj(NamedTuple):
@@ -98,45 +98,17 @@ class DSAIndexer(nn.Module):
         return topk_keep_mask(scores, visible, self.topk(scores))
 
 
-class DeepSeekMLA(nn.Module):
+class DeepSeekMLA(MLAProjections):
     """Multi-head latent attention over the paged latent cache (dense = one block per row)."""
 
     def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType, absorb_decode: bool = True):
-        super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
-        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.rope_interleave = cfg.rope_interleave
-        self.scale = cfg.softmax_scale
-        qk = self.num_heads * cfg.qk_head_dim
-        if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.hidden_size, qk, bias=False)
-        else:
-            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=cfg.attention_bias)
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS, ops)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.latent_dim, bias=cfg.attention_bias)
-        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS, ops)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        super().__init__(cfg, ops, absorb_decode, bias=cfg.attention_bias)
         self.indexer = DSAIndexer(cfg, ops) if cfg.has_indexer else None
         self.index_topk = cfg.index_topk if cfg.has_indexer else 0
-        self.absorb_decode = absorb_decode
-        self.ops = ops
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, ...] | None, meta: AttentionMetadata | None):
         T, H = x.shape[0], self.num_heads
-        if self.q_lora_rank is None:
-            q_latent, q = None, self.q_proj(x)
-        else:
-            q_latent = self.q_a_layernorm(self.q_a_proj(x))
-            q = self.q_b_proj(q_latent)
-        q_nope, q_pe = q.view(T, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
-        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        c_kv = self.kv_a_layernorm(c_kv)
-        q_pe = self.ops.rope(q_pe, cos, sin, self.rope_interleave)
-        k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
-        latent = torch.cat([c_kv, k_pe], dim=-1)  # [T, R + r]: all this layer caches for MLA
+        q_latent, q_nope, q_pe, latent = self.project(x, cos, sin)  # latent [T, R + r]: all this layer caches for MLA
         idx = self.indexer(x, q_latent, cos, sin) if self.indexer is not None else None
         if kv_cache is not None and meta is not None:
             write_kv(kv_cache[0], latent, meta.slot_mapping)

@@ -15,22 +15,18 @@ from __future__ import annotations
 from types import ModuleType
 
 import torch
-from torch import nn
 
 from torchinferno.models.common.attention import gather_kv, write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, PreNormDecoderLayer
 from torchinferno.models.common.layers import GatedMLP, RMSNorm, SparseMoE
+from torchinferno.models.common.mla_projections import MLAProjections
 from torchinferno.models.common.rope import RopeScaling, rope_cos_sin
 from torchinferno.models.dsv4 import raw_ops
 from torchinferno.models.dsv4.config import DSv4Config
 
-# Latent norms use a fixed eps (as DeepSeek-V3's q_a/kv_a layernorms do), so converted
-# DeepSeek weights give the same activations.
-LATENT_NORM_EPS = 1e-6
 
-
-class LatentAttention(nn.Module):
+class LatentAttention(MLAProjections):
     """MLA-style attention over a paged latent cache (dense cache = one block per row).
 
     ``absorb_decode``: decode batches attend over the cached latent with W_UK folded into the
@@ -39,35 +35,11 @@ class LatentAttention(nn.Module):
     """
 
     def __init__(self, cfg: DSv4Config, ops: ModuleType, absorb_decode: bool):
-        super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
-        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.rope_interleave = cfg.rope_interleave
-        self.scale = cfg.softmax_scale
-        qk = self.num_heads * cfg.qk_head_dim
-        if cfg.q_lora_rank is None:
-            self.q_proj = nn.Linear(cfg.hidden_size, qk, bias=False)
-        else:
-            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
-            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS, ops)
-            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.latent_dim, bias=False)
-        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS, ops)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=False)
-        self.absorb_decode = absorb_decode
-        self.ops = ops
+        super().__init__(cfg, ops, absorb_decode, bias=False)
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, ...] | None, meta: AttentionMetadata | None):
         T, H = x.shape[0], self.num_heads
-        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_pe = q.view(T, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
-        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        c_kv = self.kv_a_layernorm(c_kv)
-        q_pe = self.ops.rope(q_pe, cos, sin, self.rope_interleave)
-        k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
-        latent = torch.cat([c_kv, k_pe], dim=-1)  # [T, R + r]: everything this layer caches
+        _, q_nope, q_pe, latent = self.project(x, cos, sin)  # latent [T, R + r]: everything this layer caches
         if kv_cache is not None and meta is not None:
             write_kv(kv_cache[0], latent, meta.slot_mapping)
             if meta.is_decode and self.absorb_decode:

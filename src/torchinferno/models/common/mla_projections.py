@@ -1,0 +1,62 @@
+"""The projections of multi-head latent attention (MLA), shared by the DeepSeek-style families.
+
+A family's attention module subclasses :class:`MLAProjections` and keeps HF's parameter names
+(``q_proj`` or ``q_a_proj`` / ``q_a_layernorm`` / ``q_b_proj``, ``kv_a_proj_with_mqa``,
+``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``); it adds how the latent is attended (expanded /
+absorbed, an indexer) on top of :meth:`project`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from torchinferno.models.common.layers import RMSNorm
+
+# q_a_layernorm / kv_a_layernorm: transformers and DeepSeek's release build them with the RMSNorm
+# default eps, not config.rms_norm_eps (dsv4 follows, so converted DeepSeek weights match).
+LATENT_NORM_EPS = 1e-6
+
+
+class MLAProjections(nn.Module):
+    """``cfg`` needs the MLA fields (heads, ranks, head dims, ``latent_dim``, ``rope_interleave``,
+    ``softmax_scale``). ``bias``: whether q_a / kv_a / o projections carry biases."""
+
+    def __init__(self, cfg, ops: ModuleType, absorb_decode: bool, bias: bool = False):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.q_lora_rank, self.kv_lora_rank = cfg.q_lora_rank, cfg.kv_lora_rank
+        self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.rope_interleave = cfg.rope_interleave
+        self.scale = cfg.softmax_scale
+        qk = self.num_heads * cfg.qk_head_dim
+        if cfg.q_lora_rank is None:
+            self.q_proj = nn.Linear(cfg.hidden_size, qk, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS, ops)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.latent_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS, ops)
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=bias)
+        self.absorb_decode = absorb_decode
+        self.ops = ops
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [T, D] -> (q_latent [T, q_lora_rank] or None, q_nope [T, H, dn], q_pe [T, H, r] rotated,
+        latent [T, R + r]: ``[kv_a_layernorm(c_kv) | rotated k_pe]``, all this layer caches for MLA)."""
+        T, H = x.shape[0], self.num_heads
+        if self.q_lora_rank is None:
+            q_latent, q = None, self.q_proj(x)
+        else:
+            q_latent = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_latent)
+        q_nope, q_pe = q.view(T, H, -1).split([self.nope_dim, self.rope_dim], dim=-1)
+        c_kv, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_a_layernorm(c_kv)
+        q_pe = self.ops.rope(q_pe, cos, sin, self.rope_interleave)
+        k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
+        return q_latent, q_nope, q_pe, torch.cat([c_kv, k_pe], dim=-1)
