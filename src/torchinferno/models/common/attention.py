@@ -71,10 +71,8 @@ class TorchAttention(torch.nn.Module):
             write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
             write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
-        starts = meta.query_starts_list
-        for b, (qlen, slen) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list)):
-            s, e = starts[b], starts[b] + qlen
-            ctx = slen - qlen
+        for b, (s, qlen, ctx) in enumerate(meta.query_spans()):
+            e, slen = s + qlen, ctx + qlen
             qb = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, qlen, D]
             if ctx == 0 or kv_cache is None:
                 kb, vb = k[s:e], v[s:e]

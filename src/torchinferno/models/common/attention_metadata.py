@@ -62,6 +62,15 @@ class AttentionMetadata:
             out.append(out[-1] + q)
         return out
 
+    def query_spans(self) -> list[tuple[int, int, int]]:
+        """Per sequence: (first flat query index, query length, cached context length before them)."""
+        return list(zip(self.query_starts_list, self.query_lens_list, self.context_lens_list))
+
+    @staticmethod
+    def spans_of(meta: "AttentionMetadata | None", num_tokens: int) -> list[tuple[int, int, int]]:
+        """``meta.query_spans()``, or one uncached sequence of ``num_tokens`` when ``meta`` is None."""
+        return [(0, num_tokens, 0)] if meta is None else meta.query_spans()
+
     @property
     def context_lens_list(self) -> list[int]:
         return [s - q for s, q in zip(self.seq_lens_list, self.query_lens_list)]

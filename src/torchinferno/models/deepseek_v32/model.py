@@ -123,13 +123,8 @@ class DeepSeekMLA(MLAProjections):
     def _expanded(self, q_nope, q_pe, latent, idx: IndexerProj | None, kv_cache, meta):
         """Prefill / chunked prefill / mixed batches: per sequence, expand the latent via kv_b_proj."""
         T = q_nope.shape[0]
-        if meta is None:  # one sequence, no cache
-            spans = [(0, T, 0)]
-        else:
-            starts = meta.query_starts_list
-            spans = [(starts[b], ql, sl - ql) for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list))]
         out = q_nope.new_empty(T, self.num_heads, self.v_dim)
-        for b, (s, qlen, ctx) in enumerate(spans):
+        for b, (s, qlen, ctx) in enumerate(AttentionMetadata.spans_of(meta, T)):
             e, slen = s + qlen, ctx + qlen
             if ctx == 0:
                 lat = latent[s:e]

@@ -50,13 +50,8 @@ class LatentAttention(MLAProjections):
 
     def _expanded(self, q_nope, q_pe, latent, kv_cache, meta: AttentionMetadata | None):
         T = q_nope.shape[0]
-        if meta is None:  # one sequence, no cache
-            spans = [(0, T, 0)]
-        else:
-            starts = meta.query_starts_list
-            spans = [(starts[b], ql, sl - ql) for b, (ql, sl) in enumerate(zip(meta.query_lens_list, meta.seq_lens_list))]
         out = q_nope.new_empty(T, self.num_heads, self.v_dim)
-        for b, (s, qlen, ctx) in enumerate(spans):
+        for b, (s, qlen, ctx) in enumerate(AttentionMetadata.spans_of(meta, T)):
             e, slen = s + qlen, ctx + qlen
             mask = None
             if ctx == 0:
