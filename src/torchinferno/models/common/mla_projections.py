@@ -20,6 +20,17 @@ from torchinferno.models.common.layers import RMSNorm
 LATENT_NORM_EPS = 1e-6
 
 
+def mla_projection_params(cfg) -> int:
+    """Parameters of :class:`MLAProjections` without biases (q, latent kv_a + norm, kv_b, o)."""
+    d, h = cfg.hidden_size, cfg.num_attention_heads
+    if cfg.q_lora_rank is None:
+        q = d * h * cfg.qk_head_dim
+    else:
+        q = d * cfg.q_lora_rank + cfg.q_lora_rank + cfg.q_lora_rank * h * cfg.qk_head_dim
+    kv = d * cfg.latent_dim + cfg.kv_lora_rank + cfg.kv_lora_rank * h * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    return q + kv + h * cfg.v_head_dim * d
+
+
 class MLAProjections(nn.Module):
     """``cfg`` needs the MLA fields (heads, ranks, head dims, ``latent_dim``, ``rope_interleave``,
     ``softmax_scale``). ``bias``: whether q_a / kv_a / o projections carry biases."""

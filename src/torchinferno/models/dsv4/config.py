@@ -89,13 +89,10 @@ class DSv4Config:
         return [] if e is None else ([e] if isinstance(e, int) else list(e))
 
     def num_params(self, include_embedding: bool = True) -> int:
-        d, h = self.hidden_size, self.num_attention_heads
-        if self.q_lora_rank is None:
-            q = d * h * self.qk_head_dim
-        else:
-            q = d * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * h * self.qk_head_dim
-        kv = d * self.latent_dim + self.kv_lora_rank + self.kv_lora_rank * h * (self.qk_nope_head_dim + self.v_head_dim)
-        attn = q + kv + h * self.v_head_dim * d
+        from torchinferno.models.common.mla_projections import mla_projection_params
+
+        d = self.hidden_size
+        attn = mla_projection_params(self)
         dense = 3 * d * self.intermediate_size
         moe = (self.n_routed_experts + self.n_shared_experts) * 3 * d * self.moe_intermediate_size + self.n_routed_experts * (d + 1)
         total = sum(attn + 2 * d + (dense if t == "dense" else moe) for t in self.layer_mlp_types)
