@@ -98,3 +98,17 @@ def test_graph_replay_matches_eager_cuda(cuda_dev, dtype):
     from torchinferno.models.common.attention_triton import TritonPagedAttention
 
     _check_runner(cuda_dev, dtype, TritonPagedAttention, capture=True)
+
+
+def test_rows_of_a_larger_step_are_padding_again_cpu():
+    """Rows a larger step filled are reset when a smaller step reuses the buffers (and only then)."""
+    model = _model("cpu", torch.float32)
+    caches = model.family.kv_spec(model.config).allocate(32, BS, torch.float32, "cpu")
+    runner = CudaGraphDecodeRunner(model, caches, BS, 6, batch_sizes=(4, 8))
+    g = torch.Generator().manual_seed(2)
+    for n in (5, 3, 3, 1):
+        (ids, pos, slots, bt, lens), lens_list = _step_inputs("cpu", n, g)
+        runner.run(ids, pos, slots, bt, lens, lens_list)
+        assert torch.equal(runner.slot_mapping[:n], slots)
+        assert (runner.slot_mapping[n:] == -1).all() and (runner.seq_lens[n:] == 1).all()
+        assert (runner.block_tables[n:] == runner.scratch_block).all() and (runner.input_ids[n:] == 0).all()

@@ -68,6 +68,7 @@ class CudaGraphDecodeRunner:
         self.block_tables = torch.full((bmax, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=dev)
         self.seq_lens = torch.ones(bmax, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(bmax + 1, dtype=torch.int32, device=dev)
+        self._live = 0  # rows [0, _live) of the input buffers may hold a previous step's live rows
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self._pool = None
@@ -99,7 +100,7 @@ class CudaGraphDecodeRunner:
         return self.model.compute_logits(h) if self.output == "logits" else h
 
     def _load(self, input_ids, positions, slot_mapping, block_tables, seq_lens, B: int) -> None:
-        """Copy ``n`` live rows into the static buffers and reset rows ``n..B-1`` to padding."""
+        """Copy ``n`` live rows into the static buffers; rows ``n..B-1`` hold padding afterwards."""
         n = input_ids.shape[0]
         w = block_tables.shape[1]
         if w > self.max_blocks:
@@ -109,12 +110,16 @@ class CudaGraphDecodeRunner:
         self.slot_mapping[:n].copy_(slot_mapping, non_blocking=True)
         self.block_tables[:n, :w].copy_(block_tables, non_blocking=True)
         self.seq_lens[:n].copy_(seq_lens, non_blocking=True)
-        if B > n:
-            self.input_ids[n:B].zero_()
-            self.positions[n:B].zero_()
-            self.slot_mapping[n:B].fill_(-1)
-            self.block_tables[n:B].fill_(self.scratch_block)
-            self.seq_lens[n:B].fill_(1)
+        # Invariant: rows >= self._live hold padding (the buffers start that way). Only rows an
+        # earlier, larger step filled need resetting, so a steady batch size launches no fills.
+        if self._live > n:
+            hi = self._live
+            self.input_ids[n:hi].zero_()
+            self.positions[n:hi].zero_()
+            self.slot_mapping[n:hi].fill_(-1)
+            self.block_tables[n:hi].fill_(self.scratch_block)
+            self.seq_lens[n:hi].fill_(1)
+        self._live = n
 
     # ------------------------------------------------------------------ capture / run
     @torch.inference_mode()
