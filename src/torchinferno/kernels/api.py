@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from torchinferno.kernels import triton as _tri
+from torchinferno.kernels.kv_dtype import kv_store_values, raw_bytes
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -98,17 +99,17 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
         from torchinferno.kernels.triton import kv_cache
 
         return kv_cache.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
+    keep = slot_mapping >= 0
     for cache, vals in ((k_cache, k), (v_cache, v)):
-        flat = cache.view(-1, *cache.shape[2:])
-        keep = slot_mapping >= 0
-        flat.index_copy_(0, slot_mapping[keep], vals[keep].to(cache.dtype))
+        flat = raw_bytes(cache.view(-1, *cache.shape[2:]))
+        flat.index_copy_(0, slot_mapping[keep], raw_bytes(kv_store_values(vals[keep], cache.dtype)))
 
 
 def _gather_rows(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """[length, Hkv, D]: the first ``length`` cached tokens of one block-table row."""
     bs = cache.shape[1]
     nb = -(-length // bs)
-    return cache[block_table[:nb].long()].reshape(nb * bs, *cache.shape[2:])[:length]
+    return raw_bytes(cache)[block_table[:nb].long()].reshape(nb * bs, *cache.shape[2:])[:length].view(cache.dtype)
 
 
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

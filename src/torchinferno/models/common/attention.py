@@ -10,31 +10,33 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torchinferno.kernels.kv_dtype import FP8_KV_DTYPES, kv_store_values
+from torchinferno.kernels.kv_dtype import raw_bytes as _raw
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 
 def write_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor, has_padding: bool = False) -> None:
-    """cache [num_blocks, block_size, *S] <- values [T, *S] at flat slots.
+    """cache [num_blocks, block_size, *S] <- values [T, *S] at flat slots (cast as :func:`kv_store_values`).
 
     Slots of -1 (padded tokens) are allowed only with ``has_padding=True``; they are skipped.
     """
-    flat = cache.view(-1, *cache.shape[2:])
+    flat = _raw(cache.view(-1, *cache.shape[2:]))
     if has_padding:
         keep = slot_mapping >= 0
-        flat.index_copy_(0, slot_mapping[keep], values[keep].to(cache.dtype))
-    else:
-        flat.index_copy_(0, slot_mapping, values.to(cache.dtype))
+        slot_mapping, values = slot_mapping[keep], values[keep]
+    flat.index_copy_(0, slot_mapping, _raw(kv_store_values(values, cache.dtype)))
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
     """[B, length, *S]: the first ``length`` cached tokens of each row of ``block_tables``."""
     bs = cache.shape[1]
     nblocks = (length + bs - 1) // bs
+    raw = _raw(cache)
     if nblocks == 1:
         # One block per row (dense cache): slice first so only ``length`` tokens are copied.
-        return cache[:, :length][block_tables[:, 0].long()]
-    g = cache[block_tables[:, :nblocks].long()]  # [B, nblocks, bs, *S]
-    return g.reshape(g.shape[0], nblocks * bs, *g.shape[3:])[:, :length]
+        return raw[:, :length][block_tables[:, 0].long()].view(cache.dtype)
+    g = raw[block_tables[:, :nblocks].long()]  # [B, nblocks, bs, *S]
+    return g.reshape(g.shape[0], nblocks * bs, *g.shape[3:])[:, :length].view(cache.dtype)
 
 
 class TorchAttention(torch.nn.Module):
@@ -120,6 +122,8 @@ class TorchAttention(torch.nn.Module):
                 write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
                 write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
             else:  # every row writes position length - 1 of its block: one strided copy (and cast) each
+                if k_cache.dtype in FP8_KV_DTYPES:
+                    k, v = kv_store_values(k, k_cache.dtype), kv_store_values(v, v_cache.dtype)
                 k_cache.as_strided((B, hkv, d), (bs * hkv * d, d, 1), k_off + (length - 1) * hkv * d).copy_(k)
                 v_cache.as_strided((B, hkv, dv), (bs * hkv * dv, dv, 1), v_off + (length - 1) * hkv * dv).copy_(v)
             kb = k_cache.as_strided((B, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), k_off)  # [B, Hkv, L, D]
