@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: CUDA kernel tests, perf-smoke (with a tiling sweep), then bench-gpu.
 # Usage on the GPU machine (repo root): OUT=/some/dir bash benchmarks/run_device.sh [total s] [stages] [bench-gpu args...]
-#   stages: any of "tests perf bench" (default: all three)
+#   stages: any of "tests perf kvperf bench" (default: tests perf bench)
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=src
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -10,9 +10,16 @@ STAGES=${2:-"tests perf bench"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/env.txt"
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)" | tee -a "$OUT/env.txt"
 if [[ $STAGES == *tests* ]]; then
-  timeout 170 python3 -m pytest tests/kernels -q -n 8 -p no:cacheprovider -rs 2>&1 | tee "$OUT/tests.log" | tail -25
+  timeout 170 python3 -m pytest tests/kernels tests/engine tests/models/test_llama3_oracle.py -q -n 8 -p no:cacheprovider \
+    -rs 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
-if [[ $STAGES == *perf* ]]; then
+if [[ $STAGES == *kvperf* ]]; then  # the (d) engine's decode attention shape: bf16 vs FP8 cache
+  for kv in auto fp8; do
+    timeout 60 python3 -m torchinferno.cli perf-smoke --device cuda --batch 256 --heads 32 --kv-heads 8 --seq-len 1536 \
+      --head-dim 128 --iters 10 --kv-cache-dtype $kv 2>&1 | grep -v '^{' | tee -a "$OUT/kvperf.log"
+  done
+fi
+if [[ $STAGES == *" perf"* || $STAGES == perf* ]]; then
   timeout 100 python3 -m torchinferno.cli perf-smoke --device cuda --heads 32 --kv-heads 8 --seq-len 4096 --head-dim 128 \
     --sweep --json-output "$OUT/perf_b1.json" 2>&1 | grep -v '^{' | tee "$OUT/perf.log"
   timeout 40 python3 -m torchinferno.cli perf-smoke --device cuda --batch 64 --heads 32 --kv-heads 8 --seq-len 1024 \

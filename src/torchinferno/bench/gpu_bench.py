@@ -13,7 +13,8 @@ model with random bf16 weights built with ``TritonPagedAttention``:
 (d) offline engine throughput: random 1024-in / 1024-out prompts with ignore_eos through
     ``LLMEngine`` (paged continuous batching) as it runs on CUDA by default (decode steps
     replayed from CUDA graphs, ``engine/graph_runner.py``), with graphs + ``async_scheduling``
-    (engine mode ``async``) and with ``enforce_eager`` (mode ``eager``);
+    (engine mode ``async``), the same with an FP8 KV cache (mode ``async-fp8``) and with
+    ``enforce_eager`` (mode ``eager``);
 (e) transformers' eager ``generate`` on the same weights (its LlamaForCausalLM sharing our
     tensors), batch 1 and 64, decode tok/s as ``B * (N - 1) / (t(N) - t(1))``.
 
@@ -211,6 +212,11 @@ def prefill_attention_variants(cfg, tokens: int, dev) -> dict:
     return out
 
 
+# engine mode -> (CUDA graphs, async scheduling, KV cache dtype; None = the model's)
+ENGINE_MODES: dict[str, tuple[bool, bool, torch.dtype | None]] = {
+    "graphs": (True, False, None), "async": (True, True, None), "eager": (False, False, None),
+    "async-fp8": (True, True, torch.float8_e4m3fn)}
+
 TARGETS = {"a_fraction_of_bound": 0.85, "b_vs_transformers": 10.0, "c_tflop_s": 650.0, "d_output_tok_s": 10000.0}
 
 
@@ -318,8 +324,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     # (d) engine
     rep["engine"] = []
     for mode in engine_modes:
-        graphs = mode in ("graphs", "async")  # async: graphs + async scheduling
-        async_sched = mode == "async"
+        graphs, async_sched, kv_dtype = ENGINE_MODES[mode]
         if left() < 60:
             rep["skipped"].append(f"engine {mode}")
             continue
@@ -327,7 +332,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
         deadline = min(left() - 100, 240.0) if mode != engine_modes[-1] else left() - 30
         try:
             rep["engine"].append(engine_throughput(model, engine_requests, engine_in, engine_out, deadline, graphs, log=log,
-                                                   async_scheduling=async_sched))
+                                                   async_scheduling=async_sched, kv_cache_dtype=kv_dtype))
         except Exception as e:
             rep["engine"].append({"graphs": graphs, "async_scheduling": async_sched, "error": f"{type(e).__name__}: {e}"})
             log(f"(d) engine graphs={graphs} async={async_sched} failed: {type(e).__name__}: {e}")
@@ -367,7 +372,7 @@ def format_table(rep: dict) -> str:
             continue
         done = "complete" if r["complete"] else f"stopped at deadline, {r['finished']}/{r['requests']} finished"
         lines.append(f"| (d) engine {r['requests']}x{r['input_len']}/{r['output_len']}, graphs={r['graphs']}, "
-                     f"async={r.get('async_scheduling', False)} | "
+                     f"async={r.get('async_scheduling', False)}, kv {r.get('kv_cache_dtype', 'bfloat16')} | "
                      f"{r['output_tok_s']:.0f} output tok/s ({done}) | | >= 10000 |")
     for h in rep.get("hf", []) or []:
         lines.append(f"| (e) transformers generate, batch {h['batch']} | {h['tok_s']:.0f} tok/s | | |")

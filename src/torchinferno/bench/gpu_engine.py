@@ -5,6 +5,7 @@ Both modes are the serving engine as shipped: ``graphs=True`` is the default ``L
 is capturable), ``graphs=False`` is ``EngineConfig.enforce_eager=True``. ``async_scheduling=True``
 is ``EngineConfig.async_scheduling`` (host work of step k overlaps the device running step k+1);
 then ``runner_s`` is launch time plus the wait for each step's sampled tokens (``wait_s``).
+``kv_cache_dtype`` is ``EngineConfig.kv_cache_dtype`` (an FP8 cache halves the KV bytes per step).
 """
 
 from __future__ import annotations
@@ -17,16 +18,17 @@ import torch
 
 def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadline_s: float, graphs: bool,
                       max_num_seqs: int = 256, max_batched_tokens: int = 8192, log=print,
-                      async_scheduling: bool = False) -> dict:
+                      async_scheduling: bool = False, kv_cache_dtype: torch.dtype | None = None) -> dict:
     from torchinferno.core.sampling_params import SamplingParams
     from torchinferno.engine.llm_engine import LLMEngine
 
     max_len = in_len + out_len
-    kv_mem = max_num_seqs * (max_len + 16) * model.family.kv_spec(model.config).bytes_per_token(torch.bfloat16)
+    kv_dtype = kv_cache_dtype or next(model.parameters()).dtype
+    kv_mem = max_num_seqs * (max_len + 16) * model.family.kv_spec(model.config).bytes_per_token(kv_dtype)
     t_setup = time.perf_counter()  # KV allocation + (graphs) capture of every decode bucket
     engine = LLMEngine(model, None, block_size=16, kv_cache_memory=int(kv_mem * 1.02), max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max_batched_tokens, max_model_len=max_len, enable_prefix_caching=False,
-                       enforce_eager=not graphs, async_scheduling=async_scheduling)
+                       enforce_eager=not graphs, async_scheduling=async_scheduling, kv_cache_dtype=kv_dtype)
     setup_s = time.perf_counter() - t_setup
     if graphs and not engine.runner.uses_cuda_graphs:
         log("  engine graphs=True: the model's attention backend is not capturable; every step runs eagerly")
@@ -76,13 +78,14 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     st = engine.stats()
-    res = {"graphs": graphs, "async_scheduling": async_scheduling, "requests": num_requests, "finished": finished, "complete": finished == num_requests,
+    res = {"graphs": graphs, "async_scheduling": async_scheduling, "kv_cache_dtype": str(kv_dtype).replace("torch.", ""),
+           "requests": num_requests, "finished": finished, "complete": finished == num_requests,
            "input_len": in_len, "output_len": out_len, "wall_s": wall, "output_tokens": out_tokens,
            "output_tok_s": out_tokens / wall, "total_tok_s": (st.num_computed_tokens) / wall, "steps": steps,
            "max_batch_seqs": st.max_batch_seqs, "preemptions": st.num_preemptions, "graph_setup_s": setup_s,
            "graph_steps": st.num_graph_steps, "runner_s": exec_s[0], "wait_s": wait_s[0],
            "outside_runner_s": wall - exec_s[0]}
-    log(f"  engine graphs={graphs} async={async_scheduling}: {out_tokens} output tokens in {wall:.1f} s = {res['output_tok_s']:.0f} tok/s "
+    log(f"  engine graphs={graphs} async={async_scheduling} kv={res['kv_cache_dtype']}: {out_tokens} output tokens in {wall:.1f} s = {res['output_tok_s']:.0f} tok/s "
         f"({finished}/{num_requests} finished, {steps} steps, {st.num_graph_steps} from graphs, max batch "
         f"{st.max_batch_seqs}); runner {exec_s[0]:.1f} s (waiting for sampled tokens {wait_s[0]:.1f} s), "
         f"scheduler/output processing {wall - exec_s[0]:.1f} s")

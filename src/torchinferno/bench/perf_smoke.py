@@ -20,10 +20,15 @@ def _paged_cache(batch, seq_len, kv_heads, head_dim, value_dim, block_size, dtyp
 
 # ------------------------------------------------------------------------------------- perf-smoke
 def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_dim=128, value_dim=None,
-               block_size=16, dtype="bfloat16", iters=50, sweep=False, log=print) -> dict:
-    """Paged decode attention: torch reference vs the specialized kernel (time, max error, GB/s)."""
+               block_size=16, dtype="bfloat16", iters=50, sweep=False, kv_cache_dtype="auto", log=print) -> dict:
+    """Paged decode attention: torch reference vs the specialized kernel (time, max error, GB/s).
+
+    ``kv_cache_dtype`` (a ``--kv-cache-dtype`` spelling) stores the caches in another dtype (``fp8``:
+    half the bytes); errors are measured against fp64 attention over the stored values.
+    """
     from torchinferno.checkpoint.auto import resolve_dtype
     from torchinferno.kernels import api
+    from torchinferno.kernels.kv_dtype import kv_store_values, parse_kv_cache_dtype
     from torchinferno.models.common.attention import gather_kv
 
     dt = resolve_dtype(dtype)
@@ -31,6 +36,8 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
     dev = torch.device(device)
     torch.manual_seed(0)
     kc, vc, bt = _paged_cache(batch, seq_len, kv_heads, head_dim, dv, block_size, dt, dev)
+    kv_dt = parse_kv_cache_dtype(kv_cache_dtype) or dt
+    kc, vc = kv_store_values(kc, kv_dt), kv_store_values(vc, kv_dt)
     q = torch.randn(batch, heads, head_dim, device=dev, dtype=dt)
     lens = torch.full((batch,), seq_len, dtype=torch.int32, device=dev)
     scale = head_dim ** -0.5
@@ -38,8 +45,8 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
     exact = api.paged_attention_reference(q.double(), kc.double(), vc.double(), [1] * batch, lens_list, bt, scale)
 
     def sdpa_gather():  # what TorchAttention's decode path does
-        k = gather_kv(kc, bt, seq_len).transpose(1, 2)
-        v = gather_kv(vc, bt, seq_len).transpose(1, 2)
+        k = gather_kv(kc, bt, seq_len).transpose(1, 2).to(dt)
+        v = gather_kv(vc, bt, seq_len).transpose(1, 2).to(dt)
         return torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=scale,
                                                                 enable_gqa=heads != kv_heads).squeeze(2)
 
@@ -77,9 +84,9 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
     spec = next(r for r in ok if r["name"] == "specialized (api)")
     ref = next(r for r in ok if r["name"].startswith("reference"))
     result = {"device": str(dev), "batch": batch, "heads": heads, "kv_heads": kv_heads, "seq_len": seq_len,
-              "head_dim": head_dim, "value_dim": dv, "block_size": block_size, "dtype": dtype, "kv_bytes": kv_bytes,
+              "head_dim": head_dim, "value_dim": dv, "block_size": block_size, "dtype": dtype, "kv_cache_dtype": str(kv_dt).replace("torch.", ""), "kv_bytes": kv_bytes,
               "rows": rows, "speedup_vs_reference": ref["ms"] / spec["ms"]}
-    log(f"perf-smoke B={batch} H={heads} Hkv={kv_heads} L={seq_len} D={head_dim} Dv={dv} page={block_size} {dtype} on {dev}")
+    log(f"perf-smoke B={batch} H={heads} Hkv={kv_heads} L={seq_len} D={head_dim} Dv={dv} page={block_size} {dtype} (cache {result['kv_cache_dtype']}) on {dev}")
     log("  (time: device time per call from CUDA-graph replays; 'with launch': eager call incl. Python launch cost)")
     for r in sorted(rows, key=lambda r: r.get("ms", 1e9)):
         if "ms" in r:

@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV cache storage: auto (the model's dtype), bfloat16, float16, float32, fp8 / fp8_e4m3 "
+                        "(float8_e4m3fn, unscaled: half the bytes per decode step; GQA families) or fp8_e5m2")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
     p.add_argument("--async-scheduling", action="store_true",
@@ -89,7 +92,7 @@ def cmd_serve_smoke(a) -> int:
 
     cfg = EngineConfig(block_size=a.block_size, kv_cache_memory=a.kv_cache_memory,
                        max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-                       enforce_eager=a.enforce_eager, async_scheduling=a.async_scheduling,
+                       enforce_eager=a.enforce_eager, async_scheduling=a.async_scheduling, kv_cache_dtype=a.kv_cache_dtype,
                        max_model_len=max(len(p) for p in prompts) + a.max_tokens)
     if a.kv_cache_memory is None:
         per_req = -(-cfg.max_model_len // a.block_size)

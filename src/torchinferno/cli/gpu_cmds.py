@@ -17,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--value-dim", type=int, default=None, help="default: --head-dim")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--kv-cache-dtype", default="auto", help="cache storage: auto (= --dtype) or fp8 (float8_e4m3fn)")
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--sweep", action="store_true", help="also time a grid of Triton tilings and split counts (CUDA)")
     p.add_argument("--json-output", default=None)
@@ -31,9 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--engine-requests", type=int, default=256)
     b.add_argument("--engine-input", type=int, default=1024)
     b.add_argument("--engine-output", type=int, default=1024)
-    b.add_argument("--engine-modes", nargs="*", default=["graphs", "async"], choices=["graphs", "async", "eager"],
-                   help="engine runs: decode steps replayed from CUDA graphs, graphs + async scheduling, and/or the "
-                        "eager runner (none: skip)")
+    b.add_argument("--engine-modes", nargs="*", default=["graphs", "async"], choices=["graphs", "async", "eager", "async-fp8"],
+                   help="engine runs: decode steps replayed from CUDA graphs, graphs + async scheduling, the eager "
+                        "runner and/or graphs + async scheduling with an FP8 KV cache (none: skip)")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers peer")
     b.add_argument("--no-gemv-experiment", action="store_true", help="skip the batch-1 Triton GEMV experiment")
     b.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget; sections past it are skipped")
@@ -47,7 +48,7 @@ def cmd_perf_smoke(a) -> int:
 
     check_device(a.device)
     res = perf_smoke(a.device, a.batch, a.heads, a.kv_heads or a.heads, a.seq_len, a.head_dim, a.value_dim,
-                     a.block_size, a.dtype, a.iters, a.sweep)
+                     a.block_size, a.dtype, a.iters, a.sweep, a.kv_cache_dtype)
     print(json.dumps({k: v for k, v in res.items() if k != "rows"} | {"rows": res["rows"][:3]}))
     if a.json_output:
         with open(a.json_output, "w") as f:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from torchinferno.errors import ConfigError
+from torchinferno.kernels.kv_dtype import parse_kv_cache_dtype
 
 __all__ = ["EngineConfig", "parse_memory", "DEFAULT_KV_CACHE_MEMORY"]
 
@@ -44,6 +45,11 @@ class EngineConfig:
     replay per-batch-size CUDA graphs (``engine.graph_runner``); ``enforce_eager=True`` keeps
     every step eager (debugging, or comparing against the graph path).
 
+    ``kv_cache_dtype`` is the KV pool's storage dtype (a dtype or a ``--kv-cache-dtype`` spelling:
+    ``auto``, ``bfloat16``, ``float16``, ``float32``, ``fp8``/``fp8_e4m3``, ``fp8_e5m2``). FP8 halves
+    the bytes every decode step reads; values are stored unscaled and saturating
+    (``kernels.kv_dtype``) and attention computes in the model's dtype. GQA families only.
+
     ``async_scheduling=True`` overlaps host work with the device: ``LLMEngine.step()`` schedules
     and launches step k+1 before step k's sampled tokens reach the host (the runner feeds them to
     step k+1 on the device), then processes step k's results while step k+1 runs. Outputs are
@@ -53,7 +59,7 @@ class EngineConfig:
     block_size: int = 16
     num_gpu_blocks: int | None = None
     kv_cache_memory: int | None = None  # bytes
-    kv_cache_dtype: torch.dtype | None = None  # default: the model's parameter dtype
+    kv_cache_dtype: torch.dtype | str | None = None  # default: the model's parameter dtype; 'fp8' = float8_e4m3fn
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_model_len: int | None = None
@@ -66,6 +72,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
+        self.kv_cache_dtype = parse_kv_cache_dtype(self.kv_cache_dtype)
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

@@ -32,6 +32,7 @@ from torchinferno.engine.request import Request, RequestStatus
 from torchinferno.engine.scheduler import Scheduler
 from torchinferno.engine.step_handle import StepHandle
 from torchinferno.errors import ConfigError, SamplingError
+from torchinferno.kernels.kv_dtype import is_fp8
 
 __all__ = ["LLMEngine", "EngineStats"]
 
@@ -94,6 +95,9 @@ class LLMEngine:
         self.device = param.device
         dtype = config.kv_cache_dtype or param.dtype
         spec = family.kv_spec(model.config)
+        if is_fp8(dtype) and any(layer.kind != "mha" for layer in spec.layers):
+            raise ConfigError(f"kv_cache_dtype {dtype} supports k/v (GQA) caches only; family {family.name!r} stores "
+                              f"{sorted({layer.kind for layer in spec.layers})} (use kv_cache_dtype auto)")
 
         model_len = _model_max_len(model)
         if config.max_model_len is not None and model_len is not None and config.max_model_len > model_len:

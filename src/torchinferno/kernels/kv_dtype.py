@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from torchinferno.errors import ConfigError
+
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 # --kv-cache-dtype spellings -> storage dtype (None: the model's parameter dtype).
@@ -22,6 +24,15 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
+
+
+def parse_kv_cache_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    """A ``--kv-cache-dtype`` spelling (or a dtype, or None) -> storage dtype; None means the model's dtype."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if value not in KV_CACHE_DTYPES:
+        raise ConfigError(f"unknown kv cache dtype {value!r} (valid: {', '.join(KV_CACHE_DTYPES)})")
+    return KV_CACHE_DTYPES[value]
 
 
 def is_fp8(dtype: torch.dtype) -> bool:

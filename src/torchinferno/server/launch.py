@@ -27,6 +27,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--kv-cache-memory", default=None, help="KV pool size, e.g. 512MiB (default: sized for max-num-seqs)")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV cache storage: auto (the model's dtype), bfloat16, float16, float32, fp8 / fp8_e4m3 "
+                        "(float8_e4m3fn, unscaled: half the bytes per decode step; GQA families) or fp8_e5m2")
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--enforce-eager", action="store_true",
@@ -81,7 +84,8 @@ def build(args: argparse.Namespace):
     cfg = EngineConfig(block_size=block, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
                        enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
-                       enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling)
+                       enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+                       kv_cache_dtype=args.kv_cache_dtype)
     engine = LLMEngine(model, tokenizer, cfg)
     async_engine = AsyncEngine(engine)
     scfg = ServerConfig(model_name=name, root=root, max_model_len=engine.config.max_model_len or max_len, api_key=args.api_key)

@@ -64,7 +64,7 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
         row = toks % PAGE
         k_base = page * stride_kb + row * stride_kt + kvh * stride_kh  # [BLOCK_N] token row starts
         v_base = page * stride_vb + row * stride_vt + kvh * stride_vh
-        k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0)  # [BLOCK_N, D_PAD]
+        k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, D_PAD] (FP8 cache: upcast)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -74,7 +74,7 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0)  # [BLOCK_N, DV_PAD]
+        v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, DV_PAD]
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:

@@ -85,7 +85,7 @@ def _prefill_kernel(Q, KC, VC, OUT, QSL, SEQ, BT, qk_scale, first_seq, num_seqs,
             prow = toks % PAGE
             k_base = page * stride_kb + prow * stride_kt + kvh * stride_kh  # [BLOCK_N]
             v_base = page * stride_vb + prow * stride_vt + kvh * stride_vh
-            k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & (d[None, :] < D), other=0.0)
+            k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & (d[None, :] < D), other=0.0).to(q.dtype)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -97,7 +97,7 @@ def _prefill_kernel(Q, KC, VC, OUT, QSL, SEQ, BT, qk_scale, first_seq, num_seqs,
             p = tl.exp2(s - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & (dv[None, :] < DV), other=0.0)
+            v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & (dv[None, :] < DV), other=0.0).to(q.dtype)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:

@@ -78,6 +78,8 @@ class TorchAttention(torch.nn.Module):
             qb = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, qlen, D]
             if ctx == 0 or kv_cache is None:
                 kb, vb = k[s:e], v[s:e]
+                if kv_cache is not None and kv_cache[0].dtype in FP8_KV_DTYPES:  # attend to K/V as stored
+                    kb, vb = kv_store_values(kb, kv_cache[0].dtype), kv_store_values(vb, kv_cache[1].dtype)
                 mask, causal = None, True
             else:
                 bt = meta.block_tables[b : b + 1]

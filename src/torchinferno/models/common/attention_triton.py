@@ -13,6 +13,9 @@ On CUDA tensors with Triton installed:
   prefill chunks): one varlen paged prefill launch plus one decode launch for the leading
   one-token rows (``kernels.api.paged_prefill_attention``).
 
+Every path attends to K/V as the cache stores them: with an FP8 cache the fresh-prompt path
+rounds its new K/V the same way first (``kernels.kv_dtype``), so backends and paths agree.
+
 Elsewhere (CPU tensors, no Triton) it behaves exactly like ``TorchAttention``.
 """
 
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 
 from torchinferno.kernels import api as kapi
 from torchinferno.kernels import triton as tri
+from torchinferno.kernels.kv_dtype import is_fp8, kv_store_values
 from torchinferno.models.common.attention import TorchAttention
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 
@@ -41,6 +45,8 @@ class TritonPagedAttention(TorchAttention):
             return kapi.batched_paged_decode_attention(q.contiguous(), k_cache, v_cache, meta.block_tables,
                                                        meta.seq_lens, self.scale)
         if meta.num_seqs == 1 and meta.seq_lens_list[0] == meta.query_lens_list[0]:
+            if is_fp8(k_cache.dtype):  # attend to K/V as stored, as every other path does
+                k, v = kv_store_values(k, k_cache.dtype).to(q.dtype), kv_store_values(v, v_cache.dtype).to(q.dtype)
             return self._fresh_prompt(q, k, v)
         return kapi.paged_prefill_attention(q.contiguous(), k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
                                             meta.block_tables, self.scale, meta.query_lens_list, meta.seq_lens_list)
