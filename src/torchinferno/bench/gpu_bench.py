@@ -223,8 +223,9 @@ TARGETS = {"a_fraction_of_bound": 0.85, "b_vs_transformers": 10.0, "c_tflop_s": 
 def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64, batch_ctx: int = 1024,
                   prefill_tokens: int = 2048, engine_requests: int = 256, engine_in: int = 1024, engine_out: int = 1024,
                   engine_modes=("graphs", "async"), hf: bool = True, gemv_experiment_on: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
-                  json_path: str | None = None, log=print) -> dict:
-    """Run every section in one process (see the module docstring); returns and optionally writes the report."""
+                  json_path: str | None = None, log=print, sections=("a", "b", "c", "d", "e")) -> dict:
+    """Run the chosen sections (default: all) in one process (see the module docstring); the ceilings
+    are always measured first. Returns and optionally writes the report."""
     from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate, read_bandwidth
 
     t_start = time.perf_counter()
@@ -257,46 +258,41 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     save()
 
     # (a), (b) decode
-    bench = DecodeBench(model, max_batch=batch, max_ctx=max(max(contexts), batch_ctx) + 64, buckets=(1, batch))
+    rep["sections"] = list(sections)
+    bench = (DecodeBench(model, max_batch=batch, max_ctx=max(max(contexts), batch_ctx) + 64, buckets=(1, batch))
+             if {"a", "b"} & set(sections) else None)
     rep["decode_batch1"] = []
-    for ctx in contexts:
+    for ctx in contexts if "a" in sections else ():
         r = bench.measure(1, ctx, wbytes, bw)
         rep["decode_batch1"].append(r)
         log(f"(a) batch 1 ctx {ctx}: graph step {r['step_ms']:.3f} ms (loop {r['loop_ms_per_step']:.3f} ms, eager "
             f"{r['eager_step_ms']:.3f} ms); bound {r['bound_ms']:.3f} ms -> {100 * r['fraction_of_bound']:.1f}% of bound")
         log(f"    profile (eager step): {_fmt_profile(r['profile'])}; weights through GEMMs at {r['gemm_gb_s']:.0f} GB/s")
-    if gemv_experiment_on:
+    if gemv_experiment_on and "a" in sections:
         try:
             rep["gemv_experiment"] = gemv_experiment(model, bench, wbytes, bw, contexts, log=log)
         except Exception as e:
             rep["gemv_experiment"] = {"error": f"{type(e).__name__}: {e}"}
             log(f"    gemv experiment failed: {rep['gemv_experiment']['error']}")
         save()
-    r = bench.measure(batch, batch_ctx, wbytes, bw)
-    rep["decode_batch"] = r
-    log(f"(b) batch {batch} ctx {batch_ctx}: graph step {r['step_ms']:.3f} ms -> {r['tok_s']:.0f} tok/s (loop), eager step "
-        f"{r['eager_step_ms']:.3f} ms; {100 * r['fraction_of_bound']:.1f}% of bound")
-    log(f"    profile (eager step): {_fmt_profile(r['profile'])}")
+    if "b" in sections:
+        r = bench.measure(batch, batch_ctx, wbytes, bw)
+        rep["decode_batch"] = r
+        log(f"(b) batch {batch} ctx {batch_ctx}: graph step {r['step_ms']:.3f} ms -> {r['tok_s']:.0f} tok/s (loop), eager step "
+            f"{r['eager_step_ms']:.3f} ms; {100 * r['fraction_of_bound']:.1f}% of bound")
+        log(f"    profile (eager step): {_fmt_profile(r['profile'])}")
     del bench
     torch.cuda.empty_cache()
     save()
 
     # (c) prefill
-    r = measure_prefill(model, prefill_tokens, bw)
-    rep["prefill"] = r
-    log(f"(c) prefill {prefill_tokens} tokens: {r['ms']:.2f} ms, {r['tflop_s']:.0f} TFLOP/s "
-        f"({100 * r['tflop_s'] / (mm / 1e12):.0f}% of the measured matmul rate)")
-    log(f"    graph-replayed prefill: {r['graph_ms']:.2f} ms, {r['graph_tflop_s']:.0f} TFLOP/s")
-    log(f"    profile: {_fmt_profile(r['profile'])}; GEMMs alone at {r['gemm_tflop_s']:.0f} TFLOP/s")
-    log("    prefill GEMMs: " + ", ".join(f"{k}: linear {v['linear_tflop_s']:.0f} / pre-transposed "
-                                         f"{v['pretransposed_tflop_s']:.0f} TFLOP/s" for k, v in r["gemm_shapes"].items()))
-    log("    prefill attention per layer: " + ", ".join(
-        f"{k} {v['ms']:.3f} ms (err {v['rel_err_vs_expanded']:.1e})" if "ms" in v else f"{k} {v['error']}"
-        for k, v in r["attention_variants"].items()))
-    save()
+    if "c" in sections:
+        rep["prefill"] = measure_prefill(model, prefill_tokens, bw)
+        _log_prefill(rep["prefill"], mm, log)
+        save()
 
     # (e) transformers peer
-    if hf and left() > 120:
+    if hf and "e" in sections and left() > 120:
         try:
             peer = hf_peer(model)
             rep["hf_agreement"] = hf_agreement(model, peer)
@@ -310,8 +306,10 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
             for h in rep["hf"]:
                 log(f"(e) transformers generate batch {h['batch']} prompt {h['prompt']}: {h['tok_s']:.0f} tok/s "
                     f"({h['step_ms']:.1f} ms/step)")
-            rep["b_vs_transformers"] = rep["decode_batch"]["tok_s"] / rep["hf"][1]["tok_s"]
-            rep["a_vs_transformers"] = rep["decode_batch1"][0]["tok_s"] / rep["hf"][0]["tok_s"]
+            if "decode_batch" in rep:
+                rep["b_vs_transformers"] = rep["decode_batch"]["tok_s"] / rep["hf"][1]["tok_s"]
+            if rep["decode_batch1"]:
+                rep["a_vs_transformers"] = rep["decode_batch1"][0]["tok_s"] / rep["hf"][0]["tok_s"]
             del peer
         except Exception as e:  # report, keep going: the engine section is independent
             rep["hf_error"] = f"{type(e).__name__}: {e}"
@@ -323,7 +321,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
 
     # (d) engine
     rep["engine"] = []
-    for mode in engine_modes:
+    for mode in engine_modes if "d" in sections else ():
         graphs, async_sched, kv_dtype = ENGINE_MODES[mode]
         if left() < 60:
             rep["skipped"].append(f"engine {mode}")
@@ -341,6 +339,18 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     save()
     log(format_table(rep))
     return rep
+
+
+def _log_prefill(r: dict, mm: float, log) -> None:
+    log(f"(c) prefill {r['tokens']} tokens: {r['ms']:.2f} ms, {r['tflop_s']:.0f} TFLOP/s "
+        f"({100 * r['tflop_s'] / (mm / 1e12):.0f}% of the measured matmul rate)")
+    log(f"    graph-replayed prefill: {r['graph_ms']:.2f} ms, {r['graph_tflop_s']:.0f} TFLOP/s")
+    log(f"    profile: {_fmt_profile(r['profile'])}; GEMMs alone at {r['gemm_tflop_s']:.0f} TFLOP/s")
+    log("    prefill GEMMs: " + ", ".join(f"{k}: linear {v['linear_tflop_s']:.0f} / pre-transposed "
+                                         f"{v['pretransposed_tflop_s']:.0f} TFLOP/s" for k, v in r["gemm_shapes"].items()))
+    log("    prefill attention per layer: " + ", ".join(
+        f"{k} {v['ms']:.3f} ms (err {v['rel_err_vs_expanded']:.1e})" if "ms" in v else f"{k} {v['error']}"
+        for k, v in r["attention_variants"].items()))
 
 
 def format_table(rep: dict) -> str:

@@ -28,7 +28,7 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
     """
     from torchinferno.checkpoint.auto import resolve_dtype
     from torchinferno.kernels import api
-    from torchinferno.kernels.kv_dtype import kv_store_values, parse_kv_cache_dtype
+    from torchinferno.kernels.kv_dtype import is_fp8, kv_store_values, parse_kv_cache_dtype
     from torchinferno.models.common.attention import gather_kv
 
     dt = resolve_dtype(dtype)
@@ -55,6 +55,11 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
         "torch SDPA over gathered blocks": sdpa_gather,
         "specialized (api)": lambda: api.batched_paged_decode_attention(q, kc, vc, bt, lens, scale, seq_lens_list=lens_list),
     }
+    if dev.type == "cuda" and kv_dt != dt and is_fp8(kv_dt):
+        from torchinferno.kernels.triton import decode_attention as da
+
+        candidates["triton, FP8 tiles upcast to bf16 (not fp16)"] = lambda: da.batched_paged_decode_attention(
+            q, kc, vc, bt, lens, scale, config={"fp8_dot": "bf16"})
     if sweep and dev.type == "cuda":
         from torchinferno.kernels.triton import decode_attention as da
 

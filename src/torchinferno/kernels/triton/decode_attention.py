@@ -14,6 +14,12 @@ The split count is a launch constant derived from static shapes (the block table
 batch and the kv head count), never from the seq_lens values, so a decode step stays
 capturable in a CUDA graph: splits past a short sequence's end write ``lse = -inf`` and are
 ignored by the merge.
+
+FP8 caches (``kernels.kv_dtype``): tiles are upcast in registers and both dots run in fp16 with
+fp32 accumulation (q converted once per program, clamped to fp16's range). e4m3 values are exact
+in fp16, and fp16 keeps more mantissa than bf16 for q and the probabilities, so this is at least
+as accurate as a bf16 dot; the e4m3 -> fp16 conversion is a single instruction per pair, which
+keeps the kernel memory-bound (an upcast to bf16 made it ALU-bound and slower than a bf16 cache).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import next_pow2, num_sms
 
 LOG2E = 1.4426950408889634
@@ -35,7 +42,7 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
                    stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr):
+                   NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -52,6 +59,8 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
     dv = tl.arange(0, DV_PAD)
     dvm = dv < DV
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
+    if F16_DOT:  # FP8 cache: e4m3 -> fp16 is one exact cvt per pair; -> bf16 costs several ALU ops per element
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -131,7 +140,8 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
                                    config: dict | None = None) -> torch.Tensor:
     """q [B, H, D] -> [B, H, Dv]; attends to ``seq_lens[b]`` cached tokens of row ``b``.
 
-    ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps.
+    ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps, and
+    ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to.
     """
     B, H, D = q.shape
     _, page, Hkv, Dk = k_cache.shape
@@ -149,6 +159,7 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     cfg = {"block_n": 64 if max(d_pad, dv_pad) <= 128 else (32 if max(d_pad, dv_pad) <= 256 else 16),
            "num_warps": 4, "num_stages": 2, **(config or {})}
     ieee = q.dtype == torch.float32
+    f16_dot = is_fp8(k_cache.dtype) and not ieee and cfg.get("fp8_dot", "fp16") == "fp16"
     if num_splits > 1:
         op = torch.empty((B, H, num_splits, DV), dtype=torch.float32, device=q.device)
         lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
@@ -162,7 +173,7 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), s_pb, s_ph, s_ps, s_lb, s_lh,
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page,
-        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, num_warps=cfg["num_warps"],
+        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if num_splits > 1:
         _decode_stage2[(B, H)](op, lse, out, s_pb, s_ph, s_ps, s_lb, s_lh, out.stride(0), out.stride(1),

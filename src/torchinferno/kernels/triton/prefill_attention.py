@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import next_pow2
 
 LOG2E = 1.4426950408889634
@@ -40,7 +41,7 @@ def _prefill_kernel(Q, KC, VC, OUT, QSL, SEQ, BT, qk_scale, first_seq, num_seqs,
                     stride_ot, stride_oh, stride_bt,
                     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_Q: tl.constexpr,
-                    BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+                    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     # Binary search: the last sequence b in [first_seq, num_seqs) whose first tile index <= pid.
@@ -71,6 +72,8 @@ def _prefill_kernel(Q, KC, VC, OUT, QSL, SEQ, BT, qk_scale, first_seq, num_seqs,
         dv = tl.arange(0, DV_PAD)
         q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
                     mask=rm[:, None] & (d[None, :] < D), other=0.0)  # [BLOCK_M, D_PAD]
+        if F16_DOT:  # FP8 cache: dots in fp16 (see decode_attention's docstring)
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         qpos = ctx + qi
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -141,5 +144,5 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, GROUP_PAD=g_pad, D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page, BLOCK_Q=block_q,
-        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, num_warps=8 if block_q * g_pad >= 128 else 4, num_stages=2)
+        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, F16_DOT=is_fp8(k_cache.dtype) and q.dtype != torch.float32, num_warps=8 if block_q * g_pad >= 128 else 4, num_stages=2)
     return out
