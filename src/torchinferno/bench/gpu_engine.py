@@ -36,8 +36,15 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
     wait_s = [0.0]
     inner = engine.runner.execute_async if async_scheduling else engine.runner.execute
 
+    first_decode_only = [None]  # wall time of the first step with no prompt tokens (prefill phase over)
+    decode_only_steps = [0]
+
     def timed_execute(sched):  # runner time includes the wait for the GPU (sampling syncs)
         t = time.perf_counter()
+        if sched.total_num_tokens == sched.num_seqs:
+            decode_only_steps[0] += 1
+            if first_decode_only[0] is None:
+                first_decode_only[0] = t
         try:
             out = inner(sched)
         finally:
@@ -85,10 +92,18 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
            "max_batch_seqs": st.max_batch_seqs, "preemptions": st.num_preemptions, "graph_setup_s": setup_s,
            "graph_steps": st.num_graph_steps, "runner_s": exec_s[0], "wait_s": wait_s[0],
            "outside_runner_s": wall - exec_s[0]}
+    if first_decode_only[0] is not None:  # phase split: prompts (prefill + mixed steps), then decode-only steps
+        res["prefill_phase_s"] = first_decode_only[0] - t0
+        res["decode_phase_s"] = wall - res["prefill_phase_s"]
+        res["decode_only_steps"] = decode_only_steps[0]
+        res["decode_ms_per_step"] = 1e3 * res["decode_phase_s"] / max(1, decode_only_steps[0])
     log(f"  engine graphs={graphs} async={async_scheduling} kv={res['kv_cache_dtype']}: {out_tokens} output tokens in {wall:.1f} s = {res['output_tok_s']:.0f} tok/s "
         f"({finished}/{num_requests} finished, {steps} steps, {st.num_graph_steps} from graphs, max batch "
         f"{st.max_batch_seqs}); runner {exec_s[0]:.1f} s (waiting for sampled tokens {wait_s[0]:.1f} s), "
         f"scheduler/output processing {wall - exec_s[0]:.1f} s")
+    if "decode_phase_s" in res:
+        log(f"    phases: prompts {res['prefill_phase_s']:.1f} s, then {res['decode_only_steps']} decode-only steps in "
+            f"{res['decode_phase_s']:.1f} s = {res['decode_ms_per_step']:.2f} ms/step")
     # The timing wrapper (an instance attribute closing over the runner's own method) is a
     # reference cycle: drop it and collect, or the KV cache outlives this run and the next
     # engine mode runs out of memory.

@@ -64,9 +64,9 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
         from torchinferno.kernels.triton import decode_attention as da
 
         base = da.choose_num_splits(batch, kv_heads, bt.shape[1] * block_size, dev)
-        for bn in (32, 64, 128):
+        for bn in (32, 64, 128) if not is_fp8(kv_dt) else (64, 128, 256):  # FP8 rows are half as wide
             for w in (4, 8):
-                for st in (2, 3):
+                for st in (2, 3) if not is_fp8(kv_dt) else (2, 3, 4):
                     for sp in sorted({max(1, base // 2), base, min(64, base * 2)}):
                         cfg = {"block_n": bn, "num_warps": w, "num_stages": st}
                         candidates[f"triton bn={bn} w={w} st={st} splits={sp}"] = (

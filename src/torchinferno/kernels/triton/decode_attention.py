@@ -156,8 +156,10 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     if B == 0:
         return out
     d_pad, dv_pad = next_pow2(D), next_pow2(DV)
-    cfg = {"block_n": 64 if max(d_pad, dv_pad) <= 128 else (32 if max(d_pad, dv_pad) <= 256 else 16),
-           "num_warps": 4, "num_stages": 2, **(config or {})}
+    block_n = 64 if max(d_pad, dv_pad) <= 128 else (32 if max(d_pad, dv_pad) <= 256 else 16)
+    if is_fp8(k_cache.dtype):  # rows half as wide: twice the tokens per tile keeps the bytes per iteration
+        block_n *= 2
+    cfg = {"block_n": block_n, "num_warps": 4, "num_stages": 2, **(config or {})}
     ieee = q.dtype == torch.float32
     f16_dot = is_fp8(k_cache.dtype) and not ieee and cfg.get("fp8_dot", "fp16") == "fp16"
     if num_splits > 1:
