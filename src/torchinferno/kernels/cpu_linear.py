@@ -44,7 +44,9 @@ def prepack_linears(model: nn.Module) -> int:
     """Swap every CPU bf16 ``nn.Linear`` in ``model`` for a :class:`PackedLinear`; returns the count.
 
     A model exposing ``head_weight()`` and a ``packed_head`` slot also gets its logits projection
-    packed (this covers a head tied to the embedding, which is not an ``nn.Linear``).
+    packed (this covers a head tied to the embedding, which is not an ``nn.Linear``); one exposing
+    ``enable_cpu_decode_step()`` gets its lean CPU decode step (if its family has one) installed
+    on the packed weights.
     """
     count = 0
     if getattr(model, "packed_head", False) is None and callable(getattr(model, "head_weight", None)):
@@ -60,4 +62,6 @@ def prepack_linears(model: nn.Module) -> int:
             if isinstance(child, nn.Linear) and child.weight.device.type == "cpu" and can_prepack(child.weight.dtype):
                 setattr(parent, name, PackedLinear(child.weight, child.bias))
                 count += 1
+    if count and callable(getattr(model, "enable_cpu_decode_step", None)):
+        model.enable_cpu_decode_step()  # a lean decode step built on the packed weights (models/llama3/cpu_decode.py)
     return count

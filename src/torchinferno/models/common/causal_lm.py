@@ -9,7 +9,7 @@ packed head) works for every family.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -62,6 +62,10 @@ class CausalLMBase(nn.Module):
         # Optional runtime replacement of the logits projection (e.g. a pre-packed CPU linear);
         # set by kernels.cpu_linear.prepack_linears, never by the model itself.
         self.packed_head: nn.Module | None = None
+        # Optional runtime replacement of decode forwards (e.g. llama3's lean CPU step): called as
+        # ``decode_step(input_ids, positions, kv_caches, attn_meta)``, it returns the hidden states
+        # or None for a batch it does not handle. Installed by ``enable_cpu_decode_step``.
+        self.decode_step: Callable[..., torch.Tensor | None] | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_buffers()
@@ -83,6 +87,15 @@ class CausalLMBase(nn.Module):
         cos, sin = self.rope_tables()
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
+    def make_cpu_decode_step(self) -> Callable[..., torch.Tensor | None] | None:
+        """A family's lean CPU decode step for this model as built and loaded, or None (the default)."""
+        return None
+
+    def enable_cpu_decode_step(self) -> bool:
+        """Install :meth:`make_cpu_decode_step` (after loading weights and packing linears); True if one applies."""
+        self.decode_step = self.make_cpu_decode_step()
+        return self.decode_step is not None
+
     def head_weight(self) -> torch.Tensor:
         """[V, D] weight of the logits projection (the embedding when tied)."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -98,6 +111,10 @@ class CausalLMBase(nn.Module):
         kv_caches: list[tuple[torch.Tensor, ...]] | None = None,
         attn_meta: AttentionMetadata | None = None,
     ) -> torch.Tensor:  # [T, D]
+        if self.decode_step is not None:
+            out = self.decode_step(input_ids, positions, kv_caches, attn_meta)
+            if out is not None:
+                return out
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.prepare_rope(self.rope_cos[positions], self.rope_sin[positions], h.dtype)  # [T, r/2]
         residual = None

@@ -67,3 +67,8 @@ class Llama3ForCausalLM(CausalLMBase):
 
     def prepare_rope(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
         return self.ops.prepare_rope(cos, sin, dtype)
+
+    def make_cpu_decode_step(self):
+        from torchinferno.models.llama3.cpu_decode import CpuDecodeStep
+
+        return CpuDecodeStep(self) if CpuDecodeStep.supports(self) else None

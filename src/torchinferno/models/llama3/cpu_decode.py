@@ -1,0 +1,142 @@
+"""Lean CPU decode step of llama3: the module path's ops for one new token per sequence, without the module tree.
+
+A small model's CPU decode step is dominated by host cost between ops (module calls, ops-module
+and kernel dispatch indirections, per-layer attention bookkeeping) beside its GEMVs. This step
+runs the same ATen ops in the same order as ``Llama3ForCausalLM.forward`` with the ``fused`` ops
+and :class:`TorchAttention` (so its hidden states are bitwise those of the module path) from
+weights extracted once, with the decode attention's cache views planned once per step instead
+of once per layer.
+
+It is a runtime transformation like ``kernels.cpu_linear``'s packing (which installs it, in
+``CausalLMBase.decode_step``): it reads the modules' tensors when built, so build it after
+weights are loaded and linears packed. Anything but a CPU decode batch returns ``None`` and the
+caller runs the module path.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchinferno.kernels import api
+from torchinferno.kernels.cpu_linear import PackedLinear
+from torchinferno.models.common.attention import TorchAttention, _dense_first_row
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.llama3 import fused_ops
+
+Linear = Callable[[torch.Tensor], torch.Tensor]  # x [T, K] -> [T, N]
+
+
+def _linear(mod: nn.Module) -> Linear:
+    """The GEMV of an ``nn.Linear`` or :class:`PackedLinear` as a plain call on a 2-D input."""
+    if isinstance(mod, PackedLinear):
+        w, b, op = mod.packed_weight, mod.bias, torch.ops.mkldnn._linear_pointwise
+        return lambda x: op(x, w, b, "none", [], "")
+    if isinstance(mod, nn.Linear):
+        w, b = mod.weight, mod.bias
+        return lambda x: F.linear(x, w, b)
+    raise TypeError(f"not a linear: {type(mod).__name__}")
+
+
+class _Layer:
+    """One decoder layer's tensors and GEMVs (attention + MLP), extracted from the modules."""
+
+    __slots__ = ("in_norm", "post_norm", "qkv", "o", "gate_up", "down", "attn")
+
+    def __init__(self, layer: nn.Module):
+        a = layer.self_attn
+        self.in_norm: torch.Tensor = layer.input_layernorm.weight  # [D]
+        self.post_norm: torch.Tensor = layer.post_attention_layernorm.weight  # [D]
+        self.qkv, self.o = _linear(a.qkv_proj), _linear(a.o_proj)
+        self.gate_up, self.down = _linear(layer.mlp.gate_up_proj), _linear(layer.mlp.down_proj)
+        self.attn: TorchAttention = a.attn
+
+
+class CpuDecodeStep:
+    """``(input_ids [B], positions [B], kv_caches, meta) -> hidden [B, D]`` (pre-head) or ``None``.
+
+    ``None`` unless every sequence adds exactly one token on CPU with a cache; the attention of
+    each layer reads strided views of the dense cache rows when sequence b's context is the head
+    of block ``r0 + b``, all of one length and the cache is in the attention's compute dtype, and
+    otherwise runs :meth:`TorchAttention._decode` itself.
+    """
+
+    def __init__(self, model: nn.Module):
+        cfg = model.config
+        a0 = model.model.layers[0].self_attn
+        self.model = model
+        self.num_heads, self.num_kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
+        self.hidden = cfg.hidden_size
+        self.eps = cfg.rms_norm_eps
+        self.scale = a0.attn.scale
+        self.embed = model.model.embed_tokens.weight  # [V, D]
+        self.final_norm = model.model.norm.weight  # [D]
+        self.layers = [_Layer(layer) for layer in model.model.layers]
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """The module path this step reproduces: fused ops, torch attention, CPU, one dtype for all norms."""
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if not layers or model.ops is not fused_ops or model.model.embed_tokens.weight.device.type != "cpu":
+            return False
+        dtype = model.model.embed_tokens.weight.dtype
+        norms = [model.model.norm.weight] + [w for layer in layers for w in
+                                            (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
+        return (all(type(layer.self_attn.attn) is TorchAttention for layer in layers)
+                and all(w.dtype == dtype for w in norms))
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[tuple[torch.Tensor, ...]] | None, meta: AttentionMetadata | None) -> torch.Tensor | None:
+        if kv_caches is None or meta is None or not meta.query_lens_list or not meta.is_decode or input_ids.device.type != "cpu":
+            return None
+        B, H, Hkv, hd, D = input_ids.shape[0], self.num_heads, self.num_kv_heads, self.head_dim, self.hidden
+        x = F.embedding(input_ids, self.embed)  # [B, D]
+        cos, sin = api.rotary_tables_neox(self.model.rope_cos[positions], self.model.rope_sin[positions], x.dtype)
+        cdt = TorchAttention.compute_dtype(x)
+        gqa = H != Hkv
+        lens = meta.seq_lens_list
+        length = max(lens)
+        k0, v0 = kv_caches[0]
+        r0 = None
+        if min(lens) == length and not meta.has_padding and k0.dtype == cdt and v0.dtype == cdt:
+            r0 = _dense_first_row(meta.block_tables_host, length, k0, v0)
+        if r0 is not None:  # TorchAttention._decode's strided views, planned once for every layer
+            _, bs, hkv, d = k0.shape
+            dv = v0.shape[3]
+            k_write = ((B, hkv, d), (bs * hkv * d, d, 1), (r0 * bs + length - 1) * hkv * d)
+            v_write = ((B, hkv, dv), (bs * hkv * dv, dv, 1), (r0 * bs + length - 1) * hkv * dv)
+            k_read = ((B, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), r0 * bs * hkv * d)
+            v_read = ((B, hkv, length, dv), (bs * hkv * dv, dv, hkv * dv, 1), r0 * bs * hkv * dv)
+        eps, norm_shape, nqk, qk_cols = self.eps, (2 * D,), H + Hkv, (H + Hkv) * hd
+        layer_norm, cat, sdpa, scale = torch.layer_norm, torch.cat, F.scaled_dot_product_attention, self.scale
+        residual = None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            # input norm (+ pending residual add): kernels.add_rms_norm's CPU form
+            residual = x if residual is None else x + residual
+            h = layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[..., :D] * layer.in_norm
+            qkv = layer.qkv(h)  # [B, (H + 2 Hkv) hd]
+            qk = qkv[:, :qk_cols].view(B, nqk, hd)
+            qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # kernels.rotary_neox, full-width tables
+            q, k = qk[:, :H], qk[:, H:]
+            v = qkv[:, qk_cols:].view(B, Hkv, hd)
+            if r0 is None:
+                o = layer.attn._decode(q, k, v, (k_cache, v_cache), meta, gqa, cdt)
+            else:
+                k_off, v_off = k_cache.storage_offset(), v_cache.storage_offset()
+                k_cache.as_strided(k_write[0], k_write[1], k_off + k_write[2]).copy_(k)
+                v_cache.as_strided(v_write[0], v_write[1], v_off + v_write[2]).copy_(v)
+                kb = k_cache.as_strided(k_read[0], k_read[1], k_off + k_read[2])  # [B, Hkv, L, hd]
+                vb = v_cache.as_strided(v_read[0], v_read[1], v_off + v_read[2])
+                o = sdpa(q.view(B, H, 1, hd).to(cdt), kb, vb, attn_mask=None, scale=scale, enable_gqa=gqa)
+                o = o.view(B, H, -1).to(q.dtype)
+            x = layer.o(o.reshape(B, -1))
+            # post-attention norm + residual add, then the SwiGLU MLP
+            residual = x + residual
+            h = layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[..., :D] * layer.post_norm
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = layer.down(F.silu(gate) * up)
+        residual = x + residual
+        return layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[..., :D] * self.final_norm

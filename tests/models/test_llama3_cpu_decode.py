@@ -1,0 +1,108 @@
+"""llama3's lean CPU decode step (``models/llama3/cpu_decode.py``) vs the module path it replaces.
+
+The step runs the module path's ops in the same order, so hidden states must be bitwise equal:
+for fp32 and bf16 (oneDNN-packed) models, in the static generator's dense-row layout with equal
+lengths (its own strided cache views), ragged lengths, rows out of order and paged blocks (the
+attention backend's own decode), and through whole greedy generations.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.engine.generate import StaticGenerator
+from torchinferno.kernels.cpu_linear import can_prepack, prepack_linears
+from torchinferno.models.common.attention_metadata import build_attention_metadata
+from torchinferno.models.llama3.cpu_decode import CpuDecodeStep
+from torchinferno.testing import tiny_model
+
+DTYPES = [torch.float32] + ([torch.bfloat16] if can_prepack(torch.bfloat16) else [])
+
+
+def _model(dtype: torch.dtype, variant: str = "v1"):
+    m = tiny_model("llama3", dtype=dtype, variant=variant)
+    if dtype == torch.bfloat16:
+        prepack_linears(m)
+    return m
+
+
+def _decode_twice(model, rows: list[list[int]], prompt_lens: list[int], block_size: int):
+    """Prefill each sequence into its blocks, then one decode step with and without the lean step:
+    returns (module-path hidden, lean hidden, module-path caches, lean caches)."""
+    g = torch.Generator().manual_seed(3)
+    B = len(prompt_lens)
+    spec = model.family.kv_spec(model.config)
+    caches = spec.allocate(num_blocks=max(max(r) for r in rows) + 1, block_size=block_size, dtype=torch.float32, device="cpu")
+    prompt = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in prompt_lens]
+    step = CpuDecodeStep(model)
+    model.decode_step = None
+    with torch.inference_mode():
+        meta = build_attention_metadata(prompt_lens, [0] * B, rows, block_size)
+        model(torch.cat(prompt), torch.cat([torch.arange(n) for n in prompt_lens]), caches, meta)
+        ids = torch.randint(0, model.config.vocab_size, (B,), generator=g)
+        pos = torch.tensor(prompt_lens)
+        outs = []
+        for lean in (False, True):
+            cache_copy = [tuple(t.clone() for t in layer) for layer in caches]
+            meta = build_attention_metadata([1] * B, prompt_lens, rows, block_size)
+            meta.block_tables_host = [list(r) for r in rows]
+            hidden = step(ids, pos, cache_copy, meta) if lean else model(ids, pos, cache_copy, meta)
+            outs.append((hidden, cache_copy))
+    return outs[0][0], outs[1][0], outs[0][1], outs[1][1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,prompt_lens,block_size", [
+    ([[0]], [7], 32),  # batch 1, dense row: strided views
+    ([[1], [2], [3]], [5, 5, 5], 32),  # consecutive rows, equal lengths: strided views
+    ([[1], [2], [3]], [3, 9, 6], 32),  # ragged: the backend's masked decode
+    ([[3], [0], [2]], [6, 6, 6], 32),  # rows out of order: the backend's gather
+    ([[0, 2], [1, 3]], [9, 12], 8),  # paged, two blocks per sequence
+])
+def test_lean_step_is_bitwise_the_module_path(dtype, rows, prompt_lens, block_size):
+    model = _model(dtype)
+    want, got, want_caches, got_caches = _decode_twice(model, rows, prompt_lens, block_size)
+    assert got is not None and got.dtype == dtype
+    assert torch.equal(got, want)
+    for a, b in zip(want_caches, got_caches):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_not_a_decode_batch_falls_back():
+    model = _model(torch.float32)
+    step = CpuDecodeStep(model)
+    ids = torch.arange(5)
+    assert step(ids, torch.arange(5), None, None) is None
+    meta = build_attention_metadata([5], [0], [[0]], 16)  # a prefill
+    caches = model.family.kv_spec(model.config).allocate(num_blocks=1, block_size=16, dtype=torch.float32, device="cpu")
+    assert step(ids, torch.arange(5), caches, meta) is None
+
+
+def test_supports_only_the_path_it_reproduces():
+    assert CpuDecodeStep.supports(tiny_model("llama3", variant="v1"))
+    assert not CpuDecodeStep.supports(tiny_model("llama3", variant="v0"))  # reference ops: other numerics
+
+
+@pytest.mark.skipif(not can_prepack(torch.bfloat16), reason="oneDNN bf16 not supported on this CPU")
+def test_prepack_installs_the_step_and_generation_is_unchanged():
+    model = _model(torch.bfloat16)
+    assert isinstance(model.decode_step, CpuDecodeStep)
+    calls = []
+    step = model.decode_step
+
+    def counting(*args):
+        out = step(*args)
+        calls.append(out is not None)
+        return out
+
+    prompts = [[5, 9, 14, 3], [7, 7, 1, 30], [11, 2, 8, 4]]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    gen = StaticGenerator(model, len(prompts), 32)
+    model.decode_step = counting
+    lean = [r.token_ids for r in gen.generate(prompts, params)]
+    model.decode_step = None
+    ref = [r.token_ids for r in gen.generate(prompts, params)]
+    assert lean == ref
+    assert len(calls) == 1 + 11 and calls.count(True) == 11  # the prefill falls back; every decode step is lean
