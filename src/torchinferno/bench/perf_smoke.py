@@ -55,6 +55,11 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
         "torch SDPA over gathered blocks": sdpa_gather,
         "specialized (api)": lambda: api.batched_paged_decode_attention(q, kc, vc, bt, lens, scale, seq_lens_list=lens_list),
     }
+    if dev.type == "cuda":
+        from torchinferno.kernels.triton import decode_attention as da
+
+        candidates["triton, V tile loaded after the softmax"] = lambda: da.batched_paged_decode_attention(
+            q, kc, vc, bt, lens, scale, config={"v_early": False})
     if dev.type == "cuda" and kv_dt != dt and is_fp8(kv_dt):
         from torchinferno.kernels.triton import decode_attention as da
 

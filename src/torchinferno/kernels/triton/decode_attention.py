@@ -42,7 +42,8 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
                    stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
+                   NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr,
+                   V_EARLY: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -74,6 +75,8 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
         k_base = page * stride_kb + row * stride_kt + kvh * stride_kh  # [BLOCK_N] token row starts
         v_base = page * stride_vb + row * stride_vt + kvh * stride_vh
         k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, D_PAD] (FP8 cache: upcast)
+        if V_EARLY:  # V issued with K (not after the softmax) so both tiles' memory latency overlaps
+            v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0).to(q.dtype)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -83,7 +86,8 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, DV_PAD]
+        if not V_EARLY:
+            v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0).to(q.dtype)
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
@@ -141,7 +145,8 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     """q [B, H, D] -> [B, H, Dv]; attends to ``seq_lens[b]`` cached tokens of row ``b``.
 
     ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps, and
-    ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to.
+    ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to;
+    ``v_early`` (default True): load each V tile together with its K tile rather than after the softmax.
     """
     B, H, D = q.shape
     _, page, Hkv, Dk = k_cache.shape
@@ -175,7 +180,8 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), s_pb, s_ph, s_ps, s_lb, s_lh,
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page,
-        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, num_warps=cfg["num_warps"],
+        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, V_EARLY=cfg.get("v_early", True),
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"])
     if num_splits > 1:
         _decode_stage2[(B, H)](op, lse, out, s_pb, s_ph, s_ps, s_lb, s_lh, out.stride(0), out.stride(1),
