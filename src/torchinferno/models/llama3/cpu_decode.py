@@ -29,6 +29,8 @@ from torchinferno.models.llama3 import fused_ops
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [T, K] -> [T, N]
 
+GEMV_MIN_ROWS = 4  # packed decode GEMVs of fewer rows run zero-padded to this many (see CpuDecodeStep.__call__)
+
 
 def _linear(mod: nn.Module) -> Linear:
     """The GEMV of an ``nn.Linear`` or :class:`PackedLinear` as a plain call on a 2-D input."""
@@ -70,11 +72,14 @@ class CpuDecodeStep:
         self.model = model
         self.num_heads, self.num_kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
         self.hidden = cfg.hidden_size
+        self.inter = cfg.intermediate_size
         self.eps = cfg.rms_norm_eps
         self.scale = a0.attn.scale
         self.embed = model.model.embed_tokens.weight  # [V, D]
         self.final_norm = model.model.norm.weight  # [D]
         self.layers = [_Layer(layer) for layer in model.model.layers]
+        packed = all(isinstance(m, PackedLinear) for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
+        self.min_rows = GEMV_MIN_ROWS if packed else 1  # padding keeps oneDNN's rows bitwise, not MKL's
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -111,19 +116,28 @@ class CpuDecodeStep:
             k_read = ((B, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), r0 * bs * hkv * d)
             v_read = ((B, hkv, length, dv), (bs * hkv * dv, dv, hkv * dv, 1), r0 * bs * hkv * dv)
         eps, norm_shape, nqk, qk_cols = self.eps, (2 * D,), H + Hkv, (H + Hkv) * hd
-        layer_norm, cat, sdpa, scale = torch.layer_norm, torch.cat, F.scaled_dot_product_attention, self.scale
+        layer_norm, cat, mul, sdpa, scale = torch.layer_norm, torch.cat, torch.mul, F.scaled_dot_product_attention, self.scale
+        # GEMV inputs are written into row buffers of at least min_rows rows (zero padding):
+        # oneDNN's kernels at M = 4 stream the weights faster than at M = 1, and the first rows of
+        # the product are bitwise those of the unpadded GEMV.
+        rows = max(B, self.min_rows)
+        h_pad = torch.zeros(rows, D, dtype=x.dtype)  # normed hidden -> qkv_proj, gate_up_proj
+        o_pad = torch.zeros(rows, H * hd, dtype=x.dtype)  # attention output -> o_proj
+        m_pad = torch.zeros(rows, self.inter, dtype=x.dtype)  # SwiGLU output -> down_proj
+        h_in, o_in, m_in = h_pad[:B], o_pad[:B].view(B, H, hd), m_pad[:B]
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             # input norm (+ pending residual add): kernels.add_rms_norm's CPU form
             residual = x if residual is None else x + residual
-            h = layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[..., :D] * layer.in_norm
-            qkv = layer.qkv(h)  # [B, (H + 2 Hkv) hd]
+            mul(layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[:, :D], layer.in_norm, out=h_in)
+            qkv = layer.qkv(h_pad)[:B]  # [B, (H + 2 Hkv) hd]
             qk = qkv[:, :qk_cols].view(B, nqk, hd)
-            qk = torch.addcmul(qk * cos, qk.roll(hd // 2, -1), sin)  # kernels.rotary_neox, full-width tables
+            # kernels.rotary_neox with full-width tables; swapping the halves by flip == roll by hd / 2
+            qk = torch.addcmul(qk * cos, qk.view(B, nqk, 2, hd // 2).flip(2).view(B, nqk, hd), sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, qk_cols:].view(B, Hkv, hd)
             if r0 is None:
-                o = layer.attn._decode(q, k, v, (k_cache, v_cache), meta, gqa, cdt)
+                o_in.copy_(layer.attn._decode(q, k, v, (k_cache, v_cache), meta, gqa, cdt))
             else:
                 k_off, v_off = k_cache.storage_offset(), v_cache.storage_offset()
                 k_cache.as_strided(k_write[0], k_write[1], k_off + k_write[2]).copy_(k)
@@ -131,12 +145,13 @@ class CpuDecodeStep:
                 kb = k_cache.as_strided(k_read[0], k_read[1], k_off + k_read[2])  # [B, Hkv, L, hd]
                 vb = v_cache.as_strided(v_read[0], v_read[1], v_off + v_read[2])
                 o = sdpa(q.view(B, H, 1, hd).to(cdt), kb, vb, attn_mask=None, scale=scale, enable_gqa=gqa)
-                o = o.view(B, H, -1).to(q.dtype)
-            x = layer.o(o.reshape(B, -1))
+                o_in.copy_(o.view(B, H, hd))  # cast to the activation dtype
+            x = layer.o(o_pad)[:B]
             # post-attention norm + residual add, then the SwiGLU MLP
             residual = x + residual
-            h = layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[..., :D] * layer.post_norm
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = layer.down(F.silu(gate) * up)
+            mul(layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[:, :D], layer.post_norm, out=h_in)
+            gate, up = layer.gate_up(h_pad)[:B].chunk(2, dim=-1)
+            mul(F.silu(gate), up, out=m_in)
+            x = layer.down(m_pad)[:B]
         residual = x + residual
-        return layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[..., :D] * self.final_norm
+        return layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[:, :D] * self.final_norm
