@@ -72,7 +72,6 @@ class CpuDecodeStep:
         self.model = model
         self.num_heads, self.num_kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
         self.hidden = cfg.hidden_size
-        self.inter = cfg.intermediate_size
         self.eps = cfg.rms_norm_eps
         self.scale = a0.attn.scale
         self.embed = model.model.embed_tokens.weight  # [V, D]
@@ -116,26 +115,32 @@ class CpuDecodeStep:
             k_read = ((B, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), r0 * bs * hkv * d)
             v_read = ((B, hkv, length, dv), (bs * hkv * dv, dv, hkv * dv, 1), r0 * bs * hkv * dv)
         eps, norm_shape, nqk, qk_cols = self.eps, (2 * D,), H + Hkv, (H + Hkv) * hd
-        layer_norm, cat, mul, sdpa, scale = torch.layer_norm, torch.cat, torch.mul, F.scaled_dot_product_attention, self.scale
-        # GEMV inputs are written into row buffers of at least min_rows rows (zero padding):
-        # oneDNN's kernels at M = 4 stream the weights faster than at M = 1, and the first rows of
-        # the product are bitwise those of the unpadded GEMV.
+        layer_norm, cat, addcmul, sdpa, scale = torch.layer_norm, torch.cat, torch.addcmul, F.scaled_dot_product_attention, self.scale
+        # The residual stream and every GEMV input carry at least min_rows rows, zero rows padding
+        # a smaller batch: oneDNN's kernels stream the weights faster at M = 4 than at M = 1, each
+        # row's product is bitwise that of the unpadded GEMV, and every other op is row-wise.
         rows = max(B, self.min_rows)
-        h_pad = torch.zeros(rows, D, dtype=x.dtype)  # normed hidden -> qkv_proj, gate_up_proj
-        o_pad = torch.zeros(rows, H * hd, dtype=x.dtype)  # attention output -> o_proj
-        m_pad = torch.zeros(rows, self.inter, dtype=x.dtype)  # SwiGLU output -> down_proj
-        h_in, o_in, m_in = h_pad[:B], o_pad[:B].view(B, H, hd), m_pad[:B]
-        residual = None
+        if rows > B:
+            x = cat((x, x.new_zeros(rows - B, D)))  # [rows, D]
+        o_pad = x.new_zeros(rows, H * hd)  # attention output rows -> o_proj
+        o_in = o_pad[:B].view(B, H, hd)
+        # The residual stream h is kept as LayerNorm's input [h, -h] (kernels.add_rms_norm's CPU
+        # form): one in-place addcmul with [1, -1] adds a sublayer's output x to both halves (the
+        # same roundings as h + x and its negation), replacing an add, a neg and a cat per norm.
+        hh = cat((x, x.neg()), -1)  # [rows, 2D]
+        hh2 = hh.view(rows, 2, D)
+        signs = torch.tensor([[1.0], [-1.0]], dtype=x.dtype)  # [2, 1]
+        x = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            # input norm (+ pending residual add): kernels.add_rms_norm's CPU form
-            residual = x if residual is None else x + residual
-            mul(layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[:, :D], layer.in_norm, out=h_in)
-            qkv = layer.qkv(h_pad)[:B]  # [B, (H + 2 Hkv) hd]
-            qk = qkv[:, :qk_cols].view(B, nqk, hd)
+            if x is not None:
+                addcmul(hh2, x.unsqueeze(1), signs, out=hh2)  # residual += mlp output
+            h = layer_norm(hh, norm_shape, None, None, eps)[:, :D] * layer.in_norm
+            qkv = layer.qkv(h)  # [rows, (H + 2 Hkv) hd]
+            qk = qkv[:B, :qk_cols].view(B, nqk, hd)
             # kernels.rotary_neox with full-width tables; swapping the halves by flip == roll by hd / 2
-            qk = torch.addcmul(qk * cos, qk.view(B, nqk, 2, hd // 2).flip(2).view(B, nqk, hd), sin)
+            qk = addcmul(qk * cos, qk.view(B, nqk, 2, hd // 2).flip(2).view(B, nqk, hd), sin)
             q, k = qk[:, :H], qk[:, H:]
-            v = qkv[:, qk_cols:].view(B, Hkv, hd)
+            v = qkv[:B, qk_cols:].view(B, Hkv, hd)
             if r0 is None:
                 o_in.copy_(layer.attn._decode(q, k, v, (k_cache, v_cache), meta, gqa, cdt))
             else:
@@ -146,12 +151,10 @@ class CpuDecodeStep:
                 vb = v_cache.as_strided(v_read[0], v_read[1], v_off + v_read[2])
                 o = sdpa(q.view(B, H, 1, hd).to(cdt), kb, vb, attn_mask=None, scale=scale, enable_gqa=gqa)
                 o_in.copy_(o.view(B, H, hd))  # cast to the activation dtype
-            x = layer.o(o_pad)[:B]
-            # post-attention norm + residual add, then the SwiGLU MLP
-            residual = x + residual
-            mul(layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[:, :D], layer.post_norm, out=h_in)
-            gate, up = layer.gate_up(h_pad)[:B].chunk(2, dim=-1)
-            mul(F.silu(gate), up, out=m_in)
-            x = layer.down(m_pad)[:B]
-        residual = x + residual
-        return layer_norm(cat((residual, residual.neg()), -1), norm_shape, None, None, eps)[:, :D] * self.final_norm
+            addcmul(hh2, layer.o(o_pad).unsqueeze(1), signs, out=hh2)  # residual += attention output
+            # post-attention norm, then the SwiGLU MLP
+            h = layer_norm(hh, norm_shape, None, None, eps)[:, :D] * layer.post_norm
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = layer.down(F.silu(gate) * up)
+        addcmul(hh2, x.unsqueeze(1), signs, out=hh2)
+        return layer_norm(hh[:B], norm_shape, None, None, eps)[:, :D] * self.final_norm
