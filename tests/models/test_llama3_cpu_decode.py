@@ -106,3 +106,23 @@ def test_prepack_installs_the_step_and_generation_is_unchanged():
     ref = [r.token_ids for r in gen.generate(prompts, params)]
     assert lean == ref
     assert len(calls) == 1 + 11 and calls.count(True) == 11  # the prefill falls back; every decode step is lean
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not can_prepack(torch.bfloat16), reason="oneDNN bf16 not supported on this CPU")
+def test_real_model_bf16_packed_greedy_tokens_unchanged():
+    from torchinferno.checkpoint.auto import load_model_auto
+
+    model = load_model_auto("smollm2-135m-instruct", dtype=torch.bfloat16)
+    prepack_linears(model)
+    assert isinstance(model.decode_step, CpuDecodeStep)
+    g = torch.Generator().manual_seed(0)
+    for batch in (1, 4):
+        prompts = [torch.randint(10, model.config.vocab_size, (12 + 3 * b,), generator=g).tolist() for b in range(batch)]
+        params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+        gen = StaticGenerator(model, batch, 64)
+        lean = [r.token_ids for r in gen.generate(prompts, params)]
+        step, model.decode_step = model.decode_step, None
+        ref = [r.token_ids for r in gen.generate(prompts, params)]
+        model.decode_step = step
+        assert lean == ref

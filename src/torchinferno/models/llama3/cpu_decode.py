@@ -22,14 +22,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchinferno.kernels import api
-from torchinferno.kernels.cpu_linear import PackedLinear
+from torchinferno.kernels.cpu_linear import MIN_ROWS, PackedLinear
 from torchinferno.models.common.attention import TorchAttention, _dense_first_row
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.llama3 import fused_ops
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [T, K] -> [T, N]
-
-GEMV_MIN_ROWS = 4  # packed decode GEMVs of fewer rows run zero-padded to this many (see CpuDecodeStep.__call__)
 
 
 def _linear(mod: nn.Module) -> Linear:
@@ -78,7 +76,7 @@ class CpuDecodeStep:
         self.final_norm = model.model.norm.weight  # [D]
         self.layers = [_Layer(layer) for layer in model.model.layers]
         packed = all(isinstance(m, PackedLinear) for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
-        self.min_rows = GEMV_MIN_ROWS if packed else 1  # padding keeps oneDNN's rows bitwise, not MKL's
+        self.min_rows = MIN_ROWS if packed else 1  # PackedLinear's padding, as this step's GEMVs skip its forward
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -117,8 +115,8 @@ class CpuDecodeStep:
         eps, norm_shape, nqk, qk_cols = self.eps, (2 * D,), H + Hkv, (H + Hkv) * hd
         layer_norm, cat, addcmul, sdpa, scale = torch.layer_norm, torch.cat, torch.addcmul, F.scaled_dot_product_attention, self.scale
         # The residual stream and every GEMV input carry at least min_rows rows, zero rows padding
-        # a smaller batch: oneDNN's kernels stream the weights faster at M = 4 than at M = 1, each
-        # row's product is bitwise that of the unpadded GEMV, and every other op is row-wise.
+        # a smaller batch once per step instead of once per GEMV (PackedLinear pads to the same M,
+        # so the products are the module path's; every other op is row-wise).
         rows = max(B, self.min_rows)
         if rows > B:
             x = cat((x, x.new_zeros(rows - B, D)))  # [rows, D]
