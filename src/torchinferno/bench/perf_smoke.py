@@ -61,13 +61,9 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
         candidates["triton, V tile loaded after the softmax"] = lambda: da.batched_paged_decode_attention(
             q, kc, vc, bt, lens, scale, config={"v_early": False})
     if dev.type == "cuda" and kv_dt != dt and is_fp8(kv_dt):
-        from torchinferno.kernels.triton import decode_attention as da
-
         candidates["triton, FP8 tiles upcast to bf16 (not fp16)"] = lambda: da.batched_paged_decode_attention(
             q, kc, vc, bt, lens, scale, config={"fp8_dot": "bf16"})
     if sweep and dev.type == "cuda":
-        from torchinferno.kernels.triton import decode_attention as da
-
         base = da.choose_num_splits(batch, kv_heads, bt.shape[1] * block_size, dev)
         for bn in (32, 64, 128) if not is_fp8(kv_dt) else (64, 128, 256):  # FP8 rows are half as wide
             for w in (4, 8):

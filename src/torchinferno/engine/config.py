@@ -47,7 +47,7 @@ class EngineConfig:
 
     ``kv_cache_dtype`` is the KV pool's storage dtype (a dtype or a ``--kv-cache-dtype`` spelling:
     ``auto``, ``bfloat16``, ``float16``, ``float32``, ``fp8``/``fp8_e4m3``, ``fp8_e5m2``). FP8 halves
-    the bytes every decode step reads; values are stored unscaled and saturating
+    the KV bytes every decode step reads; values are stored unscaled and saturating
     (``kernels.kv_dtype``) and attention computes in the model's dtype. GQA families only.
 
     ``async_scheduling=True`` overlaps host work with the device: ``LLMEngine.step()`` schedules

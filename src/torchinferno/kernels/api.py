@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from torchinferno.kernels import triton as _tri
-from torchinferno.kernels.kv_dtype import kv_store_values, raw_bytes
+from torchinferno.kernels.kv_dtype import gather_blocks, store_rows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -100,16 +100,16 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
 
         return kv_cache.write_kv_cache(k, v, k_cache, v_cache, slot_mapping)
     keep = slot_mapping >= 0
-    for cache, vals in ((k_cache, k), (v_cache, v)):
-        flat = raw_bytes(cache.view(-1, *cache.shape[2:]))
-        flat.index_copy_(0, slot_mapping[keep], raw_bytes(kv_store_values(vals[keep], cache.dtype)))
+    slots = slot_mapping[keep]
+    store_rows(k_cache, slots, k[keep])
+    store_rows(v_cache, slots, v[keep])
 
 
 def _gather_rows(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """[length, Hkv, D]: the first ``length`` cached tokens of one block-table row."""
     bs = cache.shape[1]
     nb = -(-length // bs)
-    return raw_bytes(cache)[block_table[:nb].long()].reshape(nb * bs, *cache.shape[2:])[:length].view(cache.dtype)
+    return gather_blocks(cache, block_table[:nb].long()).reshape(nb * bs, *cache.shape[2:])[:length]
 
 
 def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -51,3 +51,14 @@ def raw_bytes(t: torch.Tensor) -> torch.Tensor:
     """FP8 tensors viewed as uint8 (same bytes), others unchanged: ``index_copy_`` and some
     gathers are not implemented for float8 on every device."""
     return t.view(torch.uint8) if t.dtype in FP8_KV_DTYPES else t
+
+
+def store_rows(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """``cache.view(-1, *S)[slots] = values`` stored as :func:`kv_store_values` (every slot valid)."""
+    flat = raw_bytes(cache.view(-1, *cache.shape[2:]))
+    flat.index_copy_(0, slots, raw_bytes(kv_store_values(values, cache.dtype)))
+
+
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """``cache[blocks]`` (any integer index tensor) in the cache's dtype, FP8 included."""
+    return raw_bytes(cache)[blocks].view(cache.dtype)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from torchinferno.kernels.kv_dtype import FP8_KV_DTYPES, kv_store_values
-from torchinferno.kernels.kv_dtype import raw_bytes as _raw
+from torchinferno.kernels.kv_dtype import FP8_KV_DTYPES, gather_blocks, kv_store_values, store_rows
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 
@@ -20,23 +19,21 @@ def write_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tens
 
     Slots of -1 (padded tokens) are allowed only with ``has_padding=True``; they are skipped.
     """
-    flat = _raw(cache.view(-1, *cache.shape[2:]))
     if has_padding:
         keep = slot_mapping >= 0
         slot_mapping, values = slot_mapping[keep], values[keep]
-    flat.index_copy_(0, slot_mapping, _raw(kv_store_values(values, cache.dtype)))
+    store_rows(cache, slot_mapping, values)
 
 
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
     """[B, length, *S]: the first ``length`` cached tokens of each row of ``block_tables``."""
     bs = cache.shape[1]
     nblocks = (length + bs - 1) // bs
-    raw = _raw(cache)
     if nblocks == 1:
         # One block per row (dense cache): slice first so only ``length`` tokens are copied.
-        return raw[:, :length][block_tables[:, 0].long()].view(cache.dtype)
-    g = raw[block_tables[:, :nblocks].long()]  # [B, nblocks, bs, *S]
-    return g.reshape(g.shape[0], nblocks * bs, *g.shape[3:])[:, :length].view(cache.dtype)
+        return gather_blocks(cache[:, :length], block_tables[:, 0].long())
+    g = gather_blocks(cache, block_tables[:, :nblocks].long())  # [B, nblocks, bs, *S]
+    return g.reshape(g.shape[0], nblocks * bs, *g.shape[3:])[:, :length]
 
 
 class TorchAttention(torch.nn.Module):
@@ -116,20 +113,15 @@ class TorchAttention(torch.nn.Module):
             vb = gather_kv(v_cache, meta.block_tables, length).transpose(1, 2)
         else:
             # Sequence b's context is the head of cache block r0 + b: write and read through views.
-            _, bs, hkv, d = k_cache.shape
-            dv = v_cache.shape[3]
-            k_off = k_cache.storage_offset() + r0 * bs * hkv * d
-            v_off = v_cache.storage_offset() + r0 * bs * hkv * dv
+            views = DenseRowViews.plan(k_cache, v_cache, r0, B, length)
             if ragged or meta.has_padding:
                 write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
                 write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
             else:  # every row writes position length - 1 of its block: one strided copy (and cast) each
                 if k_cache.dtype in FP8_KV_DTYPES:
                     k, v = kv_store_values(k, k_cache.dtype), kv_store_values(v, v_cache.dtype)
-                k_cache.as_strided((B, hkv, d), (bs * hkv * d, d, 1), k_off + (length - 1) * hkv * d).copy_(k)
-                v_cache.as_strided((B, hkv, dv), (bs * hkv * dv, dv, 1), v_off + (length - 1) * hkv * dv).copy_(v)
-            kb = k_cache.as_strided((B, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), k_off)  # [B, Hkv, L, D]
-            vb = v_cache.as_strided((B, hkv, length, dv), (bs * hkv * dv, dv, hkv * dv, 1), v_off)
+                views.write(k_cache, v_cache, k, v)
+            kb, vb = views.read(k_cache, v_cache)  # [B, Hkv, L, D], [B, Hkv, L, Dv]
         mask = None
         if ragged:
             mask = (torch.arange(length, device=q.device)[None, :] < meta.seq_lens[:, None])[:, None, None, :]
@@ -140,6 +132,44 @@ class TorchAttention(torch.nn.Module):
         o = F.scaled_dot_product_attention(q.view(B, H, 1, D).to(cdt), kb, vb, attn_mask=mask, scale=self.scale,
                                            enable_gqa=gqa)
         return o.view(B, H, -1).to(q.dtype)  # [B, H, Dv]
+
+
+class DenseRowViews:
+    """Strided views of dense cache rows: sequence b's first ``length`` tokens are the head of
+    block ``r0 + b`` of contiguous caches ``[num_blocks, block_size, Hkv, D]``.
+
+    Each spec is ``(size, stride, offset)`` relative to the cache's storage offset, so one plan
+    serves every layer's caches of the same shape. ``write`` stores position ``length - 1`` of
+    every row (the decode token); ``read`` gives ``[B, Hkv, length, D]`` K and V views.
+    """
+
+    __slots__ = ("k_write", "v_write", "k_read", "v_read")
+
+    def __init__(self, k_write, v_write, k_read, v_read):
+        self.k_write, self.v_write, self.k_read, self.v_read = k_write, v_write, k_read, v_read
+
+    @staticmethod
+    def plan(k_cache: torch.Tensor, v_cache: torch.Tensor, r0: int, batch: int, length: int) -> "DenseRowViews":
+        _, bs, hkv, d = k_cache.shape
+        dv = v_cache.shape[3]
+        k0, v0 = r0 * bs * hkv * d, r0 * bs * hkv * dv
+        return DenseRowViews(((batch, hkv, d), (bs * hkv * d, d, 1), k0 + (length - 1) * hkv * d),
+                             ((batch, hkv, dv), (bs * hkv * dv, dv, 1), v0 + (length - 1) * hkv * dv),
+                             ((batch, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), k0),
+                             ((batch, hkv, length, dv), (bs * hkv * dv, dv, hkv * dv, 1), v0))
+
+    @staticmethod
+    def _view(cache: torch.Tensor, spec) -> torch.Tensor:
+        size, stride, offset = spec
+        return cache.as_strided(size, stride, cache.storage_offset() + offset)
+
+    def write(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k [B, Hkv, D], v [B, Hkv, Dv] -> position ``length - 1`` of each row (copy_ casts)."""
+        self._view(k_cache, self.k_write).copy_(k)
+        self._view(v_cache, self.v_write).copy_(v)
+
+    def read(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._view(k_cache, self.k_read), self._view(v_cache, self.v_read)
 
 
 def _dense_first_row(block_tables_host: list[list[int]] | None, length: int, k_cache: torch.Tensor,

@@ -23,7 +23,7 @@ from torch import nn
 
 from torchinferno.kernels import api
 from torchinferno.kernels.cpu_linear import MIN_ROWS, PackedLinear
-from torchinferno.models.common.attention import TorchAttention, _dense_first_row
+from torchinferno.models.common.attention import DenseRowViews, TorchAttention, _dense_first_row
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.llama3 import fused_ops
 
@@ -105,13 +105,7 @@ class CpuDecodeStep:
         r0 = None
         if min(lens) == length and not meta.has_padding and k0.dtype == cdt and v0.dtype == cdt:
             r0 = _dense_first_row(meta.block_tables_host, length, k0, v0)
-        if r0 is not None:  # TorchAttention._decode's strided views, planned once for every layer
-            _, bs, hkv, d = k0.shape
-            dv = v0.shape[3]
-            k_write = ((B, hkv, d), (bs * hkv * d, d, 1), (r0 * bs + length - 1) * hkv * d)
-            v_write = ((B, hkv, dv), (bs * hkv * dv, dv, 1), (r0 * bs + length - 1) * hkv * dv)
-            k_read = ((B, hkv, length, d), (bs * hkv * d, d, hkv * d, 1), r0 * bs * hkv * d)
-            v_read = ((B, hkv, length, dv), (bs * hkv * dv, dv, hkv * dv, 1), r0 * bs * hkv * dv)
+        views = DenseRowViews.plan(k0, v0, r0, B, length) if r0 is not None else None  # planned once for every layer
         eps, norm_shape, nqk, qk_cols = self.eps, (2 * D,), H + Hkv, (H + Hkv) * hd
         layer_norm, cat, addcmul, sdpa, scale = torch.layer_norm, torch.cat, torch.addcmul, F.scaled_dot_product_attention, self.scale
         # The residual stream and every GEMV input carry at least min_rows rows, zero rows padding
@@ -139,14 +133,11 @@ class CpuDecodeStep:
             qk = addcmul(qk * cos, qk.view(B, nqk, 2, hd // 2).flip(2).view(B, nqk, hd), sin)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:B, qk_cols:].view(B, Hkv, hd)
-            if r0 is None:
+            if views is None:
                 o_in.copy_(layer.attn._decode(q, k, v, (k_cache, v_cache), meta, gqa, cdt))
             else:
-                k_off, v_off = k_cache.storage_offset(), v_cache.storage_offset()
-                k_cache.as_strided(k_write[0], k_write[1], k_off + k_write[2]).copy_(k)
-                v_cache.as_strided(v_write[0], v_write[1], v_off + v_write[2]).copy_(v)
-                kb = k_cache.as_strided(k_read[0], k_read[1], k_off + k_read[2])  # [B, Hkv, L, hd]
-                vb = v_cache.as_strided(v_read[0], v_read[1], v_off + v_read[2])
+                views.write(k_cache, v_cache, k, v)
+                kb, vb = views.read(k_cache, v_cache)  # [B, Hkv, L, hd]
                 o = sdpa(q.view(B, H, 1, hd).to(cdt), kb, vb, attn_mask=None, scale=scale, enable_gqa=gqa)
                 o_in.copy_(o.view(B, H, hd))  # cast to the activation dtype
             addcmul(hh2, layer.o(o_pad).unsqueeze(1), signs, out=hh2)  # residual += attention output
