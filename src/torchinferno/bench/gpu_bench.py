@@ -13,7 +13,9 @@ model with random bf16 weights built with ``TritonPagedAttention``:
 (d) offline engine throughput: random 1024-in / 1024-out prompts with ignore_eos through
     ``LLMEngine`` (paged continuous batching) as it runs on CUDA by default (decode steps
     replayed from CUDA graphs, ``engine/graph_runner.py``), with graphs + ``async_scheduling``
-    (engine mode ``async``), the same with an FP8 KV cache (mode ``async-fp8``) and with
+    (engine mode ``async``), the same with an FP8 KV cache (mode ``async-fp8``), with FP8 W8A8
+    linears (``async-w8``; ``kernels/fp8_linear.py``, swapped in place after the bf16 modes, with
+    the logits' deviation from bf16 reported) and both (``async-w8-fp8``), and with
     ``enforce_eager`` (mode ``eager``);
 (e) transformers' eager ``generate`` on the same weights (its LlamaForCausalLM sharing our
     tensors), batch 1 and 64, decode tok/s as ``B * (N - 1) / (t(N) - t(1))``.
@@ -212,10 +214,28 @@ def prefill_attention_variants(cfg, tokens: int, dev) -> dict:
     return out
 
 
-# engine mode -> (CUDA graphs, async scheduling, KV cache dtype; None = the model's)
-ENGINE_MODES: dict[str, tuple[bool, bool, torch.dtype | None]] = {
-    "graphs": (True, False, None), "async": (True, True, None), "eager": (False, False, None),
-    "async-fp8": (True, True, torch.float8_e4m3fn)}
+# engine mode -> (CUDA graphs, async scheduling, KV cache dtype (None = the model's), FP8 W8A8 linears)
+ENGINE_MODES: dict[str, tuple[bool, bool, torch.dtype | None, bool]] = {
+    "graphs": (True, False, None, False), "async": (True, True, None, False), "eager": (False, False, None, False),
+    "async-fp8": (True, True, torch.float8_e4m3fn, False),
+    "async-w8": (True, True, None, True), "async-w8-fp8": (True, True, torch.float8_e4m3fn, True)}
+
+
+def quantize_model_fp8(model, log=print) -> dict:
+    """Swap the model's linears (not the head) for FP8 W8A8 in place; returns the logits' deviation
+    from the bf16 model on one random 256-token prompt (quality beside the speed)."""
+    from torchinferno.bench.gpu_peers import logits_agreement, our_logits
+    from torchinferno.kernels.fp8_linear import swap_linear_for_fp8
+
+    ids = torch.randint(0, model.config.vocab_size, (256,), device=next(model.parameters()).device)
+    before = our_logits(model, ids)
+    names = swap_linear_for_fp8(model)
+    torch.cuda.empty_cache()
+    q = {"swapped_linears": len(names), "kernels": sorted({m.kernel for m in model.modules() if hasattr(m, "weight_fp8")}),
+         **logits_agreement(our_logits(model, ids), before)}
+    log(f"    FP8 W8A8 linears: {q['swapped_linears']} swapped ({', '.join(q['kernels'])}); logits vs bf16: rel diff "
+        f"{q['rel_diff']:.3e}, argmax agreement {100 * q['argmax_agreement']:.0f}%")
+    return q
 
 TARGETS = {"a_fraction_of_bound": 0.85, "b_vs_transformers": 10.0, "c_tflop_s": 650.0, "d_output_tok_s": 10000.0}
 
@@ -321,16 +341,21 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
 
     # (d) engine
     rep["engine"] = []
-    for mode in engine_modes if "d" in sections else ():
-        graphs, async_sched, kv_dtype = ENGINE_MODES[mode]
+    # FP8 weights replace the bf16 ones in place: those modes run last
+    modes = sorted(engine_modes, key=lambda m: ENGINE_MODES[m][3]) if "d" in sections else []
+    for mode in modes:
+        graphs, async_sched, kv_dtype, w8 = ENGINE_MODES[mode]
         if left() < 60:
             rep["skipped"].append(f"engine {mode}")
             continue
+        if w8 and "fp8_weights" not in rep:
+            rep["fp8_weights"] = quantize_model_fp8(model, log)
         # A first run keeps time for a second one; each stops at its deadline.
-        deadline = min(left() - 100, 240.0) if mode != engine_modes[-1] else left() - 30
+        deadline = min(left() - 100, 240.0) if mode != modes[-1] else left() - 30
         try:
-            rep["engine"].append(engine_throughput(model, engine_requests, engine_in, engine_out, deadline, graphs, log=log,
-                                                   async_scheduling=async_sched, kv_cache_dtype=kv_dtype))
+            r = engine_throughput(model, engine_requests, engine_in, engine_out, deadline, graphs, log=log,
+                                  async_scheduling=async_sched, kv_cache_dtype=kv_dtype)
+            rep["engine"].append({**r, "mode": mode, "weights": "fp8-w8a8" if w8 else "bfloat16"})
         except Exception as e:
             rep["engine"].append({"graphs": graphs, "async_scheduling": async_sched, "error": f"{type(e).__name__}: {e}"})
             log(f"(d) engine graphs={graphs} async={async_sched} failed: {type(e).__name__}: {e}")
@@ -382,7 +407,8 @@ def format_table(rep: dict) -> str:
             continue
         done = "complete" if r["complete"] else f"stopped at deadline, {r['finished']}/{r['requests']} finished"
         lines.append(f"| (d) engine {r['requests']}x{r['input_len']}/{r['output_len']}, graphs={r['graphs']}, "
-                     f"async={r.get('async_scheduling', False)}, kv {r.get('kv_cache_dtype', 'bfloat16')} | "
+                     f"async={r.get('async_scheduling', False)}, weights {r.get('weights', 'bfloat16')}, "
+                     f"kv {r.get('kv_cache_dtype', 'bfloat16')} | "
                      f"{r['output_tok_s']:.0f} output tok/s ({done}) | | >= 10000 |")
     for h in rep.get("hf", []) or []:
         lines.append(f"| (e) transformers generate, batch {h['batch']} | {h['tok_s']:.0f} tok/s | | |")

@@ -121,21 +121,31 @@ def hf_decode_tok_s(hf, batch: int, prompt_len: int, new_tokens: int, vocab: int
             "step_ms": (t_full - t_one) / (new_tokens - 1) * 1e3}
 
 
-def hf_agreement(model, hf, tokens: int = 64, cache_dtype=torch.bfloat16) -> dict:
-    """Same weights, same prompt: our last-position logits vs transformers'."""
+def our_logits(model, ids: torch.Tensor, cache_dtype=torch.bfloat16) -> torch.Tensor:
+    """``ids [T]`` -> logits ``[T, V]`` (fp32) of one paged prefill through our model."""
     from torchinferno.models.common.attention_metadata import build_attention_metadata
 
-    dev = next(model.parameters()).device
-    ids = torch.randint(0, model.config.vocab_size, (tokens,), device=dev)
-    spec = model.family.kv_spec(model.config)
-    caches = spec.allocate(tokens // 16 + 2, 16, cache_dtype, dev)
+    tokens, dev = ids.shape[0], ids.device
+    caches = model.family.kv_spec(model.config).allocate(tokens // 16 + 2, 16, cache_dtype, dev)
     meta = build_attention_metadata([tokens], [0], [list(range(1, tokens // 16 + 2))], 16, dev)
     with torch.inference_mode():
-        ours = model.compute_logits(model(ids, torch.arange(tokens, device=dev), caches, meta))
+        return model.compute_logits(model(ids, torch.arange(tokens, device=dev), caches, meta)).float()
+
+
+def logits_agreement(ours: torch.Tensor, theirs: torch.Tensor) -> dict:
+    """Relative L2 difference and argmax agreement of two ``[T, V]`` logit tensors."""
+    return {"rel_diff": float((ours - theirs).norm() / theirs.norm()),
+            "argmax_agreement": float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())}
+
+
+def hf_agreement(model, hf, tokens: int = 64, cache_dtype=torch.bfloat16) -> dict:
+    """Same weights, same prompt: our logits vs transformers'."""
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (tokens,), device=dev)
+    ours = our_logits(model, ids, cache_dtype)
+    with torch.inference_mode():
         theirs = hf(ids[None]).logits[0].float()
-    rel = float((ours - theirs).norm() / theirs.norm())
-    agree = float((ours.argmax(-1) == theirs.argmax(-1)).float().mean())
-    return {"rel_diff": rel, "argmax_agreement": agree}
+    return logits_agreement(ours, theirs)
 
 
 def hf_agreement_fp32_small(size: str, device) -> dict:

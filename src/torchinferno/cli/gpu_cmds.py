@@ -32,9 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--engine-requests", type=int, default=256)
     b.add_argument("--engine-input", type=int, default=1024)
     b.add_argument("--engine-output", type=int, default=1024)
-    b.add_argument("--engine-modes", nargs="*", default=["graphs", "async"], choices=["graphs", "async", "eager", "async-fp8"],
+    b.add_argument("--engine-modes", nargs="*", default=["graphs", "async"], choices=["graphs", "async", "eager", "async-fp8", "async-w8", "async-w8-fp8"],
                    help="engine runs: decode steps replayed from CUDA graphs, graphs + async scheduling, the eager "
-                        "runner and/or graphs + async scheduling with an FP8 KV cache (none: skip)")
+                        "runner, graphs + async scheduling with an FP8 KV cache (async-fp8), FP8 W8A8 linears (async-w8) "
+                        "or both (async-w8-fp8; FP8-weight modes run last, the bf16 weights are replaced) (none: skip)")
     b.add_argument("--sections", nargs="+", default=["a", "b", "c", "d", "e"], choices=["a", "b", "c", "d", "e"],
                    help="which figures to measure (default: all; the ceilings are always measured)")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers peer")

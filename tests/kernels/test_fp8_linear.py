@@ -1,0 +1,132 @@
+"""FP8 W8A8 linear (kernels.fp8_linear): the quantization rule, the reference against float64, the
+module swap on a model, and on CUDA the Triton quantizer and the scaled-mm path against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from torchinferno.errors import ConfigError
+from torchinferno.kernels.fp8_linear import (E4M3_MAX, Fp8Linear, fp8_linear_reference, quantize_fp8_rows,
+                                             swap_linear_for_fp8)
+from torchinferno.testing import tiny_model
+
+FP8 = torch.float8_e4m3fn
+
+
+def test_quantize_rows_rule():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 48, generator=g) * torch.tensor([1e-3, 1.0, 30.0, 0.0, 1e4])[:, None]
+    q, s = quantize_fp8_rows(x)
+    assert q.dtype is FP8 and s.shape == (5, 1) and s.dtype is torch.float32
+    assert torch.equal(q[3].float(), torch.zeros(48)) and torch.isfinite(s).all()  # a zero row stays zero
+    qa = q.float().abs().amax(-1)
+    assert torch.equal(qa[[0, 1, 2, 4]], torch.full((4,), E4M3_MAX))  # each row's amax maps to 448
+    # within half an E4M3 step: 3 mantissa bits -> relative 2^-4 for normal values
+    deq = q.float() * s
+    big = x.abs() > s * 2**-6 * 8  # away from E4M3's subnormals
+    assert ((deq - x).abs()[big] <= x.abs()[big] * 2**-4 + 1e-12).all()
+    assert (deq - x).abs().max() > 0  # it did quantize
+
+
+def test_reference_is_the_dequantized_product():
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(3, 4, 64, generator=g), torch.randn(96, 64, generator=g), torch.randn(96, generator=g)
+    wq, ws = quantize_fp8_rows(w)
+    got = fp8_linear_reference(x, wq, ws.view(-1), b)
+    xq, xs = quantize_fp8_rows(x.double())
+    want = (xq.double() * xs.double()) @ (wq.double() * ws.double()).t() + b.double()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # and it is near the unquantized product (a missing scale would be off by orders of magnitude)
+    exact = x.double() @ w.double().t() + b.double()
+    assert float((got.double() - exact).norm() / exact.norm()) < 0.06
+
+
+def test_swap_on_model_skips_head_and_stays_close(one_thread):
+    model = tiny_model("llama3", seed=0)
+    ids = torch.randint(3, 250, (9,), generator=torch.Generator().manual_seed(2))
+    fwd = lambda: model.compute_logits(model(ids, torch.arange(9))).float()  # noqa: E731
+    with torch.no_grad():
+        want = fwd()
+        names = swap_linear_for_fp8(model)
+        got = fwd()
+    assert names and not any(n.endswith("lm_head") for n in names)
+    assert all(isinstance(m, Fp8Linear) and m.kernel == "torch" for n, m in model.named_modules() if n in names)
+    assert type(model.lm_head) is nn.Linear
+    rel = float((got - want).norm() / want.norm())
+    assert 0 < rel < 0.1, rel
+
+
+def test_bad_kernel_names():
+    lin = nn.Linear(32, 16, bias=False)
+    with pytest.raises(ConfigError, match="valid: auto, torch, scaled_mm"):
+        Fp8Linear.from_linear(lin, kernel="cublas")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="compute capability"):
+            Fp8Linear.from_linear(lin, kernel="scaled_mm")
+
+
+def _needs_fp8_cuda(cuda_dev):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("needs FP8 tensor cores (sm89+)")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,k", [(1, 16), (7, 4096), (256, 4096), (3, 14336), (2, 8208)])
+def test_triton_quantizer_is_bitwise_the_rule(cuda_dev, m, k):
+    from torchinferno.kernels.triton.fp8_quant import quantize_fp8_rows_triton
+
+    g = torch.Generator(device=cuda_dev).manual_seed(m * k)
+    x = (torch.randn(m, k, generator=g, device=cuda_dev) * 3).to(torch.bfloat16)
+    x[0, : min(k, 5)] = torch.tensor([1e4, -1e-6, 0.0, 3.5, -448.0], device=cuda_dev)[: min(k, 5)].to(x.dtype)
+    if m > 2:
+        x[2] = 0
+    q, s = quantize_fp8_rows_triton(x)
+    rq, rs = quantize_fp8_rows(x)
+    assert torch.equal(s, rs)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [1, 5, 64, 256])
+def test_scaled_mm_linear_matches_reference(cuda_dev, m):
+    _needs_fp8_cuda(cuda_dev)
+    g = torch.Generator(device=cuda_dev).manual_seed(m)
+    lin = nn.Linear(512, 384, bias=m == 5, device=cuda_dev, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.normal_(0, 0.05, generator=g)
+    fast, ref = Fp8Linear.from_linear(lin, "scaled_mm"), Fp8Linear.from_linear(lin, "torch")
+    assert fast.kernel == "scaled_mm" and torch.equal(fast.weight_fp8.view(torch.uint8), ref.weight_fp8.view(torch.uint8))
+    x = torch.randn(m, 512, generator=g, device=cuda_dev).to(torch.bfloat16)
+    got, want = fast(x).float(), ref(x).float()
+    # same quantized operands; only the fp32 summation order and the final bf16 rounding differ
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.cuda
+def test_fp8_model_engine_graphs_equal_plain_generation(cuda_dev):
+    _needs_fp8_cuda(cuda_dev)
+    from torchinferno.core.sampling_params import SamplingParams
+    from torchinferno.engine.config import EngineConfig
+    from torchinferno.engine.generate import generate
+    from torchinferno.engine.llm_engine import LLMEngine
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+
+    model = tiny_model("llama3", device=cuda_dev, dtype=torch.bfloat16, attention_backend=TritonPagedAttention)
+    assert len(swap_linear_for_fp8(model)) == 8
+    assert all(m.kernel == "scaled_mm" for m in model.modules() if isinstance(m, Fp8Linear))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 250, (int(n),), generator=g).tolist() for n in (3, 17, 30, 8)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    engine = LLMEngine(model, None, EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, max_model_len=64))
+    assert engine.runner.uses_cuda_graphs
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, params)
+    out = engine.run_to_completion()
+    assert engine.stats().num_graph_steps > 0
+    # plain generation, one prompt at a time (M = prompt length, then 1): per-row quantization
+    # makes each row's result independent of the batch, up to the GEMM's summation order
+    plain = [generate(model, [p], params)[0].token_ids for p in prompts]
+    agree = sum(a == b for a, b in zip((out[f"r{i}"].token_ids for i in range(len(prompts))), plain))
+    assert agree >= 3, agree
