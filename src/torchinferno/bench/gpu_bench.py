@@ -350,6 +350,10 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
             continue
         if w8 and "fp8_weights" not in rep:
             rep["fp8_weights"] = quantize_model_fp8(model, log)
+            if "c" in sections:  # for information: (c)'s target is about the bf16 model
+                rep["prefill_fp8"] = measure_prefill(model, prefill_tokens, bw)
+                log("    FP8 W8A8 model:")
+                _log_prefill(rep["prefill_fp8"], mm, log)
         # A first run keeps time for a second one; each stops at its deadline.
         deadline = min(left() - 100, 240.0) if mode != modes[-1] else left() - 30
         try:

@@ -29,6 +29,7 @@ from torch import nn
 from torchinferno.errors import ConfigError
 
 E4M3_MAX = 448.0
+INV_E4M3_MAX = 1.0 / E4M3_MAX  # a scale is amax times this fp32 constant (a product rounds the same on every device)
 EPS = 1e-12  # floor of a row's amax, so an all-zero row has a finite scale
 FP8_LINEAR_KERNELS = ("auto", "torch", "scaled_mm")
 
@@ -39,10 +40,12 @@ __all__ = ["quantize_fp8_rows", "fp8_linear_reference", "Fp8Linear", "swap_linea
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., K]`` -> ``(q [..., K] float8_e4m3fn, scale [..., 1] fp32)`` with ``x ~= q * scale`` per row.
 
-    ``scale = max(amax(|row|), EPS) / 448``; ``q = rne(clamp(x / scale, +-448))`` (fp32 division).
+    ``scale = max(amax(|row|), EPS) * fp32(1/448)``; ``q = rne(clamp(x / scale, +-448))`` (IEEE fp32
+    division). A multiplication defines the scale because torch's CUDA division by a scalar is a
+    multiplication by its reciprocal: this way every device computes the same scale.
     """
     xf = x.float()
-    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(EPS) / E4M3_MAX
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(EPS) * INV_E4M3_MAX
     q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale
 

@@ -1,9 +1,10 @@
 """Per-token FP8 quantization: ``x [M, K]`` -> ``(q [M, K] e4m3, scale [M, 1] fp32)`` in one launch.
 
 Torch reference: ``kernels.fp8_linear.quantize_fp8_rows`` (same rule, bitwise: exact fp32 amax,
-IEEE division ``div_rn``, round-to-nearest-even saturating cast). One program per row: a first
-pass finds the row's amax, a second (from L2) scales and stores; the torch form costs three to
-four kernels per linear.
+the scale as an fp32 product, IEEE division ``div_rn``, round-to-nearest-even saturating cast).
+One program per row; a row of up to 16384 values stays in registers, a longer one is read twice
+(amax, then scale and store, the second pass from L2). The torch form costs three to four
+kernels per linear.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.fp8_linear import E4M3_MAX, EPS
+from torchinferno.kernels.fp8_linear import E4M3_MAX, EPS, INV_E4M3_MAX
 
 
 @triton.jit
-def _quant_rows_kernel(X, Q, S, stride_x, stride_q, K, QMAX: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr,
-                       ONE_PASS: tl.constexpr):
+def _quant_rows_kernel(X, Q, S, stride_x, stride_q, K, QMAX: tl.constexpr, INV_QMAX: tl.constexpr,
+                       FLOOR: tl.constexpr, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x
     q_row = Q + row * stride_q
@@ -31,7 +32,7 @@ def _quant_rows_kernel(X, Q, S, stride_x, stride_q, K, QMAX: tl.constexpr, FLOOR
             x = tl.load(x_row + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
             acc = tl.maximum(acc, tl.abs(x))
         amax = tl.max(acc, axis=0)
-    scale = tl.math.div_rn(tl.maximum(amax, FLOOR), QMAX)  # IEEE division, as torch's
+    scale = tl.maximum(amax, FLOOR) * INV_QMAX  # an fp32 product, as the torch rule's
     tl.store(S + row, scale)
     if ONE_PASS:
         q = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
@@ -49,9 +50,8 @@ def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M:
-        one_pass = K <= 8192
+        one_pass = K <= 16384  # a row in registers: up to 64 fp32 per thread at 8 warps
         block = triton.next_power_of_2(K) if one_pass else 4096
-        _quant_rows_kernel[(M,)](x, q, s, x.stride(0), q.stride(0), K, QMAX=E4M3_MAX, FLOOR=EPS, BLOCK=block,
-                                 ONE_PASS=one_pass,
-                                 num_warps=8 if block >= 4096 else 4)
+        _quant_rows_kernel[(M,)](x, q, s, x.stride(0), q.stride(0), K, QMAX=E4M3_MAX, INV_QMAX=INV_E4M3_MAX, FLOOR=EPS,
+                                 BLOCK=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
     return q, s
