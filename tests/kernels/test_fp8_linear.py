@@ -130,3 +130,26 @@ def test_fp8_model_engine_graphs_equal_plain_generation(cuda_dev):
     plain = [generate(model, [p], params)[0].token_ids for p in prompts]
     agree = sum(a == b for a, b in zip((out[f"r{i}"].token_ids for i in range(len(prompts))), plain))
     assert agree >= 3, agree
+
+
+def test_quantize_model_methods():
+    from torchinferno.kernels.fp8_linear import quantize_model
+
+    model = tiny_model("llama3", seed=1)
+    assert quantize_model(model, "none") == [] and quantize_model(model, None) == []
+    with pytest.raises(ConfigError, match="valid: none, fp8"):
+        quantize_model(model, "int4")
+    assert len(quantize_model(model, "fp8")) == 8  # 2 layers x (qkv, o, gate_up, down); not the head
+    with pytest.raises(ConfigError, match="no nn.Linear"):
+        quantize_model(model, "fp8")  # nothing left to quantize
+
+
+@pytest.mark.slow
+def test_real_model_fp8_chat_still_answers(capsys):
+    """SmolLM2-135M with FP8 W8A8 linears (CPU reference path): the chat answer survives quantization."""
+    from torchinferno.cli.main import main
+
+    rc = main(["chat", "smollm2-135m-instruct", "What is the capital of France?", "--quantization", "fp8",
+               "--max-new-tokens", "10", "--json"])
+    assert rc == 0
+    assert "Paris" in capsys.readouterr().out

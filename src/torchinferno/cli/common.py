@@ -20,6 +20,13 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
     p.add_argument("--variant", default=None, help="model variant from the family registry (default: the family's default)")
     p.add_argument("--no-prepack", action="store_true",
                    help="keep plain nn.Linear weights on CPU (default: pre-pack bf16 weights for oneDNN)")
+    add_quantization_arg(p)
+
+
+def add_quantization_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="fp8: FP8-E4M3 weights and per-token activations (W8A8) for every linear but the head; "
+                        "FP8 tensor cores on CUDA sm89+, a torch reference elsewhere (slow on CPU)")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -57,10 +64,12 @@ def load_model_and_tokenizer(a: argparse.Namespace):
     from pathlib import Path
 
     from torchinferno.checkpoint.auto import load_model_auto
+    from torchinferno.kernels.fp8_linear import quantize_model
     from torchinferno.text.tokenizer import load_tokenizer
 
     check_device(a.device)
     model = load_model_auto(a.model, device=a.device, dtype=a.dtype, variant=a.variant, cache_dir=a.cache_dir)
+    quantize_model(model, getattr(a, "quantization", "none"))
     if not getattr(a, "no_prepack", False):
         from torchinferno.kernels.cpu_linear import prepack_linears
 

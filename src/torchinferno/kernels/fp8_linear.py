@@ -32,8 +32,9 @@ E4M3_MAX = 448.0
 INV_E4M3_MAX = 1.0 / E4M3_MAX  # a scale is amax times this fp32 constant (a product rounds the same on every device)
 EPS = 1e-12  # floor of a row's amax, so an all-zero row has a finite scale
 FP8_LINEAR_KERNELS = ("auto", "torch", "scaled_mm")
+QUANTIZATION_METHODS = ("none", "fp8")  # what --quantization accepts
 
-__all__ = ["quantize_fp8_rows", "fp8_linear_reference", "Fp8Linear", "swap_linear_for_fp8", "scaled_mm_supported",
+__all__ = ["quantize_model", "QUANTIZATION_METHODS", "quantize_fp8_rows", "fp8_linear_reference", "Fp8Linear", "swap_linear_for_fp8", "scaled_mm_supported",
            "FP8_LINEAR_KERNELS"]
 
 
@@ -143,3 +144,16 @@ def swap_linear_for_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), 
             setattr(parent, child_name, Fp8Linear.from_linear(child, kernel))
             swapped.append(name)
     return swapped
+
+
+def quantize_model(model: nn.Module, method: str | None) -> list[str]:
+    """Apply ``--quantization METHOD`` to a loaded model (before any CPU pre-packing): ``none`` does
+    nothing, ``fp8`` swaps every linear but the head for :class:`Fp8Linear`. Returns the names swapped."""
+    if method in (None, "none"):
+        return []
+    if method not in QUANTIZATION_METHODS:
+        raise ConfigError(f"unknown quantization {method!r}; valid: {', '.join(QUANTIZATION_METHODS)}")
+    names = swap_linear_for_fp8(model)
+    if not names:
+        raise ConfigError("--quantization fp8: the model has no nn.Linear layers to quantize")
+    return names

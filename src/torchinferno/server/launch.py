@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from torchinferno.cli.common import add_quantization_arg
 from torchinferno.errors import ConfigError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -42,6 +43,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--log-level", default="warning")
     p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights for oneDNN")
+    add_quantization_arg(p)
 
 
 def build(args: argparse.Namespace):
@@ -74,6 +76,9 @@ def build(args: argparse.Namespace):
         root = str(model.checkpoint_dir)
         name = args.served_model_name or model_spec
         tok_spec = args.tokenizer or (root if (Path(root) / "tokenizer.json").exists() else "byte")
+    from torchinferno.kernels.fp8_linear import quantize_model
+
+    quantize_model(model, args.quantization)
     if not args.no_prepack:
         from torchinferno.kernels.cpu_linear import prepack_linears
 
