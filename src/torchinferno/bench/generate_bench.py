@@ -41,7 +41,8 @@ class BenchReport:
 
 
 def weight_bytes_per_step(model) -> int:
-    """Bytes of parameters a decode step streams (the embedding table only if it doubles as the head)."""
+    """Bytes of parameters (and FP8 weight buffers) a decode step streams (the embedding table only if it
+    doubles as the head)."""
     total = 0
     emb = model.model.embed_tokens.weight if hasattr(model, "model") else None
     tied = getattr(model, "lm_head", None) is None
@@ -49,6 +50,9 @@ def weight_bytes_per_step(model) -> int:
         if emb is not None and p is emb and not tied:
             continue
         total += p.numel() * p.element_size()
+    for name, b in model.named_buffers():  # quantized linears hold their weights as buffers (kernels/fp8_linear.py)
+        if name.endswith((".weight_fp8", ".weight_scale")):
+            total += b.numel() * b.element_size()
     return total
 
 

@@ -11,7 +11,8 @@ applied to a loaded model as a runtime transformation (like ``kernels.cpu_linear
 
 Invariant: :func:`fp8_linear_reference` (plain torch, any device) is the definition; the CUDA
 path (Triton per-token quantization + ``torch._scaled_mm`` rowwise scaling on sm89+) computes
-the same quantized operands bitwise and differs only in the fp32 summation order. A zero row
+the same quantized operands bitwise and differs only in the fp32 summation order (for inputs
+of at most 4 rows a Triton GEMV streams the weight instead of ``_scaled_mm``). A zero row
 gets scale ``EPS / 448`` and quantizes to zeros.
 
 What it buys on H200: half the weight bytes of bf16 and the FP8 tensor-core rate (2x bf16).
@@ -68,21 +69,18 @@ def scaled_mm_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def _scaled_mm_linear(x2: torch.Tensor, wq_t: torch.Tensor, w_scale_row: torch.Tensor, bias: torch.Tensor | None,
-                      quantize: Callable) -> torch.Tensor:
-    """x2 [M, K] (contiguous) -> [M, N]; wq_t [K, N] column-major (the [N, K] weight transposed)."""
-    xq, xs = quantize(x2)  # [M, K] e4m3, [M, 1] fp32
-    y = torch._scaled_mm(xq, wq_t, scale_a=xs, scale_b=w_scale_row, out_dtype=x2.dtype)
-    return y if bias is None else (y.float() + bias.float()).to(x2.dtype)
 
 
 class Fp8Linear(nn.Module):
     """Drop-in for ``nn.Linear`` holding an FP8 weight (buffers, inference only). x [..., K] -> [..., N].
 
-    ``kernel`` is chosen at construction: ``"scaled_mm"`` (CUDA sm89+, Triton quantization when
-    present), ``"torch"`` (the reference), ``"auto"`` = ``scaled_mm`` where supported, else ``torch``.
-    ``scaled_mm`` needs K and N to be multiples of 16.
+    ``kernel`` is chosen at construction: ``"scaled_mm"`` (CUDA sm89+: Triton quantization when
+    present, inputs of at most ``gemv_rows`` rows through the Triton FP8 GEMV, more through
+    rowwise-scaled ``torch._scaled_mm``), ``"torch"`` (the reference), ``"auto"`` = ``scaled_mm``
+    where supported, else ``torch``. ``scaled_mm`` needs K and N to be multiples of 16.
     """
+
+    gemv_rows = 4  # at most kernels.triton.fp8_gemv.MAX_ROWS; set 0 on an instance to send every input to _scaled_mm
 
     def __init__(self, weight_fp8: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
                  kernel: str = "auto"):
@@ -100,7 +98,7 @@ class Fp8Linear(nn.Module):
         if kernel == "auto":
             kernel = "scaled_mm" if scaled_mm_supported(weight_fp8.device) and fits else "torch"
         self.kernel = kernel
-        self._quantize = _row_quantizer(weight_fp8.device) if kernel == "scaled_mm" else None
+        self._quantize, self._gemv = _cuda_parts(weight_fp8.device) if kernel == "scaled_mm" else (None, None)
 
     @classmethod
     def from_linear(cls, lin: nn.Linear, kernel: str = "auto") -> "Fp8Linear":
@@ -111,23 +109,32 @@ class Fp8Linear(nn.Module):
         if self.kernel == "torch":
             return fp8_linear_reference(x, self.weight_fp8, self.weight_scale, self.bias)
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).contiguous()
-        y = _scaled_mm_linear(x2, self.weight_fp8.t(), self.weight_scale.view(1, -1), self.bias, self._quantize)
+        x2 = x.reshape(-1, shape[-1]).contiguous()  # [M, K]
+        xq, xs = self._quantize(x2)  # [M, K] e4m3, [M, 1] fp32
+        if self._gemv is not None and x2.shape[0] <= self.gemv_rows:  # decode at low concurrency: a weight stream
+            y = self._gemv(xq, xs, self.weight_fp8, self.weight_scale, x2.dtype)
+        else:
+            y = torch._scaled_mm(xq, self.weight_fp8.t(), scale_a=xs, scale_b=self.weight_scale.view(1, -1),
+                                 out_dtype=x2.dtype)
+        if self.bias is not None:
+            y = (y.float() + self.bias.float()).to(x2.dtype)
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3 w8a8, kernel={self.kernel}"
 
 
-def _row_quantizer(device: torch.device) -> Callable:
-    """The per-token quantization of the CUDA path: the Triton kernel when Triton imports, else torch."""
+def _cuda_parts(device: torch.device) -> tuple[Callable, Callable | None]:
+    """(per-token quantizer, small-M GEMV or None) of the CUDA path: Triton kernels when Triton
+    imports, else the torch quantizer and ``_scaled_mm`` for every M."""
     from torchinferno.kernels import triton as tk
 
     if device.type == "cuda" and tk.available():
+        from torchinferno.kernels.triton.fp8_gemv import fp8_gemv
         from torchinferno.kernels.triton.fp8_quant import quantize_fp8_rows_triton
 
-        return quantize_fp8_rows_triton
-    return quantize_fp8_rows
+        return quantize_fp8_rows_triton, fp8_gemv
+    return quantize_fp8_rows, None
 
 
 def swap_linear_for_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), kernel: str = "auto") -> list[str]:
