@@ -19,12 +19,15 @@ from torchinferno.models.llama3.cpu_decode import CpuDecodeStep
 from torchinferno.testing import tiny_model
 
 DTYPES = [torch.float32] + ([torch.bfloat16] if can_prepack(torch.bfloat16) else [])
+# (dtype, CPU GEMV kernel): bf16 models are packed for oneDNN (GEMVs padded to MIN_ROWS) and for
+# "auto" (our avx512bf16 GEMV where available: no padding)
+CONFIGS = [(torch.float32, None)] + [(torch.bfloat16, k) for k in ("onednn", "auto") if torch.bfloat16 in DTYPES]
 
 
-def _model(dtype: torch.dtype, variant: str = "v1"):
+def _model(dtype: torch.dtype, variant: str = "v1", kernel: str | None = "auto"):
     m = tiny_model("llama3", dtype=dtype, variant=variant)
     if dtype == torch.bfloat16:
-        prepack_linears(m)
+        prepack_linears(m, kernel=kernel)
     return m
 
 
@@ -53,7 +56,7 @@ def _decode_twice(model, rows: list[list[int]], prompt_lens: list[int], block_si
     return outs[0][0], outs[1][0], outs[0][1], outs[1][1]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype,kernel", CONFIGS)
 @pytest.mark.parametrize("rows,prompt_lens,block_size", [
     ([[0]], [7], 32),  # batch 1, dense row: strided views
     ([[1], [2], [3]], [5, 5, 5], 32),  # consecutive rows, equal lengths: strided views
@@ -61,8 +64,8 @@ def _decode_twice(model, rows: list[list[int]], prompt_lens: list[int], block_si
     ([[3], [0], [2]], [6, 6, 6], 32),  # rows out of order: the backend's gather
     ([[0, 2], [1, 3]], [9, 12], 8),  # paged, two blocks per sequence
 ])
-def test_lean_step_is_bitwise_the_module_path(dtype, rows, prompt_lens, block_size):
-    model = _model(dtype)
+def test_lean_step_is_bitwise_the_module_path(dtype, kernel, rows, prompt_lens, block_size):
+    model = _model(dtype, kernel=kernel)
     want, got, want_caches, got_caches = _decode_twice(model, rows, prompt_lens, block_size)
     assert got is not None and got.dtype == dtype
     assert torch.equal(got, want)

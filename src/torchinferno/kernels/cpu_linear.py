@@ -1,16 +1,36 @@
-"""CPU linear with weights pre-packed once for oneDNN (bf16 on AVX512-BF16/AMX CPUs).
+"""CPU linears with weights pre-packed once (bf16 on AVX512-BF16 CPUs): our GEMV kernel or oneDNN.
 
 A runtime transformation applied after a model is built and loaded, like quantization: it
-replaces ``nn.Linear`` modules by :class:`PackedLinear`, whose weight lives in oneDNN's blocked
-layout so every decode GEMV reads it at near-streaming bandwidth instead of re-laying it out
-per call. Numerics: the same products summed in oneDNN's order (bf16 in, fp32 accumulate).
-Export is not supported on a packed model: keep the unpacked module for save_pretrained.
+replaces ``nn.Linear`` modules by :class:`PackedLinear`, whose weight is packed once for its
+kernel so every decode GEMV streams it instead of re-laying it out per call. Kernels (chosen per
+model by ``prepack_linears(model, kernel=...)``):
+
+- ``avx512bf16``: ours (``kernels/cpu_gemv.c``), weights packed for ``vdpbf16ps``; each output
+  row is bitwise independent of M and of the other rows, so no row padding.
+- ``onednn``: ``torch.ops.mkldnn._linear_pointwise`` on oneDNN's blocked layout; its results
+  depend on M (the kernel's blocking), and it streams faster at M >= 4, so fewer rows are padded.
+- ``auto``: ours when it is available (CPU flags + a working gcc), else oneDNN. Ours measured
+  faster on every SmolLM2 shape at every M tried (1-64; 2-core Zen4: ~40 GB/s vs ~20 at M = 1,
+  near the fp32 FMA peak at M = 64), so there is no M threshold.
+
+Numerics: bf16 in, fp32 accumulate, bf16 out; the two kernels sum in different orders, so they
+agree within bf16 rounding, not bitwise. Export is not supported on a packed model: keep the
+unpacked module for save_pretrained.
 """
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable, Iterator
+
 import torch
 from torch import nn
+
+from torchinferno.errors import ConfigError
+from torchinferno.kernels import cpu_gemv
+
+KERNELS = ("auto", "onednn", "avx512bf16")
+_default_kernel = ["auto"]  # what prepack_linears(kernel=None) uses; set by use_kernel()
 
 
 def can_prepack(dtype: torch.dtype) -> bool:
@@ -21,6 +41,36 @@ def can_prepack(dtype: torch.dtype) -> bool:
     return False
 
 
+def resolve_kernel(kernel: str, dtype: torch.dtype = torch.bfloat16) -> str:
+    """"onednn" or "avx512bf16" for a requested name; ConfigError for a bad or unavailable one."""
+    if kernel not in KERNELS:
+        raise ConfigError(f"unknown CPU GEMV kernel '{kernel}' (valid: {', '.join(KERNELS)})")
+    if kernel == "onednn" or dtype != torch.bfloat16:
+        return "onednn"
+    if cpu_gemv.load() is None:
+        if kernel == "avx512bf16":
+            raise ConfigError(f"CPU GEMV kernel avx512bf16 is unavailable here ({cpu_gemv.unavailable_reason()}); "
+                              "use auto or onednn")
+        return "onednn"
+    return "avx512bf16"
+
+
+@contextlib.contextmanager
+def use_kernel(kernel: str) -> Iterator[None]:
+    """Within this block, ``prepack_linears(model)`` (no ``kernel=``) packs for ``kernel``.
+
+    For callers that reach ``prepack_linears`` through code they do not own (bench-generate's
+    ``--cpu-gemv``). Validates the name up front.
+    """
+    resolve_kernel(kernel)
+    old = _default_kernel[0]
+    _default_kernel[0] = kernel
+    try:
+        yield
+    finally:
+        _default_kernel[0] = old
+
+
 # oneDNN's bf16 kernels stream the weights faster at M = 4 rows than at M = 1 (about 5% of a
 # SmolLM2 batch-1 decode step on a 2-core AVX512-BF16 EPYC). Fewer rows are zero-padded to this
 # many: a row's result depends on M (the kernel's blocking), never on the other rows' values.
@@ -28,44 +78,64 @@ MIN_ROWS = 4
 
 
 class PackedLinear(nn.Module):
-    """y = x @ W^T (+ b) with W pre-packed for oneDNN. x [..., K] -> [..., N].
+    """y = x @ W^T (+ b) with W pre-packed for one kernel (see the module docstring). x [..., K] -> [..., N].
 
-    Inputs of fewer than :data:`MIN_ROWS` rows are computed zero-padded to that many.
+    ``gemv`` is the plain 2-D call (x [M, K] -> y [M, N]) that ``forward`` and the lean llama3
+    decode step both run; inputs of fewer than ``min_rows`` rows are computed zero-padded to that
+    many (:data:`MIN_ROWS` for oneDNN, 1 for ours), so both paths run each GEMV at the same M.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_hint: int = 1):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, batch_hint: int = 1,
+                 kernel: str = "auto"):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         w = weight.detach()
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(w, batch_hint), persistent=False)
+        self.kernel = resolve_kernel(kernel, w.dtype) if w.numel() else "onednn"
         self.register_buffer("bias", None if bias is None else bias.detach().clone(), persistent=False)
+        self.gemv: Callable[[torch.Tensor], torch.Tensor]
+        if self.kernel == "avx512bf16":
+            packed = cpu_gemv.pack_weight(w)  # [ceil(N/64), ceil(K/2), 64, 2]
+            self.register_buffer("packed_weight", packed, persistent=False)
+            self.gemv = cpu_gemv.make_gemv(cpu_gemv.load(), packed, self.out_features, self.in_features, self.bias)
+            self.min_rows = 1
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, batch_hint)
+            self.register_buffer("packed_weight", packed, persistent=False)
+            b, op = self.bias, torch.ops.mkldnn._linear_pointwise
+            self.gemv = lambda x: op(x, packed, b, "none", [], "")
+            self.min_rows = MIN_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         rows = x2.shape[0]
-        if 0 < rows < MIN_ROWS:
-            x2 = torch.cat((x2, x2.new_zeros(MIN_ROWS - rows, shape[-1])))
-        y = torch.ops.mkldnn._linear_pointwise(x2, self.packed_weight, self.bias, "none", [], "")
+        if 0 < rows < self.min_rows:
+            x2 = torch.cat((x2, x2.new_zeros(self.min_rows - rows, shape[-1])))
+        y = self.gemv(x2)
         return y[:rows].view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, packed=onednn"
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed={self.kernel}"
 
 
-def prepack_linears(model: nn.Module) -> int:
+def prepack_linears(model: nn.Module, kernel: str | None = None) -> int:
     """Swap every CPU bf16 ``nn.Linear`` in ``model`` for a :class:`PackedLinear`; returns the count.
+
+    ``kernel`` is one of :data:`KERNELS` (None: "auto", or what an enclosing :func:`use_kernel`
+    set); a bad name or an unavailable "avx512bf16" raises ConfigError before anything changes.
 
     A model exposing ``head_weight()`` and a ``packed_head`` slot also gets its logits projection
     packed (this covers a head tied to the embedding, which is not an ``nn.Linear``); one exposing
     ``enable_cpu_decode_step()`` gets its lean CPU decode step (if its family has one) installed
     on the packed weights.
     """
+    kernel = _default_kernel[0] if kernel is None else kernel
+    resolve_kernel(kernel)  # validate once, even for a model with nothing to pack
     count = 0
     if getattr(model, "packed_head", False) is None and callable(getattr(model, "head_weight", None)):
         w = model.head_weight()  # read before the lm_head Linear (if any) is swapped below
         if w.device.type == "cpu" and can_prepack(w.dtype):
-            model.packed_head = PackedLinear(w)
+            model.packed_head = PackedLinear(w, kernel=kernel)
             count += 1
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
@@ -73,7 +143,7 @@ def prepack_linears(model: nn.Module) -> int:
                 setattr(parent, name, None)  # the packed head replaces it; keep one copy in memory
                 continue
             if isinstance(child, nn.Linear) and child.weight.device.type == "cpu" and can_prepack(child.weight.dtype):
-                setattr(parent, name, PackedLinear(child.weight, child.bias))
+                setattr(parent, name, PackedLinear(child.weight, child.bias, kernel=kernel))
                 count += 1
     if count and callable(getattr(model, "enable_cpu_decode_step", None)):
         model.enable_cpu_decode_step()  # a lean decode step built on the packed weights (models/llama3/cpu_decode.py)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchinferno.kernels import api
-from torchinferno.kernels.cpu_linear import MIN_ROWS, PackedLinear
+from torchinferno.kernels.cpu_linear import PackedLinear
 from torchinferno.models.common.attention import DenseRowViews, TorchAttention, _dense_first_row
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.llama3 import fused_ops
@@ -33,8 +33,7 @@ Linear = Callable[[torch.Tensor], torch.Tensor]  # x [T, K] -> [T, N]
 def _linear(mod: nn.Module) -> Linear:
     """The GEMV of an ``nn.Linear`` or :class:`PackedLinear` as a plain call on a 2-D input."""
     if isinstance(mod, PackedLinear):
-        w, b, op = mod.packed_weight, mod.bias, torch.ops.mkldnn._linear_pointwise
-        return lambda x: op(x, w, b, "none", [], "")
+        return mod.gemv  # its kernel's call, without forward's padding (the step pads once, to min_rows)
     if isinstance(mod, nn.Linear):
         w, b = mod.weight, mod.bias
         return lambda x: F.linear(x, w, b)
@@ -75,8 +74,11 @@ class CpuDecodeStep:
         self.embed = model.model.embed_tokens.weight  # [V, D]
         self.final_norm = model.model.norm.weight  # [D]
         self.layers = [_Layer(layer) for layer in model.model.layers]
-        packed = all(isinstance(m, PackedLinear) for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear)))
-        self.min_rows = MIN_ROWS if packed else 1  # PackedLinear's padding, as this step's GEMVs skip its forward
+        linears = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+        # PackedLinear's padding (oneDNN: MIN_ROWS, ours: 1), as this step's GEMVs skip its forward; a
+        # kernel whose rows do not depend on M gives the same rows at any larger padding.
+        packed = all(isinstance(m, PackedLinear) for m in linears)
+        self.min_rows = max((m.min_rows for m in linears), default=1) if packed else 1
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
