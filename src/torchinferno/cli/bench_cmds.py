@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compare-hf", action="store_true", help="also time transformers' generate on the same weights")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--json-output", default=None, help="write the report as JSON here")
-    p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights for oneDNN")
+    p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights")
+    p.add_argument("--cpu-gemv", default="auto", choices=["auto", "onednn", "avx512bf16"],
+                   help="kernel of the pre-packed CPU bf16 linears (auto: avx512bf16 where available, else onednn)")
     p.set_defaults(func=cmd_bench_generate)
 
 
@@ -27,12 +29,14 @@ def cmd_bench_generate(a) -> int:
 
     from torchinferno.bench.generate_bench import run_bench
     from torchinferno.cli.common import check_device
+    from torchinferno.kernels.cpu_linear import use_kernel
 
     check_device(a.device)
     print(f"bench-generate {a.model} dtype={a.dtype} device={a.device} threads={torch.get_num_threads()} "
           f"prompt={a.prompt_tokens} new={a.new_tokens}")
-    rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens, a.cache_dir,
-                     prepack=not a.no_prepack)
+    with use_kernel(a.cpu_gemv):  # run_bench's prepack_linears(model) packs for this kernel
+        rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens,
+                        a.cache_dir, prepack=not a.no_prepack)
     print(f"copy bandwidth (read+write): {rep.bandwidth_gb_s:.1f} GB/s; weight bytes per decode step: {rep.weight_bytes_per_step / 1e6:.1f} MB")
     if a.json_output:
         data = asdict(rep)
