@@ -3,11 +3,8 @@
 Each op has a default implementation in plain torch (registered for every backend, i.e.
 CompositeExplicitAutograd; it is what CPU runs) whose numerics match ``kernels/reference.py``,
 and a fake (meta) implementation so the op traces under ``make_fx`` / FakeTensor / torch.compile
-as one opaque node. GPU kernels plug in later without touching callers::
-
-    from torchinferno.kernels.custom_ops import fused_rmsnorm_swiglu
-    @fused_rmsnorm_swiglu.register_kernel("cuda")
-    def _(x, residual, norm_weight, gate_up_weight, eps): ...
+as one opaque node. GPU kernels plug in without touching callers (``register_kernel("cuda")``):
+``fused_rmsnorm_swiglu`` has its Triton kernels registered for CUDA below.
 
 Ops (shapes for a flattened batch of ``T`` tokens, hidden ``D``, intermediate ``I``):
 
@@ -64,6 +61,20 @@ def fused_rmsnorm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: t
                          gate_up_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     act, h = reference_fused_rmsnorm_swiglu(x, residual, norm_weight, gate_up_weight, eps)
     return act.contiguous(), h
+
+
+@fused_rmsnorm_swiglu.register_kernel("cuda")
+def _fused_cuda(x, residual, norm_weight, gate_up_weight, eps):
+    """Triton on CUDA (``kernels/triton/gemm_swiglu.py``: add+norm kernel, GEMM with a SwiGLU epilogue);
+    the torch form when Triton is missing. Triton is imported at the first call, not at registration."""
+    from torchinferno.kernels import triton as tk
+
+    if not tk.available():
+        act, h = reference_fused_rmsnorm_swiglu(x, residual, norm_weight, gate_up_weight, eps)
+        return act.contiguous(), h
+    from torchinferno.kernels.triton.gemm_swiglu import fused_rmsnorm_swiglu as triton_fused
+
+    return triton_fused(x.contiguous(), residual.contiguous(), norm_weight, gate_up_weight.contiguous(), eps)
 
 
 @fused_rmsnorm_swiglu.register_fake
