@@ -10,8 +10,9 @@ model by ``prepack_linears(model, kernel=...)``):
 - ``onednn``: ``torch.ops.mkldnn._linear_pointwise`` on oneDNN's blocked layout; its results
   depend on M (the kernel's blocking), and it streams faster at M >= 4, so fewer rows are padded.
 - ``auto``: ours when it is available (CPU flags + a working gcc), else oneDNN. Ours measured
-  faster on every SmolLM2 shape at every M tried (1-64; 2-core Zen4: ~40 GB/s vs ~20 at M = 1,
-  near the fp32 FMA peak at M = 64), so there is no M threshold.
+  faster on every SmolLM2 shape at M = 1-64 (2-core Zen4: ~40 GB/s vs ~20 at M = 1) and on par
+  at prefill sizes (M = 256-1024: both at the bf16 dot-product peak), so there is no M threshold
+  (which would also need a second packed copy of every weight).
 
 Numerics: bf16 in, fp32 accumulate, bf16 out; the two kernels sum in different orders, so they
 agree within bf16 rounding, not bitwise. Export is not supported on a packed model: keep the
