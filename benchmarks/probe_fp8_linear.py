@@ -23,7 +23,7 @@ from torchinferno.kernels.triton.fp8_quant import quantize_fp8_rows_triton
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 
 
-def main(ms=(1, 4, 64, 256, 2048)) -> dict:
+def main(ms=(1, 4, 256)) -> dict:
     dev = torch.device("cuda")
     bw, mm = copy_bandwidth(dev, nbytes=2 * 1024**3, iters=5), matmul_rate(dev, torch.bfloat16, n=8192, iters=5)
     a = torch.randn(8192, 8192, device=dev).to(torch.float8_e4m3fn)
@@ -56,7 +56,8 @@ def main(ms=(1, 4, 64, 256, 2048)) -> dict:
                   f"{row['bf16_weight_gb_s']:5.0f} GB/s) | fp8 {row['fp8_us']:8.1f} us ({row['fp8_tflop_s']:5.0f} TFLOP/s, "
                   f"{row['fp8_weight_gb_s']:5.0f} GB/s) = quant {row['quant_us']:.1f} + mm {row['scaled_mm_us']:.1f} | "
                   f"(no GEMV {row['fp8_no_gemv_us']:.1f}) | speedup {row['bf16_us'] / row['fp8_us']:.2f}x")
-    out["gemv_sweep"] = gemv_sweep(dev)
+    if "--sweep" in sys.argv:
+        out["gemv_sweep"] = gemv_sweep(dev)
     return out
 
 
@@ -82,7 +83,7 @@ def gemv_sweep(dev, configs=((8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 
     return rows
 
 
-def decode_steps(dev, cases=((1, 128), (4, 128), (64, 1024))) -> dict:
+def decode_steps(dev, cases=((1, 128), (4, 128), (64, 1024), (256, 1024))) -> dict:
     """The 8B model's decode step (CUDA graph) in bf16, then with FP8 W8A8 linears, same weights."""
     from torchinferno.bench.generate_bench import weight_bytes_per_step
     from torchinferno.bench.gpu_bench import DecodeBench, build_random_model
@@ -96,7 +97,7 @@ def decode_steps(dev, cases=((1, 128), (4, 128), (64, 1024))) -> dict:
             swap_linear_for_fp8(model)
             torch.cuda.empty_cache()
         wbytes = weight_bytes_per_step(model)
-        bench = DecodeBench(model, max_batch=64, max_ctx=1100, buckets=(1, 4, 64))
+        bench = DecodeBench(model, max_batch=256, max_ctx=1100, buckets=(1, 4, 64, 256))
         for b, ctx in cases:
             r = bench.measure(b, ctx, wbytes, bw)
             out[f"{label}_b{b}_ctx{ctx}"] = {k: r[k] for k in ("step_ms", "loop_ms_per_step", "tok_s", "bound_ms")}
@@ -111,7 +112,7 @@ if __name__ == "__main__":
     res = main()
     if "--decode" in sys.argv:
         res["decode"] = decode_steps(torch.device("cuda"))
-        sys.argv.remove("--decode")
+    sys.argv = [a for a in sys.argv if a not in ("--decode", "--sweep")]
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(res, f, indent=2)

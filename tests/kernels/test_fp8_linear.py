@@ -102,8 +102,9 @@ def test_scaled_mm_linear_matches_reference(cuda_dev, m):
     got, want = fast(x).float(), ref(x).float()
     # same quantized operands; only the fp32 summation order and the final bf16 rounding differ
     torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3)
-    fast.gemv_rows = 0  # every M through _scaled_mm: the small-M GEMV and the GEMM agree too
-    torch.testing.assert_close(fast(x).float(), want, rtol=2 ** -7, atol=1e-3)
+    for rows in (0, 4):  # every M through _scaled_mm, and up to 4 rows through the GEMV: both agree too
+        fast.gemv_rows = rows
+        torch.testing.assert_close(fast(x).float(), want, rtol=2 ** -7, atol=1e-3)
 
 
 @pytest.mark.cuda

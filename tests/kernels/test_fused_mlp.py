@@ -32,6 +32,12 @@ def test_cuda_fused_rmsnorm_swiglu_matches_reference(cuda_dev, t, d, i):
     exact = _exact(x, res, w, gu, 1e-5)
     err, ref_err = (act.double() - exact).abs().max(), (ref_act.double() - exact).abs().max()
     assert err <= 2 * ref_err + 1e-3 * exact.abs().max(), (float(err), float(ref_err))
+    from torchinferno.kernels.triton.gemm_swiglu import fused_rmsnorm_swiglu
+
+    for epilogue in ("fused", "separate"):  # both forms the op dispatches between, at every size
+        act2, h2 = fused_rmsnorm_swiglu(x, res, w, gu, 1e-5, epilogue=epilogue)
+        err2 = (act2.double() - exact).abs().max()
+        assert torch.equal(h2, ref_h) and err2 <= 2 * ref_err + 1e-3 * exact.abs().max(), (epilogue, float(err2))
 
 
 @pytest.mark.cuda

@@ -74,7 +74,8 @@ def _fused_cuda(x, residual, norm_weight, gate_up_weight, eps):
         return act.contiguous(), h
     from torchinferno.kernels.triton.gemm_swiglu import fused_rmsnorm_swiglu as triton_fused
 
-    return triton_fused(x.contiguous(), residual.contiguous(), norm_weight, gate_up_weight.contiguous(), eps)
+    return triton_fused(x.contiguous(), residual.contiguous(), norm_weight, gate_up_weight.contiguous(), eps,
+                        epilogue="auto")
 
 
 @fused_rmsnorm_swiglu.register_fake

@@ -1,8 +1,9 @@
 """Small-M FP8 W8A8 linear in Triton: ``y [M, N] = s_x * s_w * (x_q [M, K] @ W_q [N, K]^T)`` for M <= 4.
 
 Decode at low concurrency is a weight stream: rowwise-scaled ``torch._scaled_mm`` picks tiles
-made for large M and reads the FP8 weight at 1.0-2.4 TB/s on H200 (run 9), slower than the bf16
-GEMV reading twice the bytes. This kernel streams ``W_q`` once for all M rows, multiplying in
+made for large M and reads the FP8 weight at 0.9-2.4 TB/s on H200 at M = 1 (runs 9-10), slower than
+the bf16 GEMV reading twice the bytes. (At M = 4 it is the other way round: ``Fp8Linear`` sends only
+one-row inputs here.) This kernel streams ``W_q`` once for all M rows, multiplying in
 fp32 (E4M3 values are exact in fp32) and accumulating in fp32, so it computes the torch
 reference's sum (``kernels.fp8_linear.fp8_linear_reference``) in another order. Inputs are
 quantized by the same per-token rule (``kernels.triton.fp8_quant``).
@@ -40,11 +41,23 @@ def _fp8_gemv_kernel(XQ, XS, W, WS, Y, N, K, stride_x, stride_wn, stride_y, M: t
     tl.store(Y + rows[:, None] * stride_y + n[None, :], y.to(Y.dtype.element_ty), mask=rm[:, None] & nm[None, :])
 
 
+def default_config(n: int, k: int) -> tuple[int, int, int]:
+    """(block_n, block_k at M = 1, num_warps) by weight shape, from the run-10 sweep on H200 (M = 1):
+    square or long-K weights (o_proj 4096x4096, down_proj 4096x14336) stream best with 1024-wide K
+    tiles and 8 warps, wide ones (qkv, gate_up) with 512-wide tiles and 4 warps."""
+    return (16, 1024, 8) if n <= k else (16, 512, 4)
+
+
 def fp8_gemv(xq: torch.Tensor, xs: torch.Tensor, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
-             out_dtype: torch.dtype, block_n: int = 16, block_k: int = 256, num_warps: int = 4) -> torch.Tensor:
-    """xq [M, K] e4m3 with xs [M, 1] fp32, weight_fp8 [N, K] with weight_scale [N] fp32 -> [M, N] out_dtype."""
+             out_dtype: torch.dtype, block_n: int | None = None, block_k: int | None = None,
+             num_warps: int | None = None) -> torch.Tensor:
+    """xq [M, K] e4m3 with xs [M, 1] fp32, weight_fp8 [N, K] with weight_scale [N] fp32 -> [M, N] out_dtype.
+
+    Launch parameters left ``None`` come from :func:`default_config`."""
     M, K = xq.shape
     N = weight_fp8.shape[0]
+    dn, dk, dw = default_config(N, K)
+    block_n, block_k, num_warps = block_n or dn, block_k or dk, num_warps or dw
     assert M <= MAX_ROWS and weight_fp8.stride(1) == 1 and xq.stride(1) == 1
     y = torch.empty((M, N), dtype=out_dtype, device=xq.device)
     m_pad = triton.next_power_of_2(max(M, 1))

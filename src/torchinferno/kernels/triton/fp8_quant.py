@@ -50,8 +50,9 @@ def quantize_fp8_rows_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M:
-        one_pass = K <= 16384  # a row in registers: up to 64 fp32 per thread at 8 warps
+        one_pass = K <= 16384  # a row in registers: at most 32 fp32 per thread (16 warps over 16384)
         block = triton.next_power_of_2(K) if one_pass else 4096
         _quant_rows_kernel[(M,)](x, q, s, x.stride(0), q.stride(0), K, QMAX=E4M3_MAX, INV_QMAX=INV_E4M3_MAX, FLOOR=EPS,
-                                 BLOCK=block, ONE_PASS=one_pass, num_warps=8 if block >= 4096 else 4)
+                                 BLOCK=block, ONE_PASS=one_pass,
+                                 num_warps=16 if block > 8192 else (8 if block >= 4096 else 4))
     return q, s

@@ -5,7 +5,8 @@ each program computes an output tile of the gate half and the matching tile of t
 (two fp32 accumulators over the same ``A`` tiles), rounds both to the activation dtype (where
 the unfused path's GEMM output is rounded) and stores ``silu(gate) * up``. The norm stays a
 separate row kernel (``kernels.triton.norm.add_rms_norm``): it needs the whole row's statistics
-before any GEMM tile can use it.
+before any GEMM tile can use it. The custom op's CUDA kernel picks the fused epilogue only where
+it measured faster (:data:`FUSED_ROWS`); elsewhere it runs cuBLAS and the SwiGLU kernel.
 
 Torch reference: ``kernels.custom_ops.reference_fused_rmsnorm_swiglu``; the results differ by
 the GEMM's fp32 summation order and the exp implementation. The speed comparison against the
@@ -83,12 +84,32 @@ def matmul_swiglu(a: torch.Tensor, gate_up_weight: torch.Tensor, config: dict | 
     return y
 
 
+# Rows for which the epilogue-fused GEMM measured faster than cuBLAS + the SwiGLU kernel on H200
+# (benchmarks/probe_fused_mlp.py, run 10: 66.6 vs 68.6 us at T=64, Llama-3-8B MLP); at T=1 and at
+# T >= 256 cuBLAS's GEMM is faster than this Triton GEMM by more than the saved SwiGLU pass.
+FUSED_ROWS = (2, 64)
+
+
 def fused_rmsnorm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                         gate_up_weight: torch.Tensor, eps: float, config: dict | None = None):
-    """x, residual [T, D] -> (act [T, I], x + residual [T, D]); see the module docstring."""
+                         gate_up_weight: torch.Tensor, eps: float, config: dict | None = None,
+                         epilogue: str = "fused"):
+    """x, residual [T, D] -> (act [T, I], x + residual [T, D]); see the module docstring.
+
+    ``epilogue``: ``"fused"`` (the GEMM with the SwiGLU epilogue), ``"separate"`` (cuBLAS GEMM, then
+    the Triton SwiGLU kernel) or ``"auto"`` (fused for :data:`FUSED_ROWS` rows, else separate).
+    """
+    from torchinferno.kernels.triton.activation import swiglu_activation
     from torchinferno.kernels.triton.norm import add_rms_norm
 
     normed, h = add_rms_norm(x, residual, norm_weight, eps)
     shape = normed.shape
-    act = matmul_swiglu(normed.reshape(-1, shape[-1]), gate_up_weight, config)
+    rows = normed.reshape(-1, shape[-1])
+    if epilogue == "auto":
+        epilogue = "fused" if FUSED_ROWS[0] <= rows.shape[0] <= FUSED_ROWS[1] else "separate"
+    if epilogue == "fused":
+        act = matmul_swiglu(rows, gate_up_weight, config)
+    elif epilogue == "separate":
+        act = swiglu_activation(torch.nn.functional.linear(rows, gate_up_weight))
+    else:
+        raise ValueError(f"unknown epilogue {epilogue!r}; valid: fused, separate, auto")
     return act.view(*shape[:-1], act.shape[-1]), h
