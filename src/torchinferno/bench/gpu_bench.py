@@ -32,7 +32,7 @@ import time
 import torch
 
 from torchinferno.bench.generate_bench import weight_bytes_per_step
-from torchinferno.bench.gpu_engine import engine_throughput  # noqa: F401
+from torchinferno.bench.gpu_engine import ENGINE_MODES, engine_throughput, quantize_model_fp8  # noqa: F401
 from torchinferno.bench.gpu_peers import gemv_experiment, hf_agreement, hf_agreement_fp32_small, hf_decode_tok_s, hf_peer  # noqa: F401
 from torchinferno.bench.gpu_timing import _fmt_profile, cuda_time_ms, graph_time_ms, profile_kernels, wall_time_ms  # noqa: F401
 from torchinferno.bench.perf_smoke import perf_smoke  # noqa: F401
@@ -213,29 +213,6 @@ def prefill_attention_variants(cfg, tokens: int, dev) -> dict:
             out[name] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
     return out
 
-
-# engine mode -> (CUDA graphs, async scheduling, KV cache dtype (None = the model's), FP8 W8A8 linears)
-ENGINE_MODES: dict[str, tuple[bool, bool, torch.dtype | None, bool]] = {
-    "graphs": (True, False, None, False), "async": (True, True, None, False), "eager": (False, False, None, False),
-    "async-fp8": (True, True, torch.float8_e4m3fn, False),
-    "async-w8": (True, True, None, True), "async-w8-fp8": (True, True, torch.float8_e4m3fn, True)}
-
-
-def quantize_model_fp8(model, log=print) -> dict:
-    """Swap the model's linears (not the head) for FP8 W8A8 in place; returns the logits' deviation
-    from the bf16 model on one random 256-token prompt (quality beside the speed)."""
-    from torchinferno.bench.gpu_peers import logits_agreement, our_logits
-    from torchinferno.kernels.fp8_linear import swap_linear_for_fp8
-
-    ids = torch.randint(0, model.config.vocab_size, (256,), device=next(model.parameters()).device)
-    before = our_logits(model, ids)
-    names = swap_linear_for_fp8(model)
-    torch.cuda.empty_cache()
-    q = {"swapped_linears": len(names), "kernels": sorted({m.kernel for m in model.modules() if hasattr(m, "weight_fp8")}),
-         **logits_agreement(our_logits(model, ids), before)}
-    log(f"    FP8 W8A8 linears: {q['swapped_linears']} swapped ({', '.join(q['kernels'])}); logits vs bf16: rel diff "
-        f"{q['rel_diff']:.3e}, argmax agreement {100 * q['argmax_agreement']:.0f}%")
-    return q
 
 TARGETS = {"a_fraction_of_bound": 0.85, "b_vs_transformers": 10.0, "c_tflop_s": 650.0, "d_output_tok_s": 10000.0}
 

@@ -115,3 +115,27 @@ def engine_throughput(model, num_requests: int, in_len: int, out_len: int, deadl
 
 
 # ------------------------------------------------------------------------------------- orchestration
+
+
+# engine mode -> (CUDA graphs, async scheduling, KV cache dtype (None = the model's), FP8 W8A8 linears)
+ENGINE_MODES: dict[str, tuple[bool, bool, torch.dtype | None, bool]] = {
+    "graphs": (True, False, None, False), "async": (True, True, None, False), "eager": (False, False, None, False),
+    "async-fp8": (True, True, torch.float8_e4m3fn, False),
+    "async-w8": (True, True, None, True), "async-w8-fp8": (True, True, torch.float8_e4m3fn, True)}
+
+
+def quantize_model_fp8(model, log=print) -> dict:
+    """Swap the model's linears (not the head) for FP8 W8A8 in place; returns the logits' deviation
+    from the bf16 model on one random 256-token prompt (quality beside the speed)."""
+    from torchinferno.bench.gpu_peers import logits_agreement, our_logits
+    from torchinferno.kernels.fp8_linear import swap_linear_for_fp8
+
+    ids = torch.randint(0, model.config.vocab_size, (256,), device=next(model.parameters()).device)
+    before = our_logits(model, ids)
+    names = swap_linear_for_fp8(model)
+    torch.cuda.empty_cache()
+    q = {"swapped_linears": len(names), "kernels": sorted({m.kernel for m in model.modules() if hasattr(m, "weight_fp8")}),
+         **logits_agreement(our_logits(model, ids), before)}
+    log(f"    FP8 W8A8 linears: {q['swapped_linears']} swapped ({', '.join(q['kernels'])}); logits vs bf16: rel diff "
+        f"{q['rel_diff']:.3e}, argmax agreement {100 * q['argmax_agreement']:.0f}%")
+    return q
