@@ -20,6 +20,8 @@ from torchinferno.bench.gpu_timing import graph_time_ms
 from torchinferno.kernels.fp8_linear import Fp8Linear
 from torchinferno.kernels.triton.fp8_quant import quantize_fp8_rows_triton
 
+DOT_CONFIGS = ((16, 256, 4, 4), (32, 256, 4, 4), (16, 512, 4, 3), (32, 512, 4, 3), (64, 256, 4, 4), (16, 1024, 4, 2),
+               (32, 128, 4, 6))
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
 
 
@@ -64,18 +66,26 @@ def main(ms=(1, 4, 256)) -> dict:
 def gemv_sweep(dev, configs=((8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (8, 1024, 8), (16, 1024, 8),
                              (32, 512, 8), (64, 256, 8))) -> list:
     """Launch configs of the small-M FP8 GEMV (block_n, block_k at M=1, num_warps) per shape and M."""
-    from torchinferno.kernels.triton.fp8_gemv import fp8_gemv
+    from torchinferno.kernels.triton.fp8_gemv import fp8_gemv, fp8_skinny_dot
 
     rows = []
     for name, (k, n) in SHAPES.items():
         w = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn)
         ws = torch.rand(n, device=dev)
-        for m in (1, 4):
+        for m in (1, 4, 16):
             xq, xs = quantize_fp8_rows_triton(torch.randn(m, k, device=dev, dtype=torch.bfloat16))
-            res = {}
-            for bn, bk, nw in configs:
+            res = {"scaled_mm": 1e3 * graph_time_ms(lambda: torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=ws.view(1, -1),
+                                                                           out_dtype=torch.bfloat16))}
+            for bn, bk, nw in configs if m <= 4 else ():
                 us = 1e3 * graph_time_ms(lambda: fp8_gemv(xq, xs, w, ws, torch.bfloat16, bn, bk, nw))
                 res[f"bn{bn}_bk{bk}_w{nw}"] = us
+            for bn, bk, nw, st in DOT_CONFIGS:
+                try:
+                    us = 1e3 * graph_time_ms(lambda: fp8_skinny_dot(xq, xs, w, ws, torch.bfloat16, bn, bk, nw, st))
+                except Exception as e:  # a config Triton cannot build
+                    print(f"  dot bn{bn}_bk{bk}_w{nw}_s{st}: {type(e).__name__}: {str(e)[:200]}")
+                    continue
+                res[f"dot_bn{bn}_bk{bk}_w{nw}_s{st}"] = us
             best = min(res, key=res.get)
             rows.append({"shape": name, "m": m, "us": res, "best": best})
             print(f"gemv sweep {name:8s} M={m}: best {best} {res[best]:.1f} us ({k * n / res[best] / 1e3:.0f} GB/s); "

@@ -108,6 +108,23 @@ def test_scaled_mm_linear_matches_reference(cuda_dev, m):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("m", [1, 4, 13, 16])
+def test_skinny_fp8_dot_matches_reference(cuda_dev, m):
+    _needs_fp8_cuda(cuda_dev)
+    from torchinferno.kernels.triton.fp8_gemv import fp8_skinny_dot
+    from torchinferno.kernels.triton.fp8_quant import quantize_fp8_rows_triton
+
+    g = torch.Generator(device=cuda_dev).manual_seed(m)
+    w = torch.randn(200, 1040, generator=g, device=cuda_dev) * 0.05  # N, K not multiples of the tiles
+    x = torch.randn(m, 1040, generator=g, device=cuda_dev).to(torch.bfloat16)
+    wq, ws = quantize_fp8_rows(w)
+    xq, xs = quantize_fp8_rows_triton(x)
+    want = fp8_linear_reference(x, wq, ws.view(-1)).float()
+    got = fp8_skinny_dot(xq, xs, wq, ws.view(-1), torch.bfloat16).float()
+    torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3)
+
+
+@pytest.mark.cuda
 def test_fp8_model_engine_graphs_equal_plain_generation(cuda_dev):
     _needs_fp8_cuda(cuda_dev)
     from torchinferno.core.sampling_params import SamplingParams

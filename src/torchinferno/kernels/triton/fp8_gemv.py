@@ -41,6 +41,45 @@ def _fp8_gemv_kernel(XQ, XS, W, WS, Y, N, K, stride_x, stride_wn, stride_y, M: t
     tl.store(Y + rows[:, None] * stride_y + n[None, :], y.to(Y.dtype.element_ty), mask=rm[:, None] & nm[None, :])
 
 
+@triton.jit
+def _fp8_skinny_dot_kernel(XQ, XS, W, WS, Y, M, N, K, stride_x, stride_wn, stride_y, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # The same sum on FP8 tensor cores: x_q [M (padded to 16), BK] @ W_q^T [BK, BN] tiles into fp32.
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok, n_ok = rm < M, rn < N
+    x_ptrs = XQ + rm[:, None] * stride_x + rk[None, :]  # [BM, BK]
+    w_ptrs = W + rn.to(tl.int64)[None, :] * stride_wn + rk[:, None]  # [BK, BN]: W^T, K-major as FP8 MMAs need
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = k0 + rk < K
+        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0, eviction_policy="evict_first")
+        acc = tl.dot(x, w, acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    xs = tl.load(XS + rm, mask=m_ok, other=0.0)
+    ws = tl.load(WS + rn, mask=n_ok, other=0.0)
+    y = acc * xs[:, None] * ws[None, :]
+    tl.store(Y + rm[:, None] * stride_y + rn[None, :], y.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def fp8_skinny_dot(xq: torch.Tensor, xs: torch.Tensor, weight_fp8: torch.Tensor, weight_scale: torch.Tensor,
+                   out_dtype: torch.dtype, block_n: int = 32, block_k: int = 256, num_warps: int = 4,
+                   num_stages: int = 4) -> torch.Tensor:
+    """Like :func:`fp8_gemv` for M <= 16 rows, on FP8 tensor cores (``tl.dot`` of e4m3 tiles, fp32 accumulation)."""
+    M, K = xq.shape
+    N = weight_fp8.shape[0]
+    assert M <= 16 and weight_fp8.stride(1) == 1 and xq.stride(1) == 1
+    y = torch.empty((M, N), dtype=out_dtype, device=xq.device)
+    _fp8_skinny_dot_kernel[(triton.cdiv(N, block_n),)](xq, xs, weight_fp8, weight_scale, y, M, N, K, xq.stride(0),
+                                                        weight_fp8.stride(0), y.stride(0), BLOCK_M=16, BLOCK_N=block_n,
+                                                        BLOCK_K=block_k, num_warps=num_warps, num_stages=num_stages)
+    return y
+
+
 def default_config(n: int, k: int) -> tuple[int, int, int]:
     """(block_n, block_k at M = 1, num_warps) by weight shape, from the run-10 sweep on H200 (M = 1):
     square or long-K weights (o_proj 4096x4096, down_proj 4096x14336) stream best with 1024-wide K
