@@ -63,10 +63,9 @@ def main(ms=(1, 4, 256)) -> dict:
     return out
 
 
-def gemv_sweep(dev, configs=((8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (8, 1024, 8), (16, 1024, 8),
-                             (32, 512, 8), (64, 256, 8))) -> list:
-    """Launch configs of the small-M FP8 GEMV (block_n, block_k at M=1, num_warps) per shape and M."""
-    from torchinferno.kernels.triton.fp8_gemv import fp8_gemv, fp8_skinny_dot
+def gemv_sweep(dev) -> list:
+    """Launch configs of the skinny FP8 kernel (block_n, block_k, warps, stages) per shape and M, beside _scaled_mm."""
+    from torchinferno.kernels.triton.fp8_gemv import fp8_skinny_dot
 
     rows = []
     for name, (k, n) in SHAPES.items():
@@ -76,16 +75,13 @@ def gemv_sweep(dev, configs=((8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 
             xq, xs = quantize_fp8_rows_triton(torch.randn(m, k, device=dev, dtype=torch.bfloat16))
             res = {"scaled_mm": 1e3 * graph_time_ms(lambda: torch._scaled_mm(xq, w.t(), scale_a=xs, scale_b=ws.view(1, -1),
                                                                            out_dtype=torch.bfloat16))}
-            for bn, bk, nw in configs if m <= 4 else ():
-                us = 1e3 * graph_time_ms(lambda: fp8_gemv(xq, xs, w, ws, torch.bfloat16, bn, bk, nw))
-                res[f"bn{bn}_bk{bk}_w{nw}"] = us
             for bn, bk, nw, st in DOT_CONFIGS:
                 try:
                     us = 1e3 * graph_time_ms(lambda: fp8_skinny_dot(xq, xs, w, ws, torch.bfloat16, bn, bk, nw, st))
                 except Exception as e:  # a config Triton cannot build
                     print(f"  dot bn{bn}_bk{bk}_w{nw}_s{st}: {type(e).__name__}: {str(e)[:200]}")
                     continue
-                res[f"dot_bn{bn}_bk{bk}_w{nw}_s{st}"] = us
+                res[f"bn{bn}_bk{bk}_w{nw}_s{st}"] = us
             best = min(res, key=res.get)
             rows.append({"shape": name, "m": m, "us": res, "best": best})
             print(f"gemv sweep {name:8s} M={m}: best {best} {res[best]:.1f} us ({k * n / res[best] / 1e3:.0f} GB/s); "

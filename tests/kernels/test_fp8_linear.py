@@ -89,7 +89,7 @@ def test_triton_quantizer_is_bitwise_the_rule(cuda_dev, m, k):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 64, 256])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 16, 17, 64, 256])
 def test_scaled_mm_linear_matches_reference(cuda_dev, m):
     _needs_fp8_cuda(cuda_dev)
     g = torch.Generator(device=cuda_dev).manual_seed(m)
@@ -102,7 +102,7 @@ def test_scaled_mm_linear_matches_reference(cuda_dev, m):
     got, want = fast(x).float(), ref(x).float()
     # same quantized operands; only the fp32 summation order and the final bf16 rounding differ
     torch.testing.assert_close(got, want, rtol=2 ** -7, atol=1e-3)
-    for rows in (0, 4):  # every M through _scaled_mm, and up to 4 rows through the GEMV: both agree too
+    for rows in (0, 4):  # every M through _scaled_mm, and up to 4 rows through the skinny kernel: both agree too
         fast.gemv_rows = rows
         torch.testing.assert_close(fast(x).float(), want, rtol=2 ** -7, atol=1e-3)
 
@@ -145,8 +145,8 @@ def test_fp8_model_engine_graphs_equal_plain_generation(cuda_dev):
         engine.add_request(f"r{i}", p, params)
     out = engine.run_to_completion()
     assert engine.stats().num_graph_steps > 0
-    # Plain generation runs one prompt at a time (M = prompt length, then 1: the one-row GEMV), the
-    # engine batches rows (rowwise _scaled_mm): the fp32 summation orders differ, and re-quantizing
+    # Plain generation runs one prompt at a time (M = prompt length, then 1: the skinny kernel), the
+    # engine batches rows (prompts through rowwise _scaled_mm): summation orders differ, and re-quantizing
     # activations can turn that into a flipped near-tie on this random model. So the check is
     # teacher-forced: every token the engine picked is the plain model's argmax up to a small
     # margin, given the engine's own prefix.
