@@ -125,7 +125,7 @@ def test_skinny_fp8_dot_matches_reference(cuda_dev, m):
 
 
 @pytest.mark.cuda
-def test_fp8_model_engine_graphs_equal_plain_generation(cuda_dev):
+def test_fp8_model_engine_graphs_agree_with_plain_generation(cuda_dev):
     _needs_fp8_cuda(cuda_dev)
     from torchinferno.core.sampling_params import SamplingParams
     from torchinferno.engine.config import EngineConfig

@@ -19,7 +19,7 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
     p.add_argument("--cache-dir", default=None, help="model cache (default ~/.cache/torchinferno)")
     p.add_argument("--variant", default=None, help="model variant from the family registry (default: the family's default)")
     p.add_argument("--no-prepack", action="store_true",
-                   help="keep plain nn.Linear weights on CPU (default: pre-pack bf16 weights for oneDNN)")
+                   help="keep plain nn.Linear weights on CPU (default: pre-pack bf16 weights for the CPU GEMV kernel)")
     add_quantization_arg(p)
 
 

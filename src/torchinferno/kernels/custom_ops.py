@@ -56,11 +56,15 @@ def reference_fused_rmsnorm_swiglu(x, residual, norm_weight, gate_up_weight, eps
     return ref_swiglu(gate_up), h
 
 
+def _fused_torch(x, residual, norm_weight, gate_up_weight, eps: float):
+    act, h = reference_fused_rmsnorm_swiglu(x, residual, norm_weight, gate_up_weight, eps)
+    return act.contiguous(), h
+
+
 @torch.library.custom_op("torchinferno::fused_rmsnorm_swiglu", mutates_args=())
 def fused_rmsnorm_swiglu(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                          gate_up_weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    act, h = reference_fused_rmsnorm_swiglu(x, residual, norm_weight, gate_up_weight, eps)
-    return act.contiguous(), h
+    return _fused_torch(x, residual, norm_weight, gate_up_weight, eps)
 
 
 @fused_rmsnorm_swiglu.register_kernel("cuda")
@@ -70,8 +74,7 @@ def _fused_cuda(x, residual, norm_weight, gate_up_weight, eps):
     from torchinferno.kernels import triton as tk
 
     if not tk.available():
-        act, h = reference_fused_rmsnorm_swiglu(x, residual, norm_weight, gate_up_weight, eps)
-        return act.contiguous(), h
+        return _fused_torch(x, residual, norm_weight, gate_up_weight, eps)
     from torchinferno.kernels.triton.gemm_swiglu import fused_rmsnorm_swiglu as triton_fused
 
     return triton_fused(x.contiguous(), residual.contiguous(), norm_weight, gate_up_weight.contiguous(), eps,

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from torchinferno.errors import ConfigError
+from torchinferno.kernels.module_swap import replace_linears
 
 E4M3_MAX = 448.0
 INV_E4M3_MAX = 1.0 / E4M3_MAX  # a scale is amax times this fp32 constant (a product rounds the same on every device)
@@ -35,8 +36,8 @@ EPS = 1e-12  # floor of a row's amax, so an all-zero row has a finite scale
 FP8_LINEAR_KERNELS = ("auto", "torch", "scaled_mm")
 QUANTIZATION_METHODS = ("none", "fp8")  # what --quantization accepts
 
-__all__ = ["quantize_model", "QUANTIZATION_METHODS", "quantize_fp8_rows", "fp8_linear_reference", "Fp8Linear", "swap_linear_for_fp8", "scaled_mm_supported",
-           "FP8_LINEAR_KERNELS"]
+__all__ = ["quantize_model", "QUANTIZATION_METHODS", "quantize_fp8_rows", "fp8_linear_reference", "Fp8Linear",
+           "swap_linear_for_fp8", "scaled_mm_supported", "FP8_LINEAR_KERNELS"]
 
 
 def quantize_fp8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,8 +68,6 @@ def scaled_mm_supported(device: torch.device) -> bool:
     if device.type != "cuda" or not torch.cuda.is_available() or not hasattr(torch, "_scaled_mm"):
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
-
-
 
 
 class Fp8Linear(nn.Module):
@@ -144,15 +143,7 @@ def swap_linear_for_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), 
     :class:`Fp8Linear` (in place; the bf16 weight is released). The logits head stays in the
     model's dtype by default, as in the FP8 recipes of vLLM and TensorRT-LLM. Returns the names swapped.
     """
-    swapped: list[str] = []
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            name = f"{parent_name}.{child_name}" if parent_name else child_name
-            if type(child) is not nn.Linear or name.endswith(skip):
-                continue
-            setattr(parent, child_name, Fp8Linear.from_linear(child, kernel))
-            swapped.append(name)
-    return swapped
+    return replace_linears(model, lambda name, lin: None if name.endswith(skip) else Fp8Linear.from_linear(lin, kernel))
 
 
 def quantize_model(model: nn.Module, method: str | None) -> list[str]:

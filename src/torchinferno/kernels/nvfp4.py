@@ -26,6 +26,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from torchinferno.kernels.module_swap import replace_linears
+
 BLOCK = 16
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
@@ -154,14 +156,9 @@ def swap_linear_for_nvfp4(model: nn.Module, filter: Callable[[str, nn.Linear], b
     In place, no graph pass: plain module swapping, so hooks/FX/export see ordinary modules.
     Returns the qualified names swapped.
     """
-    swapped: list[str] = []
-    for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
-            if type(child) is not nn.Linear or child.in_features % BLOCK:
-                continue
-            name = f"{parent_name}.{child_name}" if parent_name else child_name
-            if filter is not None and not filter(name, child):
-                continue
-            setattr(parent, child_name, NVFP4Linear.from_linear(child, quantize_input))
-            swapped.append(name)
-    return swapped
+    def make(name: str, lin: nn.Linear) -> nn.Module | None:
+        if lin.in_features % BLOCK or (filter is not None and not filter(name, lin)):
+            return None
+        return NVFP4Linear.from_linear(lin, quantize_input)
+
+    return replace_linears(model, make)

@@ -42,7 +42,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--log-level", default="warning")
-    p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights for oneDNN")
+    p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights (for the CPU GEMV kernel)")
     add_quantization_arg(p)
 
 
