@@ -6,7 +6,9 @@ model with random bf16 weights built with ``TritonPagedAttention``:
 
 (a) batch-1 decode step time at contexts 128 and 4096 (CUDA-graph replay of a whole step:
     forward + logits) and its fraction of the bandwidth bound ``(weight bytes + KV bytes read) /
-    bandwidth``; also a device-resident greedy decode loop and the eager step;
+    bandwidth``; also a device-resident greedy decode loop and the eager step. Reported for the
+    fused decode step the engine installs on CUDA (``models/llama3/cuda_decode.py``), after the
+    module path (a') measured the same way;
 (b) batch-64 decode throughput (graph loop), same accounting;
 (c) 2048-token prefill time and model TFLOP/s (linear FLOPs of every token, logits of the last
     token, causal attention FLOPs);
@@ -88,6 +90,17 @@ class DecodeBench:
         self.kv_bytes_per_token = spec.bytes_per_token(torch.bfloat16)
         self.runner = CudaGraphDecodeRunner(model, self.caches, block_size, self.max_blocks, batch_sizes=buckets)
         self.runner.capture()
+
+    def set_fused_step(self, on: bool, **options) -> bool:
+        """Install (or remove) the model's fused CUDA decode step and recapture the batch-1 graph."""
+        if on:
+            on = self.model.enable_cuda_decode_step(**options)
+        else:
+            self.model.decode_step = None
+        self.runner.graphs.pop(1, None)
+        self.runner.outputs.pop(1, None)
+        self.runner.capture([1])
+        return on
 
     def inputs(self, batch: int, ctx: int):
         perm = torch.randperm(batch * self.max_blocks, device=self.dev) + 1
@@ -259,12 +272,23 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     bench = (DecodeBench(model, max_batch=batch, max_ctx=max(max(contexts), batch_ctx) + 64, buckets=(1, batch))
              if {"a", "b"} & set(sections) else None)
     rep["decode_batch1"] = []
-    for ctx in contexts if "a" in sections else ():
-        r = bench.measure(1, ctx, wbytes, bw)
-        rep["decode_batch1"].append(r)
-        log(f"(a) batch 1 ctx {ctx}: graph step {r['step_ms']:.3f} ms (loop {r['loop_ms_per_step']:.3f} ms, eager "
-            f"{r['eager_step_ms']:.3f} ms); bound {r['bound_ms']:.3f} ms -> {100 * r['fraction_of_bound']:.1f}% of bound")
-        log(f"    profile (eager step): {_fmt_profile(r['profile'])}; weights through GEMMs at {r['gemm_gb_s']:.0f} GB/s")
+    rep["decode_batch1_module_path"] = []
+    if "a" in sections:  # the module path first (13 kernels a layer), then the fused step the engine uses
+        for ctx in contexts:
+            r = bench.measure(1, ctx, wbytes, bw)
+            rep["decode_batch1_module_path"].append(r)
+            log(f"(a') batch 1 ctx {ctx}, module path: graph step {r['step_ms']:.3f} ms (loop {r['loop_ms_per_step']:.3f} ms)"
+                f" -> {100 * r['fraction_of_bound']:.1f}% of bound; profile (eager): {_fmt_profile(r['profile'])}")
+        fused = bench.set_fused_step(True)
+        rep["decode_batch1_fused_step"] = fused
+        for ctx in contexts:
+            r = bench.measure(1, ctx, wbytes, bw)
+            rep["decode_batch1"].append(r)
+            log(f"(a) batch 1 ctx {ctx}{' (fused step)' if fused else ''}: graph step {r['step_ms']:.3f} ms (loop "
+                f"{r['loop_ms_per_step']:.3f} ms, eager {r['eager_step_ms']:.3f} ms); bound {r['bound_ms']:.3f} ms -> "
+                f"{100 * r['fraction_of_bound']:.1f}% of bound")
+            log(f"    profile (eager step): {_fmt_profile(r['profile'])}; weights through GEMMs at {r['gemm_gb_s']:.0f} GB/s")
+        bench.set_fused_step(False)  # the GEMV experiment and (b) time the module path
     if gemv_experiment_on and "a" in sections:
         try:
             rep["gemv_experiment"] = gemv_experiment(model, bench, wbytes, bw, contexts, log=log)

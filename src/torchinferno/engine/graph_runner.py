@@ -52,7 +52,13 @@ def can_use_cuda_graphs(model: nn.Module, kv_cache: PagedKVCache) -> bool:
 
 
 def make_model_runner(model: nn.Module, kv_cache: PagedKVCache, config: EngineConfig, max_model_len: int) -> ModelRunner:
-    """The engine's runner: CUDA graphs when possible and not ``config.enforce_eager``, else eager."""
+    """The engine's runner: CUDA graphs when possible and not ``config.enforce_eager``, else eager.
+
+    On a CUDA cache the model's fused CUDA decode step (batch-1 steps; ``models/llama3/cuda_decode``)
+    is installed first, so graphs capture it.
+    """
+    if kv_cache.device.type == "cuda" and callable(getattr(model, "enable_cuda_decode_step", None)):
+        model.enable_cuda_decode_step()
     if not config.enforce_eager and can_use_cuda_graphs(model, kv_cache):
         return CudaGraphModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
     return ModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)

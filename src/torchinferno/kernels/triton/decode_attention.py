@@ -29,6 +29,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import next_pow2, num_sms
@@ -43,7 +44,9 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr,
-                   V_EARLY: tl.constexpr):
+                   V_EARLY: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched with programmatic dependent launch: nothing is read before the previous kernel is done
+        gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -109,7 +112,9 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
 
 @triton.jit
 def _decode_stage2(OP, LSE, OUT, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                   DV: tl.constexpr, DV_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr):
+                   DV: tl.constexpr, DV_PAD: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, NUM_SPLITS)
@@ -141,8 +146,11 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
 def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                                    num_splits: int | None = None, out: torch.Tensor | None = None,
-                                   config: dict | None = None) -> torch.Tensor:
+                                   config: dict | None = None, pdl: bool = False) -> torch.Tensor:
     """q [B, H, D] -> [B, H, Dv]; attends to ``seq_lens[b]`` cached tokens of row ``b``.
+
+    ``pdl``: launch both stages with programmatic dependent launch (Hopper+; each waits for the
+    previous kernel before its first read), for chains of PDL kernels such as ``models/llama3/cuda_decode``.
 
     ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps, and
     ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to;
@@ -174,6 +182,7 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         op = lse = out  # unused
     s_pb, s_ph, s_ps = (op.stride(0), op.stride(1), op.stride(2)) if num_splits > 1 else (0, 0, 0)
     s_lb, s_lh = (lse.stride(0), lse.stride(1)) if num_splits > 1 else (0, 0)
+    pdl_kw = {"PDL": True, "launch_pdl": True} if pdl else {}
     _decode_stage1[(B, Hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, op, lse, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -182,8 +191,8 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page,
         BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, V_EARLY=cfg.get("v_early", True),
         num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["num_stages"], **pdl_kw)
     if num_splits > 1:
         _decode_stage2[(B, H)](op, lse, out, s_pb, s_ph, s_ps, s_lb, s_lh, out.stride(0), out.stride(1),
-                               DV=DV, DV_PAD=dv_pad, NUM_SPLITS=num_splits, num_warps=4)
+                               DV=DV, DV_PAD=dv_pad, NUM_SPLITS=num_splits, num_warps=4, **pdl_kw)
     return out

@@ -64,7 +64,8 @@ class CausalLMBase(nn.Module):
         self.packed_head: nn.Module | None = None
         # Optional runtime replacement of decode forwards (e.g. llama3's lean CPU step): called as
         # ``decode_step(input_ids, positions, kv_caches, attn_meta)``, it returns the hidden states
-        # or None for a batch it does not handle. Installed by ``enable_cpu_decode_step``.
+        # or None for a batch it does not handle. Installed by ``enable_cpu_decode_step`` /
+        # ``enable_cuda_decode_step``.
         self.decode_step: Callable[..., torch.Tensor | None] | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -95,6 +96,20 @@ class CausalLMBase(nn.Module):
         """Install :meth:`make_cpu_decode_step` (after loading weights and packing linears); True if one applies."""
         self.decode_step = self.make_cpu_decode_step()
         return self.decode_step is not None
+
+    def make_cuda_decode_step(self, **options) -> Callable[..., torch.Tensor | None] | None:
+        """A family's fused CUDA decode step for this model as built and loaded, or None (the default)."""
+        return None
+
+    def enable_cuda_decode_step(self, **options) -> bool:
+        """Install :meth:`make_cuda_decode_step` (after loading weights and any linear swap); True if one applies.
+
+        Keeps an installed step of another kind (e.g. the CPU one) when this family has no CUDA step.
+        """
+        step = self.make_cuda_decode_step(**options)
+        if step is not None:
+            self.decode_step = step
+        return step is not None
 
     def head_weight(self) -> torch.Tensor:
         """[V, D] weight of the logits projection (the embedding when tied)."""

@@ -72,3 +72,8 @@ class Llama3ForCausalLM(CausalLMBase):
         from torchinferno.models.llama3.cpu_decode import CpuDecodeStep
 
         return CpuDecodeStep(self) if CpuDecodeStep.supports(self) else None
+
+    def make_cuda_decode_step(self, **options):
+        from torchinferno.models.llama3.cuda_decode import CudaDecodeStep
+
+        return CudaDecodeStep(self, **options) if CudaDecodeStep.supports(self) else None

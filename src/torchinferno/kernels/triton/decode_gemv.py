@@ -1,0 +1,228 @@
+"""One-row decode GEMVs with the small ops of a decoder layer fused in, chained by programmatic dependent launch.
+
+At batch 1 a Llama decode step is ~190 GEMVs that together read every weight once, plus ~250
+small kernels (norms, residual adds, rotary, KV append, SwiGLU) whose launch gaps and tails cost
+as much as a fifth of the step. Here each GEMV ``y [N] = x [K] @ W[N, K]^T`` takes the ops
+around it:
+
+* prologue (``NORM``, ``ADD``): ``h = x + residual`` (rounded to x's dtype; program 0 stores
+  it as the next residual), then ``x = rms_norm(h) * norm_weight``, rounded like
+  ``kernels.triton.norm`` (fp32 math, one cast) — so the GEMV consumes exactly the unfused
+  kernel's output. Every program recomputes the (L2-resident) ``[K]`` vector it needs.
+* epilogue ``EPI_SWIGLU``: rows ``n`` and ``n + N`` of a merged gate/up weight go to two
+  accumulators; stores ``silu(g) * u`` (``g``/``u`` rounded to x's dtype first, as the unfused
+  GEMM output would be).
+* epilogue ``EPI_ROPE_KV``: a merged q/k/v weight (heads of ``HD``); a program owns rows
+  ``c..c+BN`` and ``c+HD/2..c+HD/2+BN`` of one head, so neox rotary (pairs ``i``, ``i+HD/2``) is
+  elementwise across its two accumulators. Query heads go to ``Q``; key/value heads are written
+  straight into the paged cache at ``slot`` (skipped when ``slot < 0``: a padded graph row), with
+  the FP8 cache's saturation (``kernels.kv_dtype``).
+
+PDL: with ``pdl=True`` a kernel is launched with programmatic stream serialization: it may start
+while the previous kernel drains, loads its first weight tile (which nothing earlier writes),
+and only then waits (``griddepcontrol.wait``) for the previous kernel's results before reading
+any activation. Weights streaming overlaps the previous kernel's tail instead of the GPU idling
+through a launch gap. Every input that is not a weight is read after the wait, and nothing is
+written before it. ``pdl`` is a constant of the caller (Hopper or newer), never an env knob.
+
+fp32 accumulation; one row only (``x [K]``). The torch references are the unfused ops
+(``tests/kernels/test_decode_gemv.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from torchinferno.kernels.kv_dtype import is_fp8
+
+EPI_PLAIN, EPI_SWIGLU, EPI_ROPE_KV = 0, 1, 2
+
+
+@triton.jit
+def _wait_for_previous_kernel(PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr):
+    if PDL:
+        if EARLY_LAUNCH:  # let the next kernel's programs launch (and prefetch their weights) now
+            gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
+def _input_tile(X, R, NW, k, km, rstd, ADD: tl.constexpr, NORM: tl.constexpr):
+    """fp32 [BK] of the GEMV input at columns k: (x + r) rounded, normalized and scaled, rounded."""
+    x = tl.load(X + k, mask=km, other=0.0)
+    if ADD:
+        x = (x.to(tl.float32) + tl.load(R + k, mask=km, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
+    if NORM:
+        w = tl.load(NW + k, mask=km, other=0.0).to(tl.float32)
+        x = (x.to(tl.float32) * rstd * w).to(X.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _decode_gemv_kernel(
+    X, R, HOUT, NW, W, Y, COS, SIN, KC, VC, SLOT,
+    N, K, stride_w, eps, sat,
+    ADD: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr,
+    NQ: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    j = tl.arange(0, BLOCK_N)
+    if EPI == 2:  # EPI_ROPE_KV: rows c + j and c + HD/2 + j of head `head`
+        per_head: tl.constexpr = HD // 2 // BLOCK_N
+        head = pid // per_head
+        c = (pid % per_head) * BLOCK_N
+        rows1 = head * HD + c + j
+        rows2 = rows1 + HD // 2
+    else:
+        rows1 = pid * BLOCK_N + j
+        rows2 = rows1 + N  # EPI_SWIGLU: the up row of gate row n
+    m1 = rows1 < N
+    k = tl.arange(0, BLOCK_K)
+    km = k < K
+    p1 = W + rows1.to(tl.int64)[:, None] * stride_w + k[None, :]
+    p2 = W + rows2.to(tl.int64)[:, None] * stride_w + k[None, :]
+    # First weight tile before the wait: weights are never written by an earlier kernel.
+    w1 = tl.load(p1, mask=m1[:, None] & km[None, :], other=0.0, eviction_policy="evict_first")
+    if EPI != 0:
+        w2 = tl.load(p2, mask=m1[:, None] & km[None, :], other=0.0, eviction_policy="evict_first")
+    _wait_for_previous_kernel(PDL, EARLY_LAUNCH)
+
+    rstd = 1.0
+    if NORM:
+        ss = tl.zeros([BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + k
+            kkm = kk < K
+            h = tl.load(X + kk, mask=kkm, other=0.0)
+            if ADD:
+                h = (h.to(tl.float32) + tl.load(R + kk, mask=kkm, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
+                tl.store(HOUT + kk, h, mask=kkm & (pid == 0))
+            hf = h.to(tl.float32)
+            ss += hf * hf
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+
+    xt = _input_tile(X, R, NW, k, km, rstd, ADD, NORM)
+    acc1 = w1.to(tl.float32) * xt[None, :]
+    if EPI != 0:
+        acc2 = w2.to(tl.float32) * xt[None, :]
+    for kt in range(1, tl.cdiv(K, BLOCK_K)):
+        k0 = kt * BLOCK_K
+        kk = k0 + k
+        kkm = kk < K
+        xt = _input_tile(X, R, NW, kk, kkm, rstd, ADD, NORM)
+        w1 = tl.load(p1 + k0, mask=m1[:, None] & kkm[None, :], other=0.0, eviction_policy="evict_first")
+        acc1 += w1.to(tl.float32) * xt[None, :]
+        if EPI != 0:
+            w2 = tl.load(p2 + k0, mask=m1[:, None] & kkm[None, :], other=0.0, eviction_policy="evict_first")
+            acc2 += w2.to(tl.float32) * xt[None, :]
+
+    out_ty = Y.dtype.element_ty
+    y1 = tl.sum(acc1, 1)
+    if EPI == 0:
+        tl.store(Y + rows1, y1.to(out_ty), mask=m1)
+    elif EPI == 1:
+        g = y1.to(out_ty).to(tl.float32)
+        u = tl.sum(acc2, 1).to(out_ty).to(tl.float32)
+        tl.store(Y + rows1, (g / (1.0 + tl.exp(-g)) * u).to(out_ty), mask=m1)
+    else:
+        a1 = y1.to(out_ty).to(tl.float32)
+        a2 = tl.sum(acc2, 1).to(out_ty).to(tl.float32)
+        if head < NQ + NKV:  # queries and keys are rotated; values are not
+            cs = tl.load(COS + c + j).to(tl.float32)
+            sn = tl.load(SIN + c + j).to(tl.float32)
+            a1, a2 = a1 * cs - a2 * sn, a2 * cs + a1 * sn
+        o1 = a1.to(out_ty)
+        o2 = a2.to(out_ty)
+        if head < NQ:
+            tl.store(Y + rows1, o1)
+            tl.store(Y + rows2, o2)
+        else:
+            slot = tl.load(SLOT).to(tl.int64)
+            if slot >= 0:
+                is_k = head < NQ + NKV
+                kvh = tl.where(is_k, head - NQ, head - NQ - NKV)
+                dst = slot * (NKV * HD) + kvh * HD + c + j
+                if sat > 0:  # FP8 cache: saturate at the format's finite max, then round
+                    o1 = tl.clamp(o1.to(tl.float32), -sat, sat)
+                    o2 = tl.clamp(o2.to(tl.float32), -sat, sat)
+                if is_k:
+                    tl.store(KC + dst, o1.to(KC.dtype.element_ty))
+                    tl.store(KC + dst + HD // 2, o2.to(KC.dtype.element_ty))
+                else:
+                    tl.store(VC + dst, o1.to(VC.dtype.element_ty))
+                    tl.store(VC + dst + HD // 2, o2.to(VC.dtype.element_ty))
+
+
+DEFAULT_CONFIG = {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "early_launch": False}
+
+
+def _launch(x, weight, y, *, residual=None, h_out=None, norm_weight=None, eps=0.0, epi=EPI_PLAIN, n_rows=None,
+            rope=None, kv=None, nq=0, nkv=0, head_dim=0, pdl=False, config=None):
+    cfg = {**DEFAULT_CONFIG, **(config or {})}
+    K = weight.shape[1]
+    assert weight.stride(1) == 1 and x.is_contiguous() and x.numel() == K, (x.shape, weight.shape)
+    bn = cfg["block_n"]
+    if epi == EPI_ROPE_KV:
+        assert (head_dim // 2) % bn == 0, "block_n must divide head_dim / 2"
+        grid = ((nq + 2 * nkv) * (head_dim // 2) // bn,)
+        N = weight.shape[0]
+    else:
+        N = n_rows
+        grid = (triton.cdiv(N, bn),)
+    cos, sin = rope if rope is not None else (weight, weight)
+    k_cache, v_cache, slot = kv if kv is not None else (weight, weight, weight)
+    sat = float(torch.finfo(k_cache.dtype).max) if kv is not None and is_fp8(k_cache.dtype) else 0.0
+    extra = {"launch_pdl": True} if pdl else {}
+    _decode_gemv_kernel[grid](
+        x, residual if residual is not None else x, h_out if h_out is not None else x,
+        norm_weight if norm_weight is not None else x, weight, y, cos, sin, k_cache, v_cache, slot,
+        N, K, weight.stride(0), float(eps), sat,
+        ADD=residual is not None, NORM=norm_weight is not None, EPI=epi, NQ=nq, NKV=nkv, HD=head_dim,
+        BLOCK_N=bn, BLOCK_K=cfg["block_k"], PDL=pdl, EARLY_LAUNCH=bool(cfg["early_launch"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **extra)
+
+
+def gemv(x, weight, out=None, *, residual=None, h_out=None, norm_weight=None, eps=1e-6, pdl=False, config=None):
+    """``x [K] -> [N]``: ``norm(x + residual) @ weight.T`` (the prologue is optional: see module doc).
+
+    ``residual`` needs ``norm_weight``; then ``h_out [K]`` receives ``x + residual`` (must not alias
+    ``x`` or ``residual``).
+    """
+    N = weight.shape[0]
+    assert residual is None or (norm_weight is not None and h_out is not None)
+    y = torch.empty(N, dtype=x.dtype, device=x.device) if out is None else out
+    _launch(x, weight, y, residual=residual, h_out=h_out, norm_weight=norm_weight, eps=eps, n_rows=N,
+            pdl=pdl, config=config)
+    return y
+
+
+def gemv_swiglu(x, gate_up_weight, out=None, *, residual=None, h_out=None, norm_weight=None, eps=1e-6, pdl=False,
+                config=None):
+    """``x [K] -> silu(g) * u [I]`` with ``g, u = chunk(norm(x + residual) @ gate_up_weight.T, 2)``."""
+    inter = gate_up_weight.shape[0] // 2
+    assert residual is None or (norm_weight is not None and h_out is not None)
+    y = torch.empty(inter, dtype=x.dtype, device=x.device) if out is None else out
+    _launch(x, gate_up_weight, y, residual=residual, h_out=h_out, norm_weight=norm_weight, eps=eps, epi=EPI_SWIGLU,
+            n_rows=inter, pdl=pdl, config=config)
+    return y
+
+
+def gemv_rope_kv(x, qkv_weight, cos, sin, k_cache, v_cache, slot, num_heads: int, num_kv_heads: int, head_dim: int,
+                 q_out=None, *, residual=None, h_out=None, norm_weight=None, eps=1e-6, pdl=False, config=None):
+    """``x [K]`` -> queries ``[num_heads * head_dim]`` (rotated); rotated keys and values stored at ``slot``.
+
+    ``cos``/``sin`` ``[head_dim / 2]`` (this token's rows of the tables), ``slot`` a 1-element int
+    tensor (flat slot of ``[num_blocks * page]``, < 0: write nothing); caches ``[blocks, page, Hkv, hd]``
+    contiguous.
+    """
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    assert residual is None or (norm_weight is not None and h_out is not None)
+    q = torch.empty(num_heads * head_dim, dtype=x.dtype, device=x.device) if q_out is None else q_out
+    _launch(x, qkv_weight, q, residual=residual, h_out=h_out, norm_weight=norm_weight, eps=eps, epi=EPI_ROPE_KV,
+            rope=(cos, sin), kv=(k_cache, v_cache, slot), nq=num_heads, nkv=num_kv_heads, head_dim=head_dim, pdl=pdl,
+            config=config)
+    return q

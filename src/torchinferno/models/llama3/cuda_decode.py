@@ -1,0 +1,141 @@
+"""Fused batch-1 CUDA decode step of llama3: five kernels per layer instead of ~13, chained by PDL.
+
+The module path of a one-token step launches, per layer: add+RMSNorm, qkv GEMV, rotary, KV
+append, two attention kernels, o GEMV, add+RMSNorm, gate/up GEMV, SwiGLU, down GEMV (plus
+cuBLAS split-K reductions). At batch 1 every GEMV is a pure weight stream, so the gaps and tails
+between those launches are a fifth of the step. This step runs the same math as
+``Llama3ForCausalLM.forward`` with the ``fused`` ops and ``TritonPagedAttention`` in:
+
+    qkv GEMV  (prologue: residual add + RMSNorm; epilogue: rotary, K/V stored in the paged cache)
+    paged decode attention (split-K + merge)
+    o GEMV
+    gate/up GEMV (prologue: residual add + RMSNorm; epilogue: SwiGLU)
+    down GEMV
+
+(``kernels/triton/decode_gemv.py``), each launched with programmatic dependent launch on Hopper
+so a kernel streams its first weight tile while the previous one drains. Every rounding of the
+unfused path is kept (the GEMVs consume and produce the same bf16 values as the unfused kernels);
+only the GEMVs' fp32 summation order differs from cuBLAS's (tested against the module path).
+
+Like ``cpu_decode`` it is a runtime transformation installed in ``CausalLMBase.decode_step``
+(by ``enable_cuda_decode_step``, which the engine's runner and bench-gpu call on CUDA): it reads
+the modules' tensors when built, so build it after weights are loaded and after any linear swap.
+Anything but a one-sequence, one-token CUDA step returns ``None`` and the module path runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.llama3 import fused_ops
+
+# GEMV launch tiles per linear (a sweep on an H200: benchmarks/probe_decode_gemv.py).
+DEFAULT_CONFIGS: dict[str, dict] = {
+    "qkv": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 4},
+    "o": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3},
+    "gate_up": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 4},
+    "down": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3},
+}
+
+
+class _Layer:
+    __slots__ = ("in_norm", "post_norm", "qkv", "o", "gate_up", "down")
+
+    def __init__(self, layer: nn.Module):
+        a = layer.self_attn
+        self.in_norm: torch.Tensor = layer.input_layernorm.weight  # [D]
+        self.post_norm: torch.Tensor = layer.post_attention_layernorm.weight  # [D]
+        self.qkv: torch.Tensor = a.qkv_proj.weight  # [(H + 2 Hkv) hd, D]
+        self.o: torch.Tensor = a.o_proj.weight  # [D, H hd]
+        self.gate_up: torch.Tensor = layer.mlp.gate_up_proj.weight  # [2 I, D]
+        self.down: torch.Tensor = layer.mlp.down_proj.weight  # [D, I]
+
+
+class CudaDecodeStep:
+    """``(input_ids [1], positions [1], kv_caches, meta) -> hidden [1, D]`` (pre-head) or ``None``.
+
+    ``pdl``: launch with programmatic dependent launch (default: on Hopper or newer).
+    ``configs``: GEMV tiles per linear (``qkv``, ``o``, ``gate_up``, ``down``), merged over the defaults.
+    """
+
+    def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None):
+        cfg = model.config
+        a0 = model.model.layers[0].self_attn
+        self.num_heads, self.num_kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
+        self.hidden = cfg.hidden_size
+        self.eps = cfg.rms_norm_eps
+        self.scale = a0.attn.scale
+        self.embed = model.model.embed_tokens.weight  # [V, D]
+        self.final_norm = model.model.norm.weight  # [D]
+        dtype, dev = self.embed.dtype, self.embed.device
+        # The fused ops' rope tables (prepare_rope casts the gathered fp32 rows to the activation dtype;
+        # casting the whole table once gives the same values), read by the qkv kernel at positions[0].
+        self.cos = model.rope_cos.to(dtype).contiguous()  # [max_pos, hd / 2]
+        self.sin = model.rope_sin.to(dtype).contiguous()
+        self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.pdl = torch.cuda.get_device_capability(dev)[0] >= 9 if pdl is None else pdl
+        self.configs = {k: {**v, **((configs or {}).get(k) or {})} for k, v in DEFAULT_CONFIGS.items()}
+        self.configs["qkv"]["block_n"] = min(self.configs["qkv"]["block_n"], self.head_dim // 2)
+
+    @staticmethod
+    def supports(model: nn.Module) -> bool:
+        """The module path this step reproduces: fused ops, Triton paged attention, CUDA, bias-free plain linears."""
+        from torchinferno.kernels import triton as tri
+        from torchinferno.models.common.attention_triton import TritonPagedAttention
+
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if not layers or model.ops is not fused_ops:
+            return False
+        w = model.model.embed_tokens.weight
+        if not (w.is_cuda and tri.available() and w.dtype in (torch.bfloat16, torch.float16, torch.float32)):
+            return False
+        half = layers[0].self_attn.head_dim // 2
+        if half < 2 or half & (half - 1):  # the qkv kernel tiles half a head in a power of two of rows
+            return False
+        for layer in layers:
+            a, mlp = layer.self_attn, layer.mlp
+            linears = (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if type(a.attn) is not TritonPagedAttention or any(type(m) is not nn.Linear or m.bias is not None
+                                                                for m in linears):
+                return False
+            if any(t.dtype != w.dtype for t in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                                                 *(m.weight for m in linears))):
+                return False
+        return True
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                 kv_caches: list[tuple[torch.Tensor, ...]] | None, meta: AttentionMetadata | None) -> torch.Tensor | None:
+        if (kv_caches is None or meta is None or input_ids.shape[0] != 1 or not input_ids.is_cuda
+                or not meta.query_lens_list or not meta.is_decode):
+            return None
+        from torchinferno.kernels.triton import decode_gemv as dg
+        from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention
+        from torchinferno.kernels.triton.norm import add_rms_norm
+
+        H, Hkv, hd, D, eps, pdl, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden, self.eps, self.pdl, self.configs
+        x = self.embed[input_ids].view(D)  # [D]: layer 0's input and residual
+        res = x
+        spare = (torch.empty_like(x), torch.empty_like(x))  # the residual stream ping-pongs between these
+        cos, sin = self.cos[positions].view(-1), self.sin[positions].view(-1)  # [hd / 2]
+        slot, bt, seq_lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if i == 0:  # no residual yet: h = x
+                q = dg.gemv_rope_kv(x, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd,
+                                    norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=cfg["qkv"])
+            else:
+                h = spare[0] if res is not spare[0] else spare[1]
+                q = dg.gemv_rope_kv(x, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd, residual=res,
+                                    h_out=h, norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=cfg["qkv"])
+                res = h
+            o = batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale,
+                                               pdl=pdl)  # [1, H, hd]
+            ao = dg.gemv(o.view(H * hd), layer.o, pdl=pdl, config=cfg["o"])  # [D]
+            h = spare[0] if res is not spare[0] else spare[1]
+            act = dg.gemv_swiglu(ao, layer.gate_up, residual=res, h_out=h, norm_weight=layer.post_norm, eps=eps,
+                                 pdl=pdl, config=cfg["gate_up"])  # [I]
+            res = h
+            x = dg.gemv(act, layer.down, pdl=pdl, config=cfg["down"])  # [D]
+        out, _ = add_rms_norm(x.view(1, D), res.view(1, D), self.final_norm, eps)
+        return out  # [1, D]

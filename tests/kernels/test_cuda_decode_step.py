@@ -1,0 +1,81 @@
+"""llama3's fused batch-1 CUDA decode step (models/llama3/cuda_decode.py) vs the module path it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchinferno.models.common.attention_metadata import build_attention_metadata
+
+
+def _model(dev, dtype):
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+    from torchinferno.testing import tiny_model
+
+    return tiny_model("llama3", variant="v1", device=dev, attention_backend=TritonPagedAttention).to(dtype)
+
+
+def _decode_hidden(model, caches, prompt, steps, block_size=4):
+    """Prefill ``prompt`` then greedy-decode ``steps`` tokens one at a time; hidden states of every decode step."""
+    dev = caches[0][0].device
+    blocks = list(range(1, 1 + -(-(len(prompt) + steps) // block_size)))
+    meta = build_attention_metadata([len(prompt)], [0], [blocks], block_size, dev)
+    ids = torch.tensor(prompt, device=dev)
+    h = model(ids, torch.arange(len(prompt), device=dev), caches, meta)
+    tok = model.compute_logits(h[-1:]).argmax(-1)
+    out = []
+    for i in range(steps):
+        pos = len(prompt) + i
+        meta = build_attention_metadata([1], [pos], [blocks], block_size, dev)
+        h = model(tok, torch.tensor([pos], device=dev), caches, meta)
+        out.append(h)
+        tok = model.compute_logits(h).argmax(-1)
+    return torch.cat(out)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,kv_dtype,tol", [(torch.float32, torch.float32, 1e-5), (torch.bfloat16, torch.bfloat16, 3e-2),
+                                                (torch.bfloat16, torch.float8_e4m3fn, 3e-2)])
+def test_fused_cuda_decode_step_matches_module_path(cuda_dev, dtype, kv_dtype, tol):
+    model = _model(cuda_dev, dtype)
+    assert model.make_cuda_decode_step() is not None
+    spec = model.family.kv_spec(model.config)
+    prompt = [5, 17, 99, 3, 42, 7, 8]
+    want_caches = spec.allocate(8, 4, kv_dtype, cuda_dev)
+    want = _decode_hidden(model, want_caches, prompt, 5)
+    assert model.enable_cuda_decode_step(pdl=False)
+    got_caches = spec.allocate(8, 4, kv_dtype, cuda_dev)
+    got = _decode_hidden(model, got_caches, prompt, 5)
+    rel = float((got.float() - want.float()).norm() / want.float().norm())
+    assert rel < tol, rel
+    for (kg, vg), (kw, vw) in zip(got_caches, want_caches):  # the step's K/V stores == the module path's appends
+        assert float((kg.float() - kw.float()).abs().max()) <= tol * 10 * float(kw.float().abs().max())
+        assert float((vg.float() - vw.float()).abs().max()) <= tol * 10 * float(vw.float().abs().max())
+    if torch.cuda.get_device_capability()[0] >= 9:  # the same chain with programmatic dependent launch
+        model.enable_cuda_decode_step(pdl=True)
+        got_pdl = _decode_hidden(model, spec.allocate(8, 4, kv_dtype, cuda_dev), prompt, 5)
+        assert torch.equal(got_pdl, got)
+
+
+@pytest.mark.cuda
+def test_fused_step_declines_what_it_does_not_reproduce(cuda_dev):
+    model = _model(cuda_dev, torch.bfloat16)
+    step = model.make_cuda_decode_step()
+    spec = model.family.kv_spec(model.config)
+    caches = spec.allocate(8, 4, torch.bfloat16, cuda_dev)
+    two = build_attention_metadata([1, 1], [3, 3], [[1], [2]], 4, cuda_dev)
+    assert step(torch.tensor([1, 2], device=cuda_dev), torch.tensor([3, 3], device=cuda_dev), caches, two) is None
+    prefill = build_attention_metadata([3], [0], [[1]], 4, cuda_dev)
+    assert step(torch.tensor([1, 2, 3], device=cuda_dev), torch.arange(3, device=cuda_dev), caches, prefill) is None
+    from torchinferno.kernels.fp8_linear import quantize_model
+
+    if torch.cuda.get_device_capability() >= (8, 9):
+        quantize_model(model, "fp8")  # FP8 linears: not this step's math
+        assert model.make_cuda_decode_step() is None
+
+
+def test_no_fused_cuda_step_on_cpu():
+    from torchinferno.testing import tiny_model
+
+    model = tiny_model("llama3", variant="v1")
+    assert model.make_cuda_decode_step() is None and not model.enable_cuda_decode_step()
