@@ -76,10 +76,13 @@ def main(quick: bool = False) -> dict:
             try:
                 us = timed(lambda w: ours(kind, w, cfg, False))
             except Exception as e:  # e.g. out of shared memory / registers for this tile
-                rows.append({"config": cfg, "error": f"{type(e).__name__}"})
+                rows.append({"config": cfg, "error": f"{type(e).__name__}: {str(e)[-300:]}"})
                 continue
             rows.append({"config": cfg, "us": us, "gb_s": nbytes / us / 1e3})
         ok = sorted((rw for rw in rows if "us" in rw), key=lambda rw: rw["us"])
+        if not ok:
+            print(f"{kind}: every config failed, e.g. {rows[0]['error']}")
+            continue
         best = ok[0]["config"]
         pdl = timed(lambda w: ours(kind, w, best, True))
         early = timed(lambda w: ours(kind, w, {**best, "early_launch": True}, True))

@@ -288,6 +288,11 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
                 f"{r['loop_ms_per_step']:.3f} ms, eager {r['eager_step_ms']:.3f} ms); bound {r['bound_ms']:.3f} ms -> "
                 f"{100 * r['fraction_of_bound']:.1f}% of bound")
             log(f"    profile (eager step): {_fmt_profile(r['profile'])}; weights through GEMMs at {r['gemm_gb_s']:.0f} GB/s")
+        if fused and bench.set_fused_step(True, pdl=False):  # what programmatic dependent launch contributes
+            r = bench.measure(1, contexts[0], wbytes, bw)
+            rep["decode_batch1_fused_no_pdl"] = r
+            log(f"(a'') batch 1 ctx {contexts[0]}, fused step without PDL: graph step {r['step_ms']:.3f} ms (loop "
+                f"{r['loop_ms_per_step']:.3f} ms) -> {100 * r['fraction_of_bound']:.1f}% of bound")
         bench.set_fused_step(False)  # the GEMV experiment and (b) time the module path
     if gemv_experiment_on and "a" in sections:
         try:

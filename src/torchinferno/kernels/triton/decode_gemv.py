@@ -64,10 +64,11 @@ def _input_tile(X, R, NW, k, km, rstd, ADD: tl.constexpr, NORM: tl.constexpr):
 @triton.jit
 def _decode_gemv_kernel(
     X, R, HOUT, NW, W, Y, COS, SIN, KC, VC, SLOT,
-    N, K, stride_w, eps, sat,
+    N, K, stride_w, eps,
     ADD: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr,
     NQ: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
+    SAT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     j = tl.arange(0, BLOCK_N)
@@ -146,9 +147,9 @@ def _decode_gemv_kernel(
                 is_k = head < NQ + NKV
                 kvh = tl.where(is_k, head - NQ, head - NQ - NKV)
                 dst = slot * (NKV * HD) + kvh * HD + c + j
-                if sat > 0:  # FP8 cache: saturate at the format's finite max, then round
-                    o1 = tl.clamp(o1.to(tl.float32), -sat, sat)
-                    o2 = tl.clamp(o2.to(tl.float32), -sat, sat)
+                if SAT > 0:  # FP8 cache: saturate at the format's finite max, then round
+                    o1 = tl.clamp(o1.to(tl.float32), -SAT, SAT)
+                    o2 = tl.clamp(o2.to(tl.float32), -SAT, SAT)
                 if is_k:
                     tl.store(KC + dst, o1.to(KC.dtype.element_ty))
                     tl.store(KC + dst + HD // 2, o2.to(KC.dtype.element_ty))
@@ -180,9 +181,9 @@ def _launch(x, weight, y, *, residual=None, h_out=None, norm_weight=None, eps=0.
     _decode_gemv_kernel[grid](
         x, residual if residual is not None else x, h_out if h_out is not None else x,
         norm_weight if norm_weight is not None else x, weight, y, cos, sin, k_cache, v_cache, slot,
-        N, K, weight.stride(0), float(eps), sat,
+        N, K, weight.stride(0), float(eps),
         ADD=residual is not None, NORM=norm_weight is not None, EPI=epi, NQ=nq, NKV=nkv, HD=head_dim,
-        BLOCK_N=bn, BLOCK_K=cfg["block_k"], PDL=pdl, EARLY_LAUNCH=bool(cfg["early_launch"]), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        BLOCK_N=bn, BLOCK_K=cfg["block_k"], PDL=pdl, EARLY_LAUNCH=bool(cfg["early_launch"]), SAT=sat, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **extra)
 
 
