@@ -56,9 +56,9 @@ def main(quick: bool = False) -> dict:
     if quick:
         grid = [(16, 256, 4, 4), (16, 512, 4, 3), (8, 512, 4, 3), (32, 256, 4, 3), (16, 1024, 8, 2)]
     else:
-        grid = [(bn, bk, w, s) for bn, bk, (w, s) in itertools.product((8, 16, 32), (256, 512, 1024),
-                                                                         ((4, 2), (4, 3), (4, 4), (8, 3)))
-                if bn * bk <= 16384 and not (bk == 1024 and s == 4)]
+        grid = [(bn, bk, w, s) for bn, bk, (w, s) in itertools.product((4, 8, 16, 32), (512, 1024, 2048),
+                                                                         ((4, 2), (4, 3), (8, 2), (8, 3)))
+                if 4096 <= bn * bk <= 16384]
     for kind, (n, k) in SHAPES.items():
         ws = _copies(n, k, dev)
         nbytes = n * k * 2

@@ -19,6 +19,14 @@ def _norm_input(x, r, nw, eps):
     return (hf * torch.rsqrt(hf.pow(2).mean() + eps) * nw.float()).to(x.dtype), h
 
 
+def _exact_input(x, r, nw, eps):
+    """float64 GEMV input of the exact math: the rounded residual sum h, normalized without rounding."""
+    h = (x if r is None else (x.float() + r.float()).to(x.dtype)).double()
+    if nw is None:
+        return h
+    return h * torch.rsqrt(h.pow(2).mean() + eps) * nw.double()
+
+
 def _tensors(dev, n, k, seed, norm=True, add=True):
     g = torch.Generator(device=dev).manual_seed(seed)
     x = torch.randn(k, generator=g, device=dev).to(DT)
@@ -45,7 +53,7 @@ def check_plain(dev, n, k, norm, add, config=None, pdl=False):
     h_out = torch.full_like(x, float("nan")) if add else None
     y = decode_gemv.gemv(x, w, residual=r, h_out=h_out, norm_weight=nw, eps=1e-5, config=config, pdl=pdl)
     xn, h = _norm_input(x, r, nw, 1e-5)
-    exact = xn.double() @ w.double().t()
+    exact = _exact_input(x, r, nw, 1e-5) @ w.double().t()
     _close(y, F.linear(xn.float(), w.float()).to(DT), exact)
     if add:
         assert torch.equal(h_out, h)
@@ -60,7 +68,7 @@ def check_swiglu(dev, inter, k, config=None):
     xn, h = _norm_input(x, r, nw, 1e-6)
     gu = F.linear(xn.float(), w.float()).to(DT).float()
     ref = (F.silu(gu[:inter]) * gu[inter:]).to(DT)
-    g, u = (xn.double() @ w.double().t()).chunk(2)
+    g, u = (_exact_input(x, r, nw, 1e-6) @ w.double().t()).chunk(2)
     _close(y, ref, g * torch.sigmoid(g) * u)
     assert torch.equal(h_out, h)
 
@@ -92,7 +100,7 @@ def check_rope_kv(dev, nq, nkv, hd, k, slot, cache_dtype=None, norm=True, add=Tr
     xn, _ = _norm_input(x, r, nw, 1e-5)
     qkv = F.linear(xn.float(), w.float()).to(DT).view(nq + 2 * nkv, hd)
     rot = _rotate(qkv[: nq + nkv], cos, sin).to(DT)
-    exact = (xn.double() @ w.double().t()).view(nq + 2 * nkv, hd)
+    exact = (_exact_input(x, r, nw, 1e-5) @ w.double().t()).view(nq + 2 * nkv, hd)
     half = hd // 2
     e1, e2 = exact[:, :half], exact[:, half:]
     c, s = cos.double(), sin.double()

@@ -5,13 +5,15 @@ small kernels (norms, residual adds, rotary, KV append, SwiGLU) whose launch gap
 as much as a fifth of the step. Here each GEMV ``y [N] = x [K] @ W[N, K]^T`` takes the ops
 around it:
 
-* prologue (``NORM``, ``ADD``): ``h = x + residual`` (rounded to x's dtype; program 0 stores
-  it as the next residual), then ``x = rms_norm(h) * norm_weight``, rounded like
-  ``kernels.triton.norm`` (fp32 math, one cast) — so the GEMV consumes exactly the unfused
-  kernel's output. Every program recomputes the (L2-resident) ``[K]`` vector it needs.
+* prologue (``NORM``, ``ADD``): ``h = x + residual`` (rounded to x's dtype, as the unfused
+  add does; program 0 stores it as the next residual), then ``rms_norm(h) * norm_weight``. The
+  1/rms factor is a scalar, so it multiplies the finished dot products: every program streams
+  ``h * norm_weight`` (from L2) into its sums while gathering ``sum(h^2)`` in the same pass. The
+  normalized input is therefore never rounded to bf16 (the unfused kernel rounds it once): a
+  slightly more accurate result, not a bitwise one.
 * epilogue ``EPI_SWIGLU``: rows ``n`` and ``n + N`` of a merged gate/up weight go to two
   accumulators; stores ``silu(g) * u`` (``g``/``u`` rounded to x's dtype first, as the unfused
-  GEMM output would be).
+  GEMM output is).
 * epilogue ``EPI_ROPE_KV``: a merged q/k/v weight (heads of ``HD``); a program owns rows
   ``c..c+BN`` and ``c+HD/2..c+HD/2+BN`` of one head, so neox rotary (pairs ``i``, ``i+HD/2``) is
   elementwise across its two accumulators. Query heads go to ``Q``; key/value heads are written
@@ -50,15 +52,19 @@ def _wait_for_previous_kernel(PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr):
 
 
 @triton.jit
-def _input_tile(X, R, NW, k, km, rstd, ADD: tl.constexpr, NORM: tl.constexpr):
-    """fp32 [BK] of the GEMV input at columns k: (x + r) rounded, normalized and scaled, rounded."""
+def _input_tile(X, R, NW, HOUT, k, km, pid, ADD: tl.constexpr, NORM: tl.constexpr):
+    """fp32 [BK] GEMV input at columns k before the 1/rms factor, and h there (fp32, for the sum of squares).
+
+    h = x + r rounded to x's dtype (program 0 stores it); the input is h * norm_weight (NORM) or x.
+    """
     x = tl.load(X + k, mask=km, other=0.0)
     if ADD:
         x = (x.to(tl.float32) + tl.load(R + k, mask=km, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
+        tl.store(HOUT + k, x, mask=km & (pid == 0))
+    h = x.to(tl.float32)
     if NORM:
-        w = tl.load(NW + k, mask=km, other=0.0).to(tl.float32)
-        x = (x.to(tl.float32) * rstd * w).to(X.dtype.element_ty)
-    return x.to(tl.float32)
+        return h * tl.load(NW + k, mask=km, other=0.0).to(tl.float32), h
+    return h, h
 
 
 @triton.jit
@@ -92,21 +98,10 @@ def _decode_gemv_kernel(
         w2 = tl.load(p2, mask=m1[:, None] & km[None, :], other=0.0, eviction_policy="evict_first")
     _wait_for_previous_kernel(PDL, EARLY_LAUNCH)
 
-    rstd = 1.0
-    if NORM:
-        ss = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + k
-            kkm = kk < K
-            h = tl.load(X + kk, mask=kkm, other=0.0)
-            if ADD:
-                h = (h.to(tl.float32) + tl.load(R + kk, mask=kkm, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
-                tl.store(HOUT + kk, h, mask=kkm & (pid == 0))
-            hf = h.to(tl.float32)
-            ss += hf * hf
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
-
-    xt = _input_tile(X, R, NW, k, km, rstd, ADD, NORM)
+    # rms_norm(h) @ W^T == (1/rms(h)) * ((h * norm_weight) @ W^T): the sum of squares is gathered in the
+    # same pass as the dot products and the 1/rms factor applied to the sums (no pre-pass over x).
+    xt, h = _input_tile(X, R, NW, HOUT, k, km, pid, ADD, NORM)
+    ss = h * h
     acc1 = w1.to(tl.float32) * xt[None, :]
     if EPI != 0:
         acc2 = w2.to(tl.float32) * xt[None, :]
@@ -114,24 +109,28 @@ def _decode_gemv_kernel(
         k0 = kt * BLOCK_K
         kk = k0 + k
         kkm = kk < K
-        xt = _input_tile(X, R, NW, kk, kkm, rstd, ADD, NORM)
+        xt, h = _input_tile(X, R, NW, HOUT, kk, kkm, pid, ADD, NORM)
+        ss += h * h
         w1 = tl.load(p1 + k0, mask=m1[:, None] & kkm[None, :], other=0.0, eviction_policy="evict_first")
         acc1 += w1.to(tl.float32) * xt[None, :]
         if EPI != 0:
             w2 = tl.load(p2 + k0, mask=m1[:, None] & kkm[None, :], other=0.0, eviction_policy="evict_first")
             acc2 += w2.to(tl.float32) * xt[None, :]
+    rstd = 1.0
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
 
     out_ty = Y.dtype.element_ty
-    y1 = tl.sum(acc1, 1)
+    y1 = tl.sum(acc1, 1) * rstd
     if EPI == 0:
         tl.store(Y + rows1, y1.to(out_ty), mask=m1)
     elif EPI == 1:
         g = y1.to(out_ty).to(tl.float32)
-        u = tl.sum(acc2, 1).to(out_ty).to(tl.float32)
+        u = (tl.sum(acc2, 1) * rstd).to(out_ty).to(tl.float32)
         tl.store(Y + rows1, (g / (1.0 + tl.exp(-g)) * u).to(out_ty), mask=m1)
     else:
         a1 = y1.to(out_ty).to(tl.float32)
-        a2 = tl.sum(acc2, 1).to(out_ty).to(tl.float32)
+        a2 = (tl.sum(acc2, 1) * rstd).to(out_ty).to(tl.float32)
         if head < NQ + NKV:  # queries and keys are rotated; values are not
             cs = tl.load(COS + c + j).to(tl.float32)
             sn = tl.load(SIN + c + j).to(tl.float32)
@@ -147,15 +146,17 @@ def _decode_gemv_kernel(
                 is_k = head < NQ + NKV
                 kvh = tl.where(is_k, head - NQ, head - NQ - NKV)
                 dst = slot * (NKV * HD) + kvh * HD + c + j
-                if SAT > 0:  # FP8 cache: saturate at the format's finite max, then round
-                    o1 = tl.clamp(o1.to(tl.float32), -SAT, SAT)
-                    o2 = tl.clamp(o2.to(tl.float32), -SAT, SAT)
+                s1 = o1.to(tl.float32)  # exact; the store rounds once to the cache's dtype
+                s2 = o2.to(tl.float32)
+                if SAT > 0:  # FP8 cache: saturate at the format's finite max first
+                    s1 = tl.clamp(s1, -SAT, SAT)
+                    s2 = tl.clamp(s2, -SAT, SAT)
                 if is_k:
-                    tl.store(KC + dst, o1.to(KC.dtype.element_ty))
-                    tl.store(KC + dst + HD // 2, o2.to(KC.dtype.element_ty))
+                    tl.store(KC + dst, s1.to(KC.dtype.element_ty))
+                    tl.store(KC + dst + HD // 2, s2.to(KC.dtype.element_ty))
                 else:
-                    tl.store(VC + dst, o1.to(VC.dtype.element_ty))
-                    tl.store(VC + dst + HD // 2, o2.to(VC.dtype.element_ty))
+                    tl.store(VC + dst, s1.to(VC.dtype.element_ty))
+                    tl.store(VC + dst + HD // 2, s2.to(VC.dtype.element_ty))
 
 
 DEFAULT_CONFIG = {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "early_launch": False}

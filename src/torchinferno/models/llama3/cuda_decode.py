@@ -13,9 +13,10 @@ between those launches are a fifth of the step. This step runs the same math as
     down GEMV
 
 (``kernels/triton/decode_gemv.py``), each launched with programmatic dependent launch on Hopper
-so a kernel streams its first weight tile while the previous one drains. Every rounding of the
-unfused path is kept (the GEMVs consume and produce the same bf16 values as the unfused kernels);
-only the GEMVs' fp32 summation order differs from cuBLAS's (tested against the module path).
+so a kernel streams its first weight tile while the previous one drains. The unfused path's
+roundings are kept (residual sums, GEMV outputs, rotated q/k, SwiGLU output) except one: the
+normalized GEMV input is consumed in fp32 instead of being rounded to bf16 first; with the GEMVs'
+summation order (vs cuBLAS) that is the whole difference (tested against the module path).
 
 Like ``cpu_decode`` it is a runtime transformation installed in ``CausalLMBase.decode_step``
 (by ``enable_cuda_decode_step``, which the engine's runner and bench-gpu call on CUDA): it reads
@@ -33,10 +34,10 @@ from torchinferno.models.llama3 import fused_ops
 
 # GEMV launch tiles per linear (a sweep on an H200: benchmarks/probe_decode_gemv.py).
 DEFAULT_CONFIGS: dict[str, dict] = {
-    "qkv": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 4},
-    "o": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3},
-    "gate_up": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 4},
-    "down": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3},
+    "qkv": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 4, "early_launch": True},
+    "o": {"block_n": 16, "block_k": 1024, "num_warps": 8, "num_stages": 3, "early_launch": True},
+    "gate_up": {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 3, "early_launch": True},
+    "down": {"block_n": 16, "block_k": 1024, "num_warps": 8, "num_stages": 3, "early_launch": True},
 }
 
 
