@@ -4,7 +4,8 @@ Run on the GPU machine from the repo root: ``PYTHONPATH=src python3 benchmarks/p
 Each measurement is a CUDA graph of back-to-back calls over distinct weight copies (>= 1 GB in all, so
 weights stream from HBM as in a decode step, never from L2), timed per call, as weight GB/s beside the
 same-run copy bandwidth. Our kernels run with their fused prologue/epilogue (qkv: add + RMSNorm + rotary +
-KV store; gate_up: add + RMSNorm + SwiGLU), cuBLAS as the bare ``F.linear``; with and without PDL.
+KV store; gate_up: RMSNorm + SwiGLU; o and down: residual add), cuBLAS as the bare ``F.linear``; with
+and without PDL.
 Sweeps launch tiles and prints the best per shape (what ``models/llama3/cuda_decode.DEFAULT_CONFIGS`` holds).
 """
 
@@ -47,11 +48,10 @@ def main(quick: bool = False) -> dict:
 
     def ours(kind, w, cfg, pdl):
         if kind == "qkv":
-            return lambda: dg.gemv_rope_kv(x, w, cos, sin, kc, vc, slot, H, HKV, HD, residual=r, h_out=h, norm_weight=nw,
-                                           pdl=pdl, config=cfg)
+            return lambda: dg.gemv_rope_kv(x, w, cos, sin, kc, vc, slot, H, HKV, HD, norm_weight=nw, pdl=pdl, config=cfg)
         if kind == "gate_up":
-            return lambda: dg.gemv_swiglu(x, w, residual=r, h_out=h, norm_weight=nw, pdl=pdl, config=cfg)
-        return lambda: dg.gemv(xi if kind == "down" else x, w, pdl=pdl, config=cfg)
+            return lambda: dg.gemv_swiglu(x, w, norm_weight=nw, pdl=pdl, config=cfg)
+        return lambda: dg.gemv(xi if kind == "down" else x, w, h, residual=r, pdl=pdl, config=cfg)
 
     if quick:
         grid = [(16, 256, 4, 4), (16, 512, 4, 3), (8, 512, 4, 3), (32, 256, 4, 3), (16, 1024, 8, 2)]

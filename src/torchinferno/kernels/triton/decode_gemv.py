@@ -5,12 +5,13 @@ small kernels (norms, residual adds, rotary, KV append, SwiGLU) whose launch gap
 as much as a fifth of the step. Here each GEMV ``y [N] = x [K] @ W[N, K]^T`` takes the ops
 around it:
 
-* prologue (``NORM``, ``ADD``): ``h = x + residual`` (rounded to x's dtype, as the unfused
-  add does; program 0 stores it as the next residual), then ``rms_norm(h) * norm_weight``. The
-  1/rms factor is a scalar, so it multiplies the finished dot products: every program streams
-  ``h * norm_weight`` (from L2) into its sums while gathering ``sum(h^2)`` in the same pass. The
-  normalized input is therefore never rounded to bf16 (the unfused kernel rounds it once): a
-  slightly more accurate result, not a bitwise one.
+* prologue ``NORM``: ``rms_norm(x) * norm_weight``. The 1/rms factor is a scalar, so it
+  multiplies the finished dot products: every program streams ``x * norm_weight`` (from L2) into
+  its sums while gathering ``sum(x^2)`` in the same pass. The normalized input is therefore never
+  rounded to bf16 (the unfused norm kernel rounds it once): slightly more accurate, not bitwise.
+* epilogue ``ADD`` (plain GEMVs): ``y = x @ W^T + residual``, the output rounded first and the
+  sum rounded again, exactly as the unfused ``linear`` then ``x + residual`` — so the o and down
+  projections emit the next residual stream directly and the following norm reads one vector.
 * epilogue ``EPI_SWIGLU``: rows ``n`` and ``n + N`` of a merged gate/up weight go to two
   accumulators; stores ``silu(g) * u`` (``g``/``u`` rounded to x's dtype first, as the unfused
   GEMM output is).
@@ -52,24 +53,17 @@ def _wait_for_previous_kernel(PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr):
 
 
 @triton.jit
-def _input_tile(X, R, NW, HOUT, k, km, pid, ADD: tl.constexpr, NORM: tl.constexpr):
-    """fp32 [BK] GEMV input at columns k before the 1/rms factor, and h there (fp32, for the sum of squares).
-
-    h = x + r rounded to x's dtype (program 0 stores it); the input is h * norm_weight (NORM) or x.
-    """
-    x = tl.load(X + k, mask=km, other=0.0)
-    if ADD:
-        x = (x.to(tl.float32) + tl.load(R + k, mask=km, other=0.0).to(tl.float32)).to(X.dtype.element_ty)
-        tl.store(HOUT + k, x, mask=km & (pid == 0))
-    h = x.to(tl.float32)
+def _input_tile(X, NW, k, km, NORM: tl.constexpr):
+    """fp32 [BK]: the GEMV input at columns k before the 1/rms factor, and x there (for the sum of squares)."""
+    x = tl.load(X + k, mask=km, other=0.0).to(tl.float32)
     if NORM:
-        return h * tl.load(NW + k, mask=km, other=0.0).to(tl.float32), h
-    return h, h
+        return x * tl.load(NW + k, mask=km, other=0.0).to(tl.float32), x
+    return x, x
 
 
 @triton.jit
 def _decode_gemv_kernel(
-    X, R, HOUT, NW, W, Y, COS, SIN, KC, VC, SLOT,
+    X, R, NW, W, Y, COS, SIN, KC, VC, SLOT,
     N, K, stride_w, eps,
     ADD: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr,
     NQ: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
@@ -100,7 +94,7 @@ def _decode_gemv_kernel(
 
     # rms_norm(h) @ W^T == (1/rms(h)) * ((h * norm_weight) @ W^T): the sum of squares is gathered in the
     # same pass as the dot products and the 1/rms factor applied to the sums (no pre-pass over x).
-    xt, h = _input_tile(X, R, NW, HOUT, k, km, pid, ADD, NORM)
+    xt, h = _input_tile(X, NW, k, km, NORM)
     ss = h * h
     acc1 = w1.to(tl.float32) * xt[None, :]
     if EPI != 0:
@@ -109,7 +103,7 @@ def _decode_gemv_kernel(
         k0 = kt * BLOCK_K
         kk = k0 + k
         kkm = kk < K
-        xt, h = _input_tile(X, R, NW, HOUT, kk, kkm, pid, ADD, NORM)
+        xt, h = _input_tile(X, NW, kk, kkm, NORM)
         ss += h * h
         w1 = tl.load(p1 + k0, mask=m1[:, None] & kkm[None, :], other=0.0, eviction_policy="evict_first")
         acc1 += w1.to(tl.float32) * xt[None, :]
@@ -123,7 +117,10 @@ def _decode_gemv_kernel(
     out_ty = Y.dtype.element_ty
     y1 = tl.sum(acc1, 1) * rstd
     if EPI == 0:
-        tl.store(Y + rows1, y1.to(out_ty), mask=m1)
+        y1 = y1.to(out_ty)
+        if ADD:  # the next residual stream: round the product, add, round the sum (the unfused order)
+            y1 = (y1.to(tl.float32) + tl.load(R + rows1, mask=m1, other=0.0).to(tl.float32)).to(out_ty)
+        tl.store(Y + rows1, y1, mask=m1)
     elif EPI == 1:
         g = y1.to(out_ty).to(tl.float32)
         u = (tl.sum(acc2, 1) * rstd).to(out_ty).to(tl.float32)
@@ -162,7 +159,7 @@ def _decode_gemv_kernel(
 DEFAULT_CONFIG = {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "early_launch": False}
 
 
-def _launch(x, weight, y, *, residual=None, h_out=None, norm_weight=None, eps=0.0, epi=EPI_PLAIN, n_rows=None,
+def _launch(x, weight, y, *, residual=None, norm_weight=None, eps=0.0, epi=EPI_PLAIN, n_rows=None,
             rope=None, kv=None, nq=0, nkv=0, head_dim=0, pdl=False, config=None):
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     K = weight.shape[1]
@@ -180,41 +177,36 @@ def _launch(x, weight, y, *, residual=None, h_out=None, norm_weight=None, eps=0.
     sat = float(torch.finfo(k_cache.dtype).max) if kv is not None and is_fp8(k_cache.dtype) else 0.0
     extra = {"launch_pdl": True} if pdl else {}
     _decode_gemv_kernel[grid](
-        x, residual if residual is not None else x, h_out if h_out is not None else x,
-        norm_weight if norm_weight is not None else x, weight, y, cos, sin, k_cache, v_cache, slot,
-        N, K, weight.stride(0), float(eps),
+        x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight, y,
+        cos, sin, k_cache, v_cache, slot, N, K, weight.stride(0), float(eps),
         ADD=residual is not None, NORM=norm_weight is not None, EPI=epi, NQ=nq, NKV=nkv, HD=head_dim,
-        BLOCK_N=bn, BLOCK_K=cfg["block_k"], PDL=pdl, EARLY_LAUNCH=bool(cfg["early_launch"]), SAT=sat, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **extra)
+        BLOCK_N=bn, BLOCK_K=cfg["block_k"], PDL=pdl, EARLY_LAUNCH=bool(cfg["early_launch"]), SAT=sat,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra)
 
 
-def gemv(x, weight, out=None, *, residual=None, h_out=None, norm_weight=None, eps=1e-6, pdl=False, config=None):
-    """``x [K] -> [N]``: ``norm(x + residual) @ weight.T`` (the prologue is optional: see module doc).
+def gemv(x, weight, out=None, *, residual=None, norm_weight=None, eps=1e-6, pdl=False, config=None):
+    """``x [K] -> [N]``: ``norm(x) @ weight.T + residual`` (norm and residual optional; see module doc).
 
-    ``residual`` needs ``norm_weight``; then ``h_out [K]`` receives ``x + residual`` (must not alias
-    ``x`` or ``residual``).
+    ``out`` must not alias ``residual`` (another program may still read the row it would overwrite).
     """
     N = weight.shape[0]
-    assert residual is None or (norm_weight is not None and h_out is not None)
+    assert residual is None or out is None or out.data_ptr() != residual.data_ptr()
     y = torch.empty(N, dtype=x.dtype, device=x.device) if out is None else out
-    _launch(x, weight, y, residual=residual, h_out=h_out, norm_weight=norm_weight, eps=eps, n_rows=N,
-            pdl=pdl, config=config)
+    _launch(x, weight, y, residual=residual, norm_weight=norm_weight, eps=eps, n_rows=N, pdl=pdl, config=config)
     return y
 
 
-def gemv_swiglu(x, gate_up_weight, out=None, *, residual=None, h_out=None, norm_weight=None, eps=1e-6, pdl=False,
-                config=None):
-    """``x [K] -> silu(g) * u [I]`` with ``g, u = chunk(norm(x + residual) @ gate_up_weight.T, 2)``."""
+def gemv_swiglu(x, gate_up_weight, out=None, *, norm_weight=None, eps=1e-6, pdl=False, config=None):
+    """``x [K] -> silu(g) * u [I]`` with ``g, u = chunk(norm(x) @ gate_up_weight.T, 2)``."""
     inter = gate_up_weight.shape[0] // 2
-    assert residual is None or (norm_weight is not None and h_out is not None)
     y = torch.empty(inter, dtype=x.dtype, device=x.device) if out is None else out
-    _launch(x, gate_up_weight, y, residual=residual, h_out=h_out, norm_weight=norm_weight, eps=eps, epi=EPI_SWIGLU,
-            n_rows=inter, pdl=pdl, config=config)
+    _launch(x, gate_up_weight, y, norm_weight=norm_weight, eps=eps, epi=EPI_SWIGLU, n_rows=inter, pdl=pdl,
+            config=config)
     return y
 
 
 def gemv_rope_kv(x, qkv_weight, cos, sin, k_cache, v_cache, slot, num_heads: int, num_kv_heads: int, head_dim: int,
-                 q_out=None, *, residual=None, h_out=None, norm_weight=None, eps=1e-6, pdl=False, config=None):
+                 q_out=None, *, norm_weight=None, eps=1e-6, pdl=False, config=None):
     """``x [K]`` -> queries ``[num_heads * head_dim]`` (rotated); rotated keys and values stored at ``slot``.
 
     ``cos``/``sin`` ``[head_dim / 2]`` (this token's rows of the tables), ``slot`` a 1-element int
@@ -222,9 +214,7 @@ def gemv_rope_kv(x, qkv_weight, cos, sin, k_cache, v_cache, slot, num_heads: int
     contiguous.
     """
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-    assert residual is None or (norm_weight is not None and h_out is not None)
     q = torch.empty(num_heads * head_dim, dtype=x.dtype, device=x.device) if q_out is None else q_out
-    _launch(x, qkv_weight, q, residual=residual, h_out=h_out, norm_weight=norm_weight, eps=eps, epi=EPI_ROPE_KV,
-            rope=(cos, sin), kv=(k_cache, v_cache, slot), nq=num_heads, nkv=num_kv_heads, head_dim=head_dim, pdl=pdl,
-            config=config)
+    _launch(x, qkv_weight, q, norm_weight=norm_weight, eps=eps, epi=EPI_ROPE_KV, rope=(cos, sin),
+            kv=(k_cache, v_cache, slot), nq=num_heads, nkv=num_kv_heads, head_dim=head_dim, pdl=pdl, config=config)
     return q

@@ -6,11 +6,11 @@ cuBLAS split-K reductions). At batch 1 every GEMV is a pure weight stream, so th
 between those launches are a fifth of the step. This step runs the same math as
 ``Llama3ForCausalLM.forward`` with the ``fused`` ops and ``TritonPagedAttention`` in:
 
-    qkv GEMV  (prologue: residual add + RMSNorm; epilogue: rotary, K/V stored in the paged cache)
+    qkv GEMV  (prologue: RMSNorm; epilogue: rotary, K/V stored in the paged cache)
     paged decode attention (split-K + merge)
-    o GEMV
-    gate/up GEMV (prologue: residual add + RMSNorm; epilogue: SwiGLU)
-    down GEMV
+    o GEMV  (epilogue: residual add: it writes the next residual stream)
+    gate/up GEMV (prologue: RMSNorm; epilogue: SwiGLU)
+    down GEMV  (epilogue: residual add)
 
 (``kernels/triton/decode_gemv.py``), each launched with programmatic dependent launch on Hopper
 so a kernel streams its first weight tile while the previous one drains. The unfused path's
@@ -34,10 +34,10 @@ from torchinferno.models.llama3 import fused_ops
 
 # GEMV launch tiles per linear (a sweep on an H200: benchmarks/probe_decode_gemv.py).
 DEFAULT_CONFIGS: dict[str, dict] = {
-    "qkv": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 4, "early_launch": True},
-    "o": {"block_n": 16, "block_k": 1024, "num_warps": 8, "num_stages": 3, "early_launch": True},
-    "gate_up": {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 3, "early_launch": True},
-    "down": {"block_n": 16, "block_k": 1024, "num_warps": 8, "num_stages": 3, "early_launch": True},
+    "qkv": {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2, "early_launch": True},
+    "o": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": True},
+    "gate_up": {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 2, "early_launch": True},
+    "down": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": True},
 }
 
 
@@ -113,30 +113,22 @@ class CudaDecodeStep:
             return None
         from torchinferno.kernels.triton import decode_gemv as dg
         from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention
-        from torchinferno.kernels.triton.norm import add_rms_norm
+        from torchinferno.kernels.triton.norm import rms_norm
 
         H, Hkv, hd, D, eps, pdl, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden, self.eps, self.pdl, self.configs
-        x = self.embed[input_ids].view(D)  # [D]: layer 0's input and residual
-        res = x
-        spare = (torch.empty_like(x), torch.empty_like(x))  # the residual stream ping-pongs between these
+        # The residual stream alternates between two vectors: the o and down GEMVs read one and write
+        # the other (their epilogue adds the residual), the norms of the next GEMVs read what was written.
+        res = self.embed[input_ids].view(D)  # [D] (a fresh tensor: the step may overwrite it)
+        other = torch.empty_like(res)
         cos, sin = self.cos[positions].view(-1), self.sin[positions].view(-1)  # [hd / 2]
         slot, bt, seq_lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            if i == 0:  # no residual yet: h = x
-                q = dg.gemv_rope_kv(x, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd,
-                                    norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=cfg["qkv"])
-            else:
-                h = spare[0] if res is not spare[0] else spare[1]
-                q = dg.gemv_rope_kv(x, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd, residual=res,
-                                    h_out=h, norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=cfg["qkv"])
-                res = h
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            q = dg.gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd, norm_weight=layer.in_norm,
+                                eps=eps, pdl=pdl, config=cfg["qkv"])  # [H hd]; K/V stored at slot
             o = batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale,
                                                pdl=pdl)  # [1, H, hd]
-            ao = dg.gemv(o.view(H * hd), layer.o, pdl=pdl, config=cfg["o"])  # [D]
-            h = spare[0] if res is not spare[0] else spare[1]
-            act = dg.gemv_swiglu(ao, layer.gate_up, residual=res, h_out=h, norm_weight=layer.post_norm, eps=eps,
-                                 pdl=pdl, config=cfg["gate_up"])  # [I]
-            res = h
-            x = dg.gemv(act, layer.down, pdl=pdl, config=cfg["down"])  # [D]
-        out, _ = add_rms_norm(x.view(1, D), res.view(1, D), self.final_norm, eps)
-        return out  # [1, D]
+            h = dg.gemv(o.view(H * hd), layer.o, other, residual=res, pdl=pdl, config=cfg["o"])  # [D]: res + attn
+            act = dg.gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
+                                 config=cfg["gate_up"])  # [I]
+            res, other = dg.gemv(act, layer.down, res, residual=h, pdl=pdl, config=cfg["down"]), h  # [D]: h + mlp
+        return rms_norm(res.view(1, D), self.final_norm, eps)
