@@ -99,7 +99,7 @@ def check_kv_append(dev, dtype, T=11, Hkv=3, D=64, DV=48, page=16):
     assert torch.equal(kc.cpu(), kref) and torch.equal(vc.cpu(), vref)
 
 
-def check_decode(dev, dtype, lens=(1, 17, 300, 1029), H=8, Hkv=2, D=128, DV=128, page=16, num_splits=None):
+def check_decode(dev, dtype, lens=(1, 17, 300, 1029), H=8, Hkv=2, D=128, DV=128, page=16, num_splits=None, merge=False):
     from torchinferno.kernels.triton import decode_attention
 
     g = torch.Generator().manual_seed(4)
@@ -108,10 +108,18 @@ def check_decode(dev, dtype, lens=(1, 17, 300, 1029), H=8, Hkv=2, D=128, DV=128,
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
     scale = D ** -0.5
     out = torch.full((len(lens), H, DV), float("nan"), dtype=dtype, device=dev)
-    decode_attention.batched_paged_decode_attention(q, kc, vc, bt, sl, scale, num_splits=num_splits, out=out)
+    counters = torch.zeros(len(lens) * Hkv, dtype=torch.int32, device=dev) if merge else None
+    decode_attention.batched_paged_decode_attention(q, kc, vc, bt, sl, scale, num_splits=num_splits, out=out,
+                                                    merge_counters=counters)
     ref = ref_attention64(q, kc, vc, [1] * len(lens), list(lens), bt, scale)
     err = rel_err(out, ref)
     assert err < TOL[dtype], err
+    if merge:  # the in-kernel merge leaves its counters at zero, so the next call merges again
+        assert int(counters.abs().sum()) == 0
+        again = torch.full_like(out, float("nan"))
+        decode_attention.batched_paged_decode_attention(q, kc, vc, bt, sl, scale, num_splits=num_splits, out=again,
+                                                        merge_counters=counters)
+        assert torch.equal(again, out) or rel_err(again, ref) < TOL[dtype]
 
 
 def check_prefill(dev, dtype, qlens=(1, 40, 1, 130, 7), ctxs=(50, 0, 0, 33, 200), H=8, Hkv=2, D=64, DV=64, page=16):
@@ -180,6 +188,7 @@ def test_kv_append(cuda_dev, dtype):
 @pytest.mark.parametrize("num_splits", [None, 1, 4, 16])
 def test_decode_attention(cuda_dev, dtype, num_splits):
     check_decode(cuda_dev, dtype, num_splits=num_splits)
+    check_decode(cuda_dev, dtype, num_splits=num_splits, merge=True)  # splits merged by the last program
 
 
 @pytest.mark.cuda
@@ -187,6 +196,7 @@ def test_decode_attention(cuda_dev, dtype, num_splits):
 def test_decode_attention_shapes(cuda_dev, shape):
     H, Hkv, D, DV = shape
     check_decode(cuda_dev, torch.bfloat16, lens=(5, 4096, 700), H=H, Hkv=Hkv, D=D, DV=DV)
+    check_decode(cuda_dev, torch.bfloat16, lens=(5, 4096, 700), H=H, Hkv=Hkv, D=D, DV=DV, merge=True)
     check_decode(cuda_dev, torch.bfloat16, lens=(33,), H=H, Hkv=Hkv, D=D, DV=DV, page=1)
 
 

@@ -38,13 +38,13 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
+def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
                    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                    stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr,
-                   V_EARLY: tl.constexpr, PDL: tl.constexpr = False):
+                   V_EARLY: tl.constexpr, PDL: tl.constexpr = False, MERGE: tl.constexpr = False):
     if PDL:  # launched with programmatic dependent launch: nothing is read before the previous kernel is done
         gdc_wait()
     b = tl.program_id(0).to(tl.int64)
@@ -108,6 +108,29 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, qk_scale,
         tl.store(OP + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dv[None, :], out,
                  mask=gm[:, None] & dvm[None, :])
         tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=gm)
+        if MERGE:  # the last split program of this (sequence, kv head) to finish merges all splits (no stage 2)
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            cnt_ptr = CNT + b * tl.num_programs(1) + kvh
+            done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+            if done == NUM_SPLITS - 1:
+                m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+                for s_ in tl.static_range(NUM_SPLITS):
+                    m = tl.maximum(m, tl.load(LSE + b * stride_lb + heads * stride_lh + s_, mask=gm,
+                                              other=float("-inf"), cache_modifier=".cg"))
+                o_acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
+                w_sum = tl.zeros([GROUP_PAD], tl.float32)
+                for s_ in tl.static_range(NUM_SPLITS):
+                    ls = tl.load(LSE + b * stride_lb + heads * stride_lh + s_, mask=gm, other=float("-inf"),
+                                 cache_modifier=".cg")
+                    w = tl.where(ls == float("-inf"), 0.0, tl.exp2(ls - m))
+                    o_s = tl.load(OP + b * stride_pb + heads[:, None] * stride_ph + s_ * stride_ps + dv[None, :],
+                                  mask=gm[:, None] & dvm[None, :], other=0.0, cache_modifier=".cg")
+                    o_acc += o_s * w[:, None]
+                    w_sum += w
+                out = o_acc / tl.maximum(w_sum, 1e-30)[:, None]
+                tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
+                         mask=gm[:, None] & dvm[None, :])
+                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next call (kernels are ordered)
 
 
 @triton.jit
@@ -146,11 +169,15 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
 def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                                    num_splits: int | None = None, out: torch.Tensor | None = None,
-                                   config: dict | None = None, pdl: bool = False) -> torch.Tensor:
+                                   config: dict | None = None, pdl: bool = False,
+                                   merge_counters: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, D] -> [B, H, Dv]; attends to ``seq_lens[b]`` cached tokens of row ``b``.
 
     ``pdl``: launch both stages with programmatic dependent launch (Hopper+; each waits for the
     previous kernel before its first read), for chains of PDL kernels such as ``models/llama3/cuda_decode``.
+    ``merge_counters``: int32 zeros, at least ``B * Hkv``, owned by the caller and reused across calls (left
+    zero): with splits, the last program of each (sequence, kv head) to finish merges the splits itself
+    (counted by an atomic), so there is no second kernel.
 
     ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps, and
     ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to;
@@ -183,16 +210,19 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     s_pb, s_ph, s_ps = (op.stride(0), op.stride(1), op.stride(2)) if num_splits > 1 else (0, 0, 0)
     s_lb, s_lh = (lse.stride(0), lse.stride(1)) if num_splits > 1 else (0, 0)
     pdl_kw = {"PDL": True, "launch_pdl": True} if pdl else {}
+    merge = merge_counters is not None and num_splits > 1
+    if merge:
+        assert merge_counters.dtype == torch.int32 and merge_counters.numel() >= B * Hkv
     _decode_stage1[(B, Hkv, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, op, lse, scale * LOG2E,
+        q, k_cache, v_cache, block_tables, seq_lens, out, op, lse, merge_counters if merge else seq_lens, scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), s_pb, s_ph, s_ps, s_lb, s_lh,
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page,
         BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, V_EARLY=cfg.get("v_early", True),
         num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl_kw)
-    if num_splits > 1:
+        num_stages=cfg["num_stages"], MERGE=merge, **pdl_kw)
+    if num_splits > 1 and not merge:
         _decode_stage2[(B, H)](op, lse, out, s_pb, s_ph, s_ps, s_lb, s_lh, out.stride(0), out.stride(1),
                                DV=DV, DV_PAD=dv_pad, NUM_SPLITS=num_splits, num_warps=4, **pdl_kw)
     return out

@@ -1,4 +1,4 @@
-"""Fused batch-1 CUDA decode step of llama3: five kernels per layer instead of ~13, chained by PDL.
+"""Fused batch-1 CUDA decode step of llama3: five kernels per layer instead of ~14, chained by PDL.
 
 The module path of a one-token step launches, per layer: add+RMSNorm, qkv GEMV, rotary, KV
 append, two attention kernels, o GEMV, add+RMSNorm, gate/up GEMV, SwiGLU, down GEMV (plus
@@ -7,7 +7,7 @@ between those launches are a fifth of the step. This step runs the same math as
 ``Llama3ForCausalLM.forward`` with the ``fused`` ops and ``TritonPagedAttention`` in:
 
     qkv GEMV  (prologue: RMSNorm; epilogue: rotary, K/V stored in the paged cache)
-    paged decode attention (split-K + merge)
+    paged decode attention (split-K; the last split program of each kv head merges)
     o GEMV  (epilogue: residual add: it writes the next residual stream)
     gate/up GEMV (prologue: RMSNorm; epilogue: SwiGLU)
     down GEMV  (epilogue: residual add)
@@ -77,6 +77,9 @@ class CudaDecodeStep:
         self.sin = model.rope_sin.to(dtype).contiguous()
         self.layers = [_Layer(layer) for layer in model.model.layers]
         self.pdl = torch.cuda.get_device_capability(dev)[0] >= 9 if pdl is None else pdl
+        # The attention's split-K partials are merged by the last program of each kv head (one kernel, not
+        # two); its arrival counters live here, zero between calls, shared by every layer (they run in order).
+        self.merge_counters = torch.zeros(self.num_kv_heads, dtype=torch.int32, device=dev)
         self.configs = {k: {**v, **((configs or {}).get(k) or {})} for k, v in DEFAULT_CONFIGS.items()}
         self.configs["qkv"]["block_n"] = min(self.configs["qkv"]["block_n"], self.head_dim // 2)
 
@@ -125,8 +128,8 @@ class CudaDecodeStep:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             q = dg.gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd, norm_weight=layer.in_norm,
                                 eps=eps, pdl=pdl, config=cfg["qkv"])  # [H hd]; K/V stored at slot
-            o = batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale,
-                                               pdl=pdl)  # [1, H, hd]
+            o = batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale, pdl=pdl,
+                                               merge_counters=self.merge_counters)  # [1, H, hd]
             h = dg.gemv(o.view(H * hd), layer.o, other, residual=res, pdl=pdl, config=cfg["o"])  # [D]: res + attn
             act = dg.gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
                                  config=cfg["gate_up"])  # [I]
