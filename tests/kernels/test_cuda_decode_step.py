@@ -79,3 +79,29 @@ def test_no_fused_cuda_step_on_cpu():
 
     model = tiny_model("llama3", variant="v1")
     assert model.make_cuda_decode_step() is None and not model.enable_cuda_decode_step()
+
+
+@pytest.mark.cuda
+def test_engine_installs_the_fused_step_and_matches_the_module_path(cuda_dev):
+    """Serving path vs plain generation: the engine (CUDA graphs, batch-1 steps through the fused step)
+    emits the tokens of the same engine with the module path (fp32, where both agree to ~1e-6)."""
+    from torchinferno.core.sampling_params import SamplingParams
+    from torchinferno.engine.config import EngineConfig
+    from torchinferno.engine.llm_engine import LLMEngine
+    from torchinferno.models.llama3.cuda_decode import CudaDecodeStep
+
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    kw = {"max_num_seqs": 4, "block_size": 4, "max_model_len": 64}
+
+    def run(model):
+        eng = LLMEngine(model, None, EngineConfig(**kw))
+        eng.add_request("r", [5, 17, 99, 3, 42], params)
+        return eng.run_to_completion()["r"].token_ids
+
+    fused_model = _model(cuda_dev, torch.float32)
+    got = run(fused_model)
+    assert isinstance(fused_model.decode_step, CudaDecodeStep)
+    plain_model = _model(cuda_dev, torch.float32)
+    plain_model.enable_cuda_decode_step = lambda **options: False  # keep the module path
+    want = run(plain_model)
+    assert plain_model.decode_step is None and got == want
