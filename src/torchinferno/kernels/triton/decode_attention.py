@@ -29,7 +29,7 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import next_pow2, num_sms
@@ -45,7 +45,8 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
                    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr,
                    V_EARLY: tl.constexpr, PDL: tl.constexpr = False, MERGE: tl.constexpr = False):
-    if PDL:  # launched with programmatic dependent launch: nothing is read before the previous kernel is done
+    if PDL:  # launched with programmatic dependent launch: nothing is read before the previous kernel is done;
+        gdc_launch_dependents()  # the next kernel (a PDL GEMV) may launch now and prefetch its weights
         gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -152,16 +153,18 @@ def _decode_stage2(OP, LSE, OUT, stride_pb, stride_ph, stride_ps, stride_lb, str
     tl.store(OUT + b * stride_ob + h * stride_oh + dv, out.to(OUT.dtype.element_ty), mask=dvm)
 
 
-def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device,
+                      min_split_tokens: int = 256) -> int:
     """Splits so that (batch x kv heads x splits) programs fill about two waves of SMs.
 
-    A split never covers fewer than 256 tokens (below that the merge costs more than it saves).
+    A split never covers fewer than ``min_split_tokens`` tokens (256 by default: below that a separate
+    merge kernel costs more than it saves; with the in-kernel merge, smaller splits pay off at batch 1).
     Powers of two only, so few kernel variants get compiled. Depends on shapes alone.
     """
     sms = num_sms(device.index or 0) if device.type == "cuda" else 132
     programs = max(1, batch * num_kv_heads)
     want = math.ceil(2 * sms / programs)
-    cap = max(1, max_context // 256)
+    cap = max(1, max_context // min_split_tokens)
     n = max(1, min(want, cap, 64))
     return 1 << (n.bit_length() - 1)
 

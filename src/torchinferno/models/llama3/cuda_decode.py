@@ -115,7 +115,7 @@ class CudaDecodeStep:
                 or not meta.query_lens_list or not meta.is_decode):
             return None
         from torchinferno.kernels.triton import decode_gemv as dg
-        from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention
+        from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention, choose_num_splits
         from torchinferno.kernels.triton.norm import rms_norm
 
         H, Hkv, hd, D, eps, pdl, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden, self.eps, self.pdl, self.configs
@@ -125,11 +125,14 @@ class CudaDecodeStep:
         other = torch.empty_like(res)
         cos, sin = self.cos[positions].view(-1), self.sin[positions].view(-1)  # [hd / 2]
         slot, bt, seq_lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
+        # One sequence has only Hkv programs per split: splits as short as 64 tokens keep the SMs busy at long
+        # context (the in-kernel merge makes many splits cheap). From static shapes: graph-capturable.
+        splits = choose_num_splits(1, Hkv, bt.shape[1] * kv_caches[0][0].shape[1], bt.device, min_split_tokens=64)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             q = dg.gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd, norm_weight=layer.in_norm,
                                 eps=eps, pdl=pdl, config=cfg["qkv"])  # [H hd]; K/V stored at slot
-            o = batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale, pdl=pdl,
-                                               merge_counters=self.merge_counters)  # [1, H, hd]
+            o = batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale, splits,
+                                               pdl=pdl, merge_counters=self.merge_counters)  # [1, H, hd]
             h = dg.gemv(o.view(H * hd), layer.o, other, residual=res, pdl=pdl, config=cfg["o"])  # [D]: res + attn
             act = dg.gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
                                  config=cfg["gate_up"])  # [I]
