@@ -99,6 +99,8 @@ class DecodeBench:
             self.model.decode_step = None
         self.runner.graphs.pop(1, None)
         self.runner.outputs.pop(1, None)
+        if not self.runner.graphs:  # the memory pool died with its last graph: capture into a fresh one
+            self.runner._pool = None
         self.runner.capture([1])
         return on
 
