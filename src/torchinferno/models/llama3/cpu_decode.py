@@ -25,6 +25,7 @@ from torchinferno.kernels import api
 from torchinferno.kernels.cpu_linear import PackedLinear
 from torchinferno.models.common.attention import DenseRowViews, TorchAttention, _dense_first_row
 from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.decode_step import LeanDecodeStepBase
 from torchinferno.models.llama3 import fused_ops
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [T, K] -> [T, N]
@@ -54,7 +55,7 @@ class _Layer:
         self.attn: TorchAttention = a.attn
 
 
-class CpuDecodeStep:
+class CpuDecodeStep(LeanDecodeStepBase):
     """``(input_ids [B], positions [B], kv_caches, meta) -> hidden [B, D]`` (pre-head) or ``None``.
 
     ``None`` unless every sequence adds exactly one token on CPU with a cache; the attention of
@@ -64,15 +65,8 @@ class CpuDecodeStep:
     """
 
     def __init__(self, model: nn.Module):
-        cfg = model.config
-        a0 = model.model.layers[0].self_attn
+        super().__init__(model)
         self.model = model
-        self.num_heads, self.num_kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
-        self.hidden = cfg.hidden_size
-        self.eps = cfg.rms_norm_eps
-        self.scale = a0.attn.scale
-        self.embed = model.model.embed_tokens.weight  # [V, D]
-        self.final_norm = model.model.norm.weight  # [D]
         self.layers = [_Layer(layer) for layer in model.model.layers]
         linears = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
         # PackedLinear's padding (oneDNN: MIN_ROWS, ours: 1), as this step's GEMVs skip its forward; a

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.decode_step import LeanDecodeStepBase
 from torchinferno.models.llama3 import fused_ops
 
 # GEMV launch tiles per linear (a sweep on an H200: benchmarks/probe_decode_gemv.py).
@@ -54,7 +55,7 @@ class _Layer:
         self.down: torch.Tensor = layer.mlp.down_proj.weight  # [D, I]
 
 
-class CudaDecodeStep:
+class CudaDecodeStep(LeanDecodeStepBase):
     """``(input_ids [1], positions [1], kv_caches, meta) -> hidden [1, D]`` (pre-head) or ``None``.
 
     ``pdl``: launch with programmatic dependent launch (default: on Hopper or newer).
@@ -62,17 +63,10 @@ class CudaDecodeStep:
     """
 
     def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None):
-        cfg = model.config
-        a0 = model.model.layers[0].self_attn
-        self.num_heads, self.num_kv_heads, self.head_dim = a0.num_heads, a0.num_kv_heads, a0.head_dim
-        self.hidden = cfg.hidden_size
-        self.eps = cfg.rms_norm_eps
-        self.scale = a0.attn.scale
-        self.embed = model.model.embed_tokens.weight  # [V, D]
-        self.final_norm = model.model.norm.weight  # [D]
+        super().__init__(model)
         dtype, dev = self.embed.dtype, self.embed.device
         # The fused ops' rope tables (prepare_rope casts the gathered fp32 rows to the activation dtype;
-        # casting the whole table once gives the same values), read by the qkv kernel at positions[0].
+        # casting the whole table once gives the same values); each step gathers its position's row.
         self.cos = model.rope_cos.to(dtype).contiguous()  # [max_pos, hd / 2]
         self.sin = model.rope_sin.to(dtype).contiguous()
         self.layers = [_Layer(layer) for layer in model.model.layers]
