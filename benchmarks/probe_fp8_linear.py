@@ -92,7 +92,7 @@ def gemv_sweep(dev) -> list:
 def decode_steps(dev, cases=((1, 128), (4, 128), (64, 1024), (256, 1024))) -> dict:
     """The 8B model's decode step (CUDA graph) in bf16, then with FP8 W8A8 linears, same weights."""
     from torchinferno.bench.generate_bench import weight_bytes_per_step
-    from torchinferno.bench.gpu_bench import DecodeBench, build_random_model
+    from torchinferno.bench.gpu_decode import DecodeBench, build_random_model
     from torchinferno.kernels.fp8_linear import swap_linear_for_fp8
 
     bw = copy_bandwidth(dev, nbytes=2 * 1024**3, iters=5)

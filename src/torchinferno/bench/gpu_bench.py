@@ -34,32 +34,11 @@ import time
 import torch
 
 from torchinferno.bench.generate_bench import weight_bytes_per_step
+from torchinferno.bench.gpu_decode import DecodeBench, build_random_model  # noqa: F401
 from torchinferno.bench.gpu_engine import ENGINE_MODES, engine_throughput, quantize_model_fp8  # noqa: F401
 from torchinferno.bench.gpu_peers import gemv_experiment, hf_agreement, hf_agreement_fp32_small, hf_decode_tok_s, hf_peer  # noqa: F401
 from torchinferno.bench.gpu_timing import _fmt_profile, cuda_time_ms, graph_time_ms, profile_kernels, wall_time_ms  # noqa: F401
 from torchinferno.bench.perf_smoke import perf_smoke  # noqa: F401
-
-
-def build_random_model(size: str = "llama3-8b", device="cuda", dtype=torch.bfloat16, seed: int = 0):
-    """A family model of a named size with random weights, built on meta and materialized on ``device``."""
-    from torchinferno.models.common.attention_triton import TritonPagedAttention
-    from torchinferno.models.common.module_utils import materialize
-    from torchinferno.models.registry import get_family
-
-    fam = get_family("llama3")
-    cfg = fam.size(size)
-    model = fam.build(cfg, device="meta", variant="v1", attention_backend=TritonPagedAttention)
-    materialize(model, device, dtype)
-    g = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.8, 1.2, generator=g)
-            else:
-                p.normal_(0.0, 0.02, generator=g)
-    model.eval()
-    model.family = fam
-    return model
 
 
 def model_flops_prefill(cfg, tokens: int) -> float:
@@ -70,79 +49,6 @@ def model_flops_prefill(cfg, tokens: int) -> float:
     linear = 2 * per_layer * L * tokens + 2 * d * cfg.vocab_size
     attn = 2 * 2 * L * h * hd * tokens * (tokens + 1) / 2
     return linear + attn
-
-
-class DecodeBench:
-    """Static paged cache + CudaGraphDecodeRunner over one model; device-resident greedy loop."""
-
-    def __init__(self, model, max_batch: int, max_ctx: int, block_size: int = 16, buckets=(1, 64)):
-        from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
-
-        self.model = model
-        self.bs = block_size
-        self.dev = next(model.parameters()).device
-        spec = model.family.kv_spec(model.config)
-        self.max_blocks = -(-max_ctx // block_size) + 1
-        self.caches = spec.allocate(max_batch * self.max_blocks + 1, block_size, torch.bfloat16, self.dev)
-        for layer in self.caches:
-            for t in layer:
-                t.normal_()
-        self.kv_bytes_per_token = spec.bytes_per_token(torch.bfloat16)
-        self.runner = CudaGraphDecodeRunner(model, self.caches, block_size, self.max_blocks, batch_sizes=buckets)
-        self.runner.capture()
-
-    def set_fused_step(self, on: bool, **options) -> bool:
-        """Install (or remove) the model's fused CUDA decode step and recapture the batch-1 graph."""
-        if on:
-            on = self.model.enable_cuda_decode_step(**options)
-        else:
-            self.model.decode_step = None
-        self.runner.graphs.pop(1, None)
-        self.runner.outputs.pop(1, None)
-        if not self.runner.graphs:  # the memory pool died with its last graph: capture into a fresh one
-            self.runner._pool = None
-        self.runner.capture([1])
-        return on
-
-    def inputs(self, batch: int, ctx: int):
-        perm = torch.randperm(batch * self.max_blocks, device=self.dev) + 1
-        bt = perm.view(batch, self.max_blocks).to(torch.int32)
-        pos = torch.full((batch,), ctx, dtype=torch.long, device=self.dev)
-        ids = torch.randint(0, self.model.config.vocab_size, (batch,), device=self.dev)
-        return ids, pos, bt
-
-    def slots(self, bt, pos):
-        return bt.gather(1, (pos // self.bs).view(-1, 1)).view(-1).long() * self.bs + pos % self.bs
-
-    def step(self, ids, pos, bt):
-        return self.runner.run(ids, pos, self.slots(bt, pos), bt, (pos + 1).to(torch.int32))
-
-    def loop(self, ids, pos, bt, steps: int):
-        """Greedy decode ``steps`` tokens with no host sync inside the loop."""
-        for _ in range(steps):
-            ids = self.step(ids, pos, bt).argmax(-1)
-            pos = pos + 1
-        return ids
-
-    def measure(self, batch: int, ctx: int, weight_bytes: int, bw: float, loop_steps: int = 32) -> dict:
-        ids, pos, bt = self.inputs(batch, ctx)
-        # A step's inputs as a scheduler hands them over (slots and lengths computed outside the timing):
-        # the timed step is their copy into the static buffers + the graph replay.
-        slots, lens = self.slots(bt, pos), (pos + 1).to(torch.int32)
-        step_ms = cuda_time_ms(lambda: self.runner.run(ids, pos, slots, bt, lens), iters=30)
-        loop_ms = cuda_time_ms(lambda: self.loop(ids, pos, bt, loop_steps), iters=3, warmup=1) / loop_steps
-        graphs = self.runner.use_graphs
-        self.runner.use_graphs = False
-        saved, self.runner.graphs = self.runner.graphs, {}
-        eager_ms = cuda_time_ms(lambda: self.step(ids, pos, bt), iters=10)
-        prof = profile_kernels(lambda: self.step(ids, pos, bt))
-        self.runner.graphs, self.runner.use_graphs = saved, graphs
-        kv_read = batch * (ctx + 1) * self.kv_bytes_per_token
-        bound_ms = (weight_bytes + kv_read) / bw * 1e3
-        return {"batch": batch, "context": ctx, "step_ms": step_ms, "loop_ms_per_step": loop_ms, "eager_step_ms": eager_ms,
-                "tok_s": batch / loop_ms * 1e3, "bytes": weight_bytes + kv_read, "bound_ms": bound_ms,
-                "fraction_of_bound": bound_ms / step_ms, "loop_fraction_of_bound": bound_ms / loop_ms, "profile": prof,
-                "gemm_gb_s": weight_bytes / prof["groups_ms"].get("gemm", float("nan")) / 1e6}
 
 
 def measure_prefill(model, tokens: int, bw: float) -> dict:
