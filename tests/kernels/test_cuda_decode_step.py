@@ -105,3 +105,23 @@ def test_engine_installs_the_fused_step_and_matches_the_module_path(cuda_dev):
     plain_model.enable_cuda_decode_step = lambda **options: False  # keep the module path
     want = run(plain_model)
     assert plain_model.decode_step is None and got == want
+
+
+def test_stale_decode_steps_are_dropped():
+    """A step reads the modules' tensors when built: swapping linears removes it, and re-enabling the CUDA step
+    where none applies any more removes an earlier CUDA step (a CPU one stays)."""
+    from types import SimpleNamespace
+
+    from torchinferno.kernels.module_swap import replace_linears
+    from torchinferno.testing import tiny_model
+
+    model = tiny_model("llama3", variant="v1")
+    model.decode_step = SimpleNamespace(device_type="cuda")
+    assert not model.enable_cuda_decode_step() and model.decode_step is None
+    cpu_step = SimpleNamespace(device_type="cpu")
+    model.decode_step = cpu_step
+    assert not model.enable_cuda_decode_step() and model.decode_step is cpu_step
+    replace_linears(model, lambda name, lin: None)  # nothing replaced: the step stays
+    assert model.decode_step is cpu_step
+    replace_linears(model, lambda name, lin: torch.nn.Identity() if name.endswith("o_proj") else None)
+    assert model.decode_step is None

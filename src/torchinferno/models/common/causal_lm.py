@@ -104,10 +104,11 @@ class CausalLMBase(nn.Module):
     def enable_cuda_decode_step(self, **options) -> bool:
         """Install :meth:`make_cuda_decode_step` (after loading weights and any linear swap); True if one applies.
 
-        Keeps an installed step of another kind (e.g. the CPU one) when this family has no CUDA step.
+        Replaces an earlier CUDA step (built on tensors that may since have been swapped) even when none
+        applies now; keeps an installed step of another kind (e.g. the CPU one) in that case.
         """
         step = self.make_cuda_decode_step(**options)
-        if step is not None:
+        if step is not None or getattr(self.decode_step, "device_type", None) == "cuda":
             self.decode_step = step
         return step is not None
 

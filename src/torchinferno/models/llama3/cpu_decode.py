@@ -64,6 +64,8 @@ class CpuDecodeStep(LeanDecodeStepBase):
     otherwise runs :meth:`TorchAttention._decode` itself.
     """
 
+    device_type = "cpu"
+
     def __init__(self, model: nn.Module):
         super().__init__(model)
         self.model = model

@@ -62,6 +62,8 @@ class CudaDecodeStep(LeanDecodeStepBase):
     ``configs``: GEMV tiles per linear (``qkv``, ``o``, ``gate_up``, ``down``), merged over the defaults.
     """
 
+    device_type = "cuda"
+
     def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None):
         super().__init__(model)
         dtype, dev = self.embed.dtype, self.embed.device
