@@ -12,7 +12,6 @@ Sweeps launch tiles and prints the best per shape (what ``models/llama3/cuda_dec
 from __future__ import annotations
 
 import itertools
-import json
 import sys
 
 import torch
@@ -101,8 +100,6 @@ def main(quick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    rep = main(quick="--quick" in sys.argv)
-    path = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--json=")), None)
-    if path:
-        with open(path, "w") as f:
-            json.dump(rep, f, indent=2)
+    from probe_io import save_json_arg  # this folder's helper (the script's directory is on sys.path)
+
+    save_json_arg(main(quick="--quick" in sys.argv))

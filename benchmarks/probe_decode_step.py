@@ -7,7 +7,6 @@ the default GEMV tiles and a few variants, beside the same-run copy bandwidth.
 
 from __future__ import annotations
 
-import json
 import sys
 
 import torch
@@ -55,8 +54,6 @@ def main(pick: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    rep = main(pick="--pick" in sys.argv)
-    path = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--json=")), None)
-    if path:
-        with open(path, "w") as f:
-            json.dump(rep, f, indent=2)
+    from probe_io import save_json_arg  # this folder's helper (the script's directory is on sys.path)
+
+    save_json_arg(main(pick="--pick" in sys.argv))
