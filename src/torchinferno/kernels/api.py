@@ -88,6 +88,53 @@ def rotary_tables_neox(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype)
     return torch.cat((c, c), dim=-1), torch.cat((-s, s), dim=-1)
 
 
+# --------------------------------------------------------------- one-row decode GEMVs with fused small ops
+def decode_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
+                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+                **launch) -> torch.Tensor:
+    """``x [K] -> [N]``: ``rms_norm(x) @ weight.T + residual`` (norm and residual optional).
+
+    CUDA: one Triton kernel (``kernels/triton/decode_gemv.py``; ``launch``: ``pdl``, ``config``). Elsewhere
+    ``kernels.reference.ref_decode_gemv`` (written into ``out`` when given).
+    """
+    if _tri.usable(x):
+        from torchinferno.kernels.triton import decode_gemv as dg
+
+        return dg.gemv(x, weight, out, residual=residual, norm_weight=norm_weight, eps=eps, **launch)
+    from torchinferno.kernels.reference import ref_decode_gemv
+
+    y = ref_decode_gemv(x, weight, residual, norm_weight, eps)
+    return y if out is None else out.copy_(y)
+
+
+def decode_gemv_swiglu(x: torch.Tensor, gate_up_weight: torch.Tensor, *, norm_weight: torch.Tensor | None = None,
+                       eps: float = 1e-6, **launch) -> torch.Tensor:
+    """``x [K] -> silu(g) * u [I]``, ``g, u`` the halves of ``rms_norm(x) @ gate_up_weight.T``."""
+    if _tri.usable(x):
+        from torchinferno.kernels.triton import decode_gemv as dg
+
+        return dg.gemv_swiglu(x, gate_up_weight, norm_weight=norm_weight, eps=eps, **launch)
+    from torchinferno.kernels.reference import ref_decode_gemv_swiglu
+
+    return ref_decode_gemv_swiglu(x, gate_up_weight, norm_weight, eps)
+
+
+def decode_gemv_rope_kv(x: torch.Tensor, qkv_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, slot: torch.Tensor, num_heads: int,
+                        num_kv_heads: int, head_dim: int, *, norm_weight: torch.Tensor | None = None,
+                        eps: float = 1e-6, **launch) -> torch.Tensor:
+    """``x [K]`` -> rotated queries ``[num_heads * head_dim]``; rotated K and V stored at ``slot`` (< 0: none)."""
+    if _tri.usable(x):
+        from torchinferno.kernels.triton import decode_gemv as dg
+
+        return dg.gemv_rope_kv(x, qkv_weight, cos, sin, k_cache, v_cache, slot, num_heads, num_kv_heads, head_dim,
+                               norm_weight=norm_weight, eps=eps, **launch)
+    from torchinferno.kernels.reference import ref_decode_gemv_rope_kv
+
+    return ref_decode_gemv_rope_kv(x, qkv_weight, cos, sin, k_cache, v_cache, slot, num_heads, num_kv_heads,
+                                   head_dim, norm_weight, eps)
+
+
 # --------------------------------------------------------------------------- paged KV cache ops
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    slot_mapping: torch.Tensor) -> None:
@@ -141,18 +188,20 @@ def paged_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                                   num_splits: int | None = None, seq_lens_list: list[int] | None = None) -> torch.Tensor:
+                                   num_splits: int | None = None, seq_lens_list: list[int] | None = None,
+                                   **launch) -> torch.Tensor:
     """One query per row: ``q [B, H, D]`` attends to ``seq_lens[b]`` cached tokens -> ``[B, H, Dv]``.
 
     GQA when ``H > Hkv``; rows may have any lengths. On CUDA this is the split-K Triton kernel
-    (``num_splits`` defaults to a shape-only heuristic, so the call is CUDA-graph capturable).
+    (``num_splits`` defaults to a shape-only heuristic, so the call is CUDA-graph capturable;
+    ``launch``: its ``pdl`` / ``merge_counters`` / ``config`` options).
     ``seq_lens_list`` (host copy) spares the torch path a device sync.
     """
     if _tri.usable(q):
         from torchinferno.kernels.triton import decode_attention
 
         return decode_attention.batched_paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                                               num_splits)
+                                                               num_splits, **launch)
     lens = seq_lens_list if seq_lens_list is not None else [int(x) for x in seq_lens.tolist()]
     return paged_attention_reference(q, k_cache, v_cache, [1] * len(lens), lens, block_tables, scale)
 

@@ -110,11 +110,11 @@ class CudaDecodeStep(LeanDecodeStepBase):
         if (kv_caches is None or meta is None or input_ids.shape[0] != 1 or not input_ids.is_cuda
                 or not meta.query_lens_list or not meta.is_decode):
             return None
-        from torchinferno.kernels.triton import decode_gemv as dg
-        from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention, choose_num_splits
-        from torchinferno.kernels.triton.norm import rms_norm
+        from torchinferno.kernels import api as kapi
+        from torchinferno.kernels.triton.decode_attention import choose_num_splits
 
-        H, Hkv, hd, D, eps, pdl, cfg = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden, self.eps, self.pdl, self.configs
+        H, Hkv, hd, D, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden, self.eps
+        pdl, cfg = self.pdl, self.configs
         # The residual stream alternates between two vectors: the o and down GEMVs read one and write
         # the other (their epilogue adds the residual), the norms of the next GEMVs read what was written.
         res = self.embed[input_ids].view(D)  # [D] (a fresh tensor: the step may overwrite it)
@@ -125,12 +125,15 @@ class CudaDecodeStep(LeanDecodeStepBase):
         # context (the in-kernel merge makes many splits cheap). From static shapes: graph-capturable.
         splits = choose_num_splits(1, Hkv, bt.shape[1] * kv_caches[0][0].shape[1], bt.device, min_split_tokens=64)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            q = dg.gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd, norm_weight=layer.in_norm,
-                                eps=eps, pdl=pdl, config=cfg["qkv"])  # [H hd]; K/V stored at slot
-            o = batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale, splits,
-                                               pdl=pdl, merge_counters=self.merge_counters)  # [1, H, hd]
-            h = dg.gemv(o.view(H * hd), layer.o, other, residual=res, pdl=pdl, config=cfg["o"])  # [D]: res + attn
-            act = dg.gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
-                                 config=cfg["gate_up"])  # [I]
-            res, other = dg.gemv(act, layer.down, res, residual=h, pdl=pdl, config=cfg["down"]), h  # [D]: h + mlp
-        return rms_norm(res.view(1, D), self.final_norm, eps)
+            q = kapi.decode_gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd,
+                                         norm_weight=layer.in_norm, eps=eps, pdl=pdl,
+                                         config=cfg["qkv"])  # [H hd]; K/V stored at slot
+            o = kapi.batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale,
+                                                    splits, pdl=pdl, merge_counters=self.merge_counters)  # [1, H, hd]
+            h = kapi.decode_gemv(o.view(H * hd), layer.o, other, residual=res, pdl=pdl,
+                                 config=cfg["o"])  # [D]: res + attention
+            act = kapi.decode_gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
+                                          config=cfg["gate_up"])  # [I]
+            res, other = kapi.decode_gemv(act, layer.down, res, residual=h, pdl=pdl,
+                                          config=cfg["down"]), h  # [D]: h + mlp
+        return kapi.rms_norm(res.view(1, D), self.final_norm, eps)
