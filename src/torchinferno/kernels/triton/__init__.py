@@ -1,7 +1,7 @@
 """Triton kernels for CUDA tensors. Importing this package never imports Triton.
 
 Each submodule (``norm``, ``activation``, ``rotary``, ``kv_cache``, ``decode_attention``,
-``prefill_attention``) imports Triton at its top, so import them only after ``available()``
+``prefill_attention``, ``decode_gemv``, ...) imports Triton at its top, so import them only after ``available()``
 says yes; ``kernels.api`` does that and falls back to torch otherwise. Every kernel has a
 torch reference (``kernels.reference`` / the torch path in ``kernels.api``) and a numerics test
 in ``tests/kernels``. Launch wrappers never call ``torch.cuda`` APIs on the hot path, so they

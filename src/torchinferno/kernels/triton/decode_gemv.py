@@ -26,10 +26,15 @@ while the previous kernel drains, loads its first weight tile (which nothing ear
 and only then waits (``griddepcontrol.wait``) for the previous kernel's results before reading
 any activation. Weights streaming overlaps the previous kernel's tail instead of the GPU idling
 through a launch gap. Every input that is not a weight is read after the wait, and nothing is
-written before it. ``pdl`` is a constant of the caller (Hopper or newer), never an env knob.
+written before it. ``pdl`` is a constant of the caller (Hopper or newer), never an env knob. With
+``config["early_launch"]`` the kernel also triggers its dependents before waiting, so the next
+kernel's programs can launch (and prefetch) as soon as SM slots free up. Ordering stays
+transitive: a kernel cannot finish before its own wait returned, so the kernel after it never
+overlaps anything but its immediate predecessor's tail.
 
-fp32 accumulation; one row only (``x [K]``). The torch references are the unfused ops
-(``tests/kernels/test_decode_gemv.py``).
+fp32 accumulation; one row only (``x [K]``). Entry points: ``kernels.api.decode_gemv*``; torch
+oracles (the unfused ops): ``kernels.reference.ref_decode_gemv*``; numerics tests:
+``tests/kernels/test_decode_gemv.py``.
 """
 
 from __future__ import annotations
