@@ -107,7 +107,10 @@ class CudaDecodeStep(LeanDecodeStepBase):
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  kv_caches: list[tuple[torch.Tensor, ...]] | None, meta: AttentionMetadata | None) -> torch.Tensor | None:
-        if (kv_caches is None or meta is None or input_ids.shape[0] != 1 or not input_ids.is_cuda
+        from torchinferno.kernels import triton as tri
+
+        # tri.usable: CUDA + Triton, and not while make_fx records (traces capture the module path)
+        if (kv_caches is None or meta is None or input_ids.shape[0] != 1 or not tri.usable(input_ids)
                 or not meta.query_lens_list or not meta.is_decode):
             return None
         from torchinferno.kernels import api as kapi
