@@ -60,6 +60,8 @@ class CudaDecodeStep(LeanDecodeStepBase):
 
     ``pdl``: launch with programmatic dependent launch (default: on Hopper or newer).
     ``configs``: GEMV tiles per linear (``qkv``, ``o``, ``gate_up``, ``down``), merged over the defaults.
+    Invariant: one call at a time, stream-ordered (calls share the attention's merge counters, as all of a
+    model's decode steps share its KV cache).
     """
 
     device_type = "cuda"
