@@ -21,7 +21,7 @@ VARIANTS = {
     "gate_up bn16 bk512": {"gate_up": {"block_n": 16, "block_k": 512, "num_stages": 3}},
     "gate_up bn4 bk2048": {"gate_up": {"block_n": 4, "block_k": 2048, "num_stages": 3}},
     "qkv bn4 bk2048": {"qkv": {"block_n": 4, "block_k": 2048, "num_stages": 3}},
-    "o/down 3 stages w8": {"o": {"num_warps": 8}, "down": {"num_warps": 8}},
+    "o/down 8 warps": {"o": {"num_warps": 8}, "down": {"num_warps": 8}},
     "more stages": {k: {"num_stages": 4} for k in ("qkv", "o", "gate_up", "down")},
 }
 # --pick: the candidates worth a second look, each measured twice, interleaved with the default (noise)

@@ -59,11 +59,7 @@ class DecodeBench:
             on = self.model.enable_cuda_decode_step(**options)
         else:
             self.model.decode_step = None
-        self.runner.graphs.pop(1, None)
-        self.runner.outputs.pop(1, None)
-        if not self.runner.graphs:  # the memory pool died with its last graph: capture into a fresh one
-            self.runner._pool = None
-        self.runner.capture([1])
+        self.runner.recapture([1])
         return on
 
     def inputs(self, batch: int, ctx: int):
@@ -91,13 +87,14 @@ class DecodeBench:
         # A step's inputs as a scheduler hands them over (slots and lengths computed outside the timing):
         # the timed step is their copy into the static buffers + the graph replay.
         slots, lens = self.slots(bt, pos), (pos + 1).to(torch.int32)
-        step_ms = cuda_time_ms(lambda: self.runner.run(ids, pos, slots, bt, lens), iters=30)
+        run_step = lambda: self.runner.run(ids, pos, slots, bt, lens)  # noqa: E731
+        step_ms = cuda_time_ms(run_step, iters=30)
         loop_ms = cuda_time_ms(lambda: self.loop(ids, pos, bt, loop_steps), iters=3, warmup=1) / loop_steps
         graphs = self.runner.use_graphs
         self.runner.use_graphs = False
         saved, self.runner.graphs = self.runner.graphs, {}
-        eager_ms = cuda_time_ms(lambda: self.step(ids, pos, bt), iters=10)
-        prof = profile_kernels(lambda: self.step(ids, pos, bt))
+        eager_ms = cuda_time_ms(run_step, iters=10)
+        prof = profile_kernels(run_step)
         self.runner.graphs, self.runner.use_graphs = saved, graphs
         kv_read = batch * (ctx + 1) * self.kv_bytes_per_token
         bound_ms = (weight_bytes + kv_read) / bw * 1e3

@@ -148,6 +148,16 @@ class CudaGraphDecodeRunner:
             self.outputs[B] = out
         torch.cuda.synchronize(self.device)
 
+    def recapture(self, batch_sizes) -> None:
+        """Drop the graphs of ``batch_sizes`` and capture them again (after the model's forward changed, e.g. a
+        decode step was installed). A pool whose every graph was dropped is not reused."""
+        for B in batch_sizes:
+            self.graphs.pop(B, None)
+            self.outputs.pop(B, None)
+        if not self.graphs:
+            self._pool = None
+        self.capture(batch_sizes)
+
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
             block_tables: torch.Tensor, seq_lens: torch.Tensor, seq_lens_list: list[int] | None = None) -> torch.Tensor:

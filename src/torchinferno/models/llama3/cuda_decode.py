@@ -29,6 +29,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchinferno.kernels import api as kapi
+from torchinferno.kernels import triton as tri  # dispatch only: importing it never imports Triton
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.decode_step import LeanDecodeStepBase
 from torchinferno.models.llama3 import fused_ops
@@ -84,7 +86,6 @@ class CudaDecodeStep(LeanDecodeStepBase):
     @staticmethod
     def supports(model: nn.Module) -> bool:
         """The module path this step reproduces: fused ops, Triton paged attention, CUDA, bias-free plain linears."""
-        from torchinferno.kernels import triton as tri
         from torchinferno.models.common.attention_triton import TritonPagedAttention
 
         layers = getattr(getattr(model, "model", None), "layers", None)
@@ -109,14 +110,11 @@ class CudaDecodeStep(LeanDecodeStepBase):
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  kv_caches: list[tuple[torch.Tensor, ...]] | None, meta: AttentionMetadata | None) -> torch.Tensor | None:
-        from torchinferno.kernels import triton as tri
-
         # tri.usable: CUDA + Triton, and not while make_fx records (traces capture the module path)
         if (kv_caches is None or meta is None or input_ids.shape[0] != 1 or not tri.usable(input_ids)
                 or not meta.query_lens_list or not meta.is_decode):
             return None
-        from torchinferno.kernels import api as kapi
-        from torchinferno.kernels.triton.decode_attention import choose_num_splits
+        from torchinferno.kernels.triton.decode_attention import choose_num_splits  # imports Triton
 
         H, Hkv, hd, D, eps = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden, self.eps
         pdl, cfg = self.pdl, self.configs
