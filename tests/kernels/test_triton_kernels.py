@@ -141,18 +141,6 @@ def check_prefill(dev, dtype, qlens=(1, 40, 1, 130, 7), ctxs=(50, 0, 0, 33, 200)
     assert err < TOL[dtype], err
 
 
-def check_gemv(dev, dtype, N=1000, K=4096 + 48, bias=True):
-    from torchinferno.kernels.triton.gemv import gemv
-
-    g = torch.Generator().manual_seed(6)
-    w = torch.randn(N, K, generator=g).to(dtype).to(dev)
-    x = torch.randn(1, K, generator=g).to(dtype).to(dev)
-    b = torch.randn(N, generator=g).to(dtype).to(dev) if bias else None
-    ref = x.cpu().double() @ w.cpu().double().t() + (b.cpu().double() if bias else 0)
-    for cfg in ({}, {"block_n": 16, "block_k": 256, "num_warps": 8}):
-        assert rel_err(gemv(x, w, b, **cfg), ref) < TOL[dtype]
-
-
 # ----------------------------------------------------------------------------------- tests
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -233,9 +221,3 @@ def test_api_dispatch_matches_torch_path(cuda_dev):
     w = torch.rand(256, generator=g).to(torch.bfloat16)
     assert rel_err(api.rms_norm(x.cuda(), w.cuda(), 1e-6), api.rms_norm(x, w, 1e-6)) < 1.5e-2
 
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_gemv(cuda_dev, dtype):
-    check_gemv(cuda_dev, dtype)
-    check_gemv(cuda_dev, dtype, N=7, K=64, bias=False)

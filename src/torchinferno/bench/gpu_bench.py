@@ -36,7 +36,7 @@ import torch
 from torchinferno.bench.generate_bench import weight_bytes_per_step
 from torchinferno.bench.gpu_decode import DecodeBench, build_random_model  # noqa: F401
 from torchinferno.bench.gpu_engine import ENGINE_MODES, engine_throughput, quantize_model_fp8  # noqa: F401
-from torchinferno.bench.gpu_peers import gemv_experiment, hf_agreement, hf_agreement_fp32_small, hf_decode_tok_s, hf_peer  # noqa: F401
+from torchinferno.bench.gpu_peers import hf_agreement, hf_agreement_fp32_small, hf_decode_tok_s, hf_peer  # noqa: F401
 from torchinferno.bench.gpu_timing import _fmt_profile, cuda_time_ms, graph_time_ms, profile_kernels, wall_time_ms  # noqa: F401
 from torchinferno.bench.perf_smoke import perf_smoke  # noqa: F401
 
@@ -143,7 +143,7 @@ TARGETS = {"a_fraction_of_bound": 0.85, "b_vs_transformers": 10.0, "c_tflop_s": 
 
 def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64, batch_ctx: int = 1024,
                   prefill_tokens: int = 2048, engine_requests: int = 256, engine_in: int = 1024, engine_out: int = 1024,
-                  engine_modes=("graphs", "async"), hf: bool = True, gemv_experiment_on: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
+                  engine_modes=("graphs", "async"), hf: bool = True, hf_new_tokens: int = 32, budget_s: float = 540.0,
                   json_path: str | None = None, log=print, sections=("a", "b", "c", "d", "e")) -> dict:
     """Run the chosen sections (default: all) in one process (see the module docstring); the ceilings
     are always measured first. Returns and optionally writes the report."""
@@ -204,14 +204,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
             rep["decode_batch1_fused_no_pdl"] = r
             log(f"(a'') batch 1 ctx {contexts[0]}, fused step without PDL: graph step {r['step_ms']:.3f} ms (loop "
                 f"{r['loop_ms_per_step']:.3f} ms) -> {100 * r['fraction_of_bound']:.1f}% of bound")
-        bench.set_fused_step(False)  # the GEMV experiment and (b) time the module path
-    if gemv_experiment_on and "a" in sections:
-        try:
-            rep["gemv_experiment"] = gemv_experiment(model, bench, wbytes, bw, contexts, log=log)
-        except Exception as e:
-            rep["gemv_experiment"] = {"error": f"{type(e).__name__}: {e}"}
-            log(f"    gemv experiment failed: {rep['gemv_experiment']['error']}")
-        save()
+        bench.set_fused_step(False)  # (b) times the module path
     if "b" in sections:
         r = bench.measure(batch, batch_ctx, wbytes, bw)
         rep["decode_batch"] = r

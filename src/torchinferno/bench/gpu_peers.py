@@ -1,4 +1,4 @@
-"""bench-gpu peers and experiments: transformers generate on the same tensors, logits agreement, GEMV swap."""
+"""bench-gpu peers: transformers generate on the same tensors, logits agreement."""
 
 from __future__ import annotations
 
@@ -7,75 +7,6 @@ import time
 import torch
 
 from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms, profile_kernels, wall_time_ms  # noqa: F401
-
-
-GEMV_CONFIGS = ({"block_n": 8, "block_k": 512, "num_warps": 4}, {"block_n": 8, "block_k": 1024, "num_warps": 4},
-                {"block_n": 16, "block_k": 512, "num_warps": 8}, {"block_n": 4, "block_k": 1024, "num_warps": 4},
-                {"block_n": 16, "block_k": 256, "num_warps": 4}, {"block_n": 4, "block_k": 2048, "num_warps": 8},
-                {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 5}, {"block_n": 2, "block_k": 4096, "num_warps": 8})
-
-
-@torch.inference_mode()
-def gemv_experiment(model, bench, weight_bytes: int, bw: float, contexts, log=print) -> dict:
-    """Batch-1 linears: cuBLAS vs the Triton GEMV (graph-timed per weight shape), then batch-1 decode
-    steps with the best GEMV config swapped into the model (the swap is undone before returning)."""
-    from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
-    from torchinferno.kernels.triton.gemv import gemv, swap_linear_for_gemv
-
-    # Every weight of each shape, timed in model order: one graph replays a call per layer, so
-    # each call streams a different matrix from HBM (timing one matrix again and again would
-    # measure L2 for the smaller ones).
-    by_shape: dict[tuple, list[torch.Tensor]] = {}
-    for mod in model.modules():
-        if type(mod) is torch.nn.Linear:
-            by_shape.setdefault(tuple(mod.weight.shape), []).append(mod.weight)
-    rows, totals = [], {"cublas": 0.0}
-    for key, ws in by_shape.items():
-        count = len(ws)
-        w = ws[0]
-        x = torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype)
-
-        def over_layers(fn):
-            return lambda: [fn(wi) for wi in ws]
-
-        cub = over_layers(lambda wi: torch.nn.functional.linear(x, wi))
-        row = {"shape": key, "count": count, "cublas_us": 1e3 * graph_time_ms(cub, calls=1) / count}
-        ref = torch.nn.functional.linear(x, w).float()
-        totals["cublas"] += row["cublas_us"] * count
-        for i, cfg in enumerate(GEMV_CONFIGS):
-            err = float((gemv(x, w, None, **cfg).float() - ref).norm() / ref.norm())
-            us = 1e3 * graph_time_ms(over_layers(lambda wi, cfg=cfg: gemv(x, wi, None, **cfg)), calls=1) / count
-            row[f"cfg{i}_us"], row[f"cfg{i}_err"] = us, err
-            totals[f"cfg{i}"] = totals.get(f"cfg{i}", 0.0) + us * count
-        nbytes = w.numel() * w.element_size()
-        best = min(range(len(GEMV_CONFIGS)), key=lambda i: row[f"cfg{i}_us"])
-        log(f"    gemv {key} x{count}: cuBLAS {row['cublas_us']:.1f} us ({nbytes / row['cublas_us'] / 1e3:.0f} GB/s), "
-            f"best triton cfg{best} {row[f'cfg{best}_us']:.1f} us ({nbytes / row[f'cfg{best}_us'] / 1e3:.0f} GB/s, "
-            f"rel err {row[f'cfg{best}_err']:.1e})")
-        rows.append(row)
-    # Per weight shape, keep whichever of cuBLAS / the best Triton config was faster.
-    choice: dict[tuple, dict | None] = {}
-    for row in rows:
-        best = min(range(len(GEMV_CONFIGS)), key=lambda i: row[f"cfg{i}_us"])
-        choice[row["shape"]] = GEMV_CONFIGS[best] if row[f"cfg{best}_us"] < 0.97 * row["cublas_us"] else None
-    mixed = sum(min(row["cublas_us"], *(row[f"cfg{i}_us"] for i in range(len(GEMV_CONFIGS)))) * row["count"] for row in rows)
-    res = {"rows": rows, "layer_totals_us": totals, "choice": {str(k): v for k, v in choice.items()}, "decode_batch1": []}
-    log(f"    linear time per step: cuBLAS {totals['cublas'] / 1e3:.3f} ms, per-shape best {mixed / 1e3:.3f} ms")
-    undo = swap_linear_for_gemv(model, lambda lin: choice.get(tuple(lin.weight.shape)))
-    saved = bench.runner
-    try:
-        bench.runner = CudaGraphDecodeRunner(model, bench.caches, bench.bs, bench.max_blocks, batch_sizes=(1,))
-        bench.runner.capture()
-        for ctx in contexts:
-            r = bench.measure(1, ctx, weight_bytes, bw)
-            r.pop("profile", None)
-            res["decode_batch1"].append(r)
-            log(f"(a') batch 1 ctx {ctx} with Triton GEMV: graph step {r['step_ms']:.3f} ms (loop {r['loop_ms_per_step']:.3f}"
-                f" ms) -> {100 * r['fraction_of_bound']:.1f}% of bound")
-    finally:
-        undo()
-        bench.runner = saved
-    return res
 
 
 # ------------------------------------------------------------------------------------- transformers peer
