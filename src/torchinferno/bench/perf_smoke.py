@@ -58,8 +58,9 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
     if dev.type == "cuda":
         from torchinferno.kernels.triton import decode_attention as da
 
-        candidates["triton, V tile loaded after the softmax"] = lambda: da.batched_paged_decode_attention(
-            q, kc, vc, bt, lens, scale, config={"v_early": False})
+        counters = torch.zeros(batch * kv_heads, dtype=torch.int32, device=dev)
+        candidates["triton, splits merged in-kernel"] = lambda: da.batched_paged_decode_attention(
+            q, kc, vc, bt, lens, scale, merge_counters=counters)
     if dev.type == "cuda" and kv_dt != dt and is_fp8(kv_dt):
         candidates["triton, FP8 tiles upcast to bf16 (not fp16)"] = lambda: da.batched_paged_decode_attention(
             q, kc, vc, bt, lens, scale, config={"fp8_dot": "bf16"})

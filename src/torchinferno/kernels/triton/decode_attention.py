@@ -13,7 +13,9 @@ base-2 log-sum-exp, and stage 2 merges the splits per (sequence, head).
 The split count is a launch constant derived from static shapes (the block table's width, the
 batch and the kv head count), never from the seq_lens values, so a decode step stays
 capturable in a CUDA graph: splits past a short sequence's end write ``lse = -inf`` and are
-ignored by the merge.
+ignored by the merge. With the in-kernel merge (``merge_counters``) the last active split program
+of a (sequence, kv head) merges the partials instead of a second kernel, and splits past the end
+return at once (the merging program counts and reads only the ``ceil(seq_len / per_split)`` active ones).
 
 FP8 caches (``kernels.kv_dtype``): tiles are upcast in registers and both dots run in fp16 with
 fp32 accumulation (q converted once per program, clamped to fp16's range). e4m3 values are exact
@@ -38,100 +40,149 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _load_kv_tile(KC, VC, BT, b, kvh, toks, tm, d, dm, dv, dvm, stride_bt, stride_kb, stride_kt, stride_kh,
+                  stride_vb, stride_vt, stride_vh, PAGE: tl.constexpr, CACHED: tl.constexpr, DOT_TY: tl.constexpr):
+    """K ``[BLOCK_N, D_PAD]`` and V ``[BLOCK_N, DV_PAD]`` of tokens ``toks`` (rows off ``tm`` read as 0), as stored,
+    converted to the dots' dtype ``DOT_TY`` at once (FP8 tiles are never carried further as FP8).
+
+    ``CACHED=False`` reads around L1 (``.cg``): for loads issued before a PDL wait, which must not see
+    lines an earlier kernel left in this SM's L1.
+    """
+    cm: tl.constexpr = "" if CACHED else ".cg"
+    page = tl.load(BT + b * stride_bt + toks // PAGE, mask=tm, other=0, cache_modifier=cm).to(tl.int64)
+    row = toks % PAGE
+    k_base = page * stride_kb + row * stride_kt + kvh * stride_kh  # [BLOCK_N] token row starts
+    v_base = page * stride_vb + row * stride_vt + kvh * stride_vh
+    k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0, cache_modifier=cm)
+    v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0, cache_modifier=cm)
+    return k.to(DOT_TY), v.to(DOT_TY)
+
+
+@triton.jit
+def _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
+    """One online-softmax step over a K/V tile (already in q's dtype): the updated ``(m_i, l_i, acc)``."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(tm[None, :], s * qk_scale, float("-inf"))  # [GROUP_PAD, BLOCK_N], log2 domain
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all-masked tile (empty split) adds nothing
+    p = tl.exp2(s - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
                    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                    stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr,
-                   V_EARLY: tl.constexpr, PDL: tl.constexpr = False, MERGE: tl.constexpr = False):
-    if PDL:  # launched with programmatic dependent launch: nothing is read before the previous kernel is done;
-        gdc_launch_dependents()  # the next kernel (a PDL GEMV) may launch now and prefetch its weights
-        gdc_wait()
+                   PDL: tl.constexpr = False, MERGE: tl.constexpr = False):
+    if PDL:  # the next kernel (a PDL GEMV) may launch now and prefetch its weights
+        gdc_launch_dependents()
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    seq_len = tl.load(SEQ + b)
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    # With PDL this runs before the wait: lengths and block tables are step inputs, written before the
+    # step's first (non-PDL) kernel, so no kernel that may still be running writes them.
+    seq_len = tl.load(SEQ + b, cache_modifier=".cg")
+    per_split = tl.maximum(tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N, BLOCK_N)
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
+    n_active = tl.maximum(tl.cdiv(seq_len, per_split), 1)  # splits that hold tokens (split 0 always counts)
 
-    g = tl.arange(0, GROUP_PAD)
-    heads = kvh * GROUP + g
-    gm = g < GROUP
-    d = tl.arange(0, D_PAD)
-    dm = d < D
-    dv = tl.arange(0, DV_PAD)
-    dvm = dv < DV
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
-    if F16_DOT:  # FP8 cache: e4m3 -> fp16 is one exact cvt per pair; -> bf16 costs several ALU ops per element
-        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    # With the in-kernel merge, splits past the sequence's end do nothing: the merging program only
+    # counts and reads the active ones. (With stage 2 every split writes, empty ones lse = -inf.)
+    if (not MERGE) or split < n_active:
+        g = tl.arange(0, GROUP_PAD)
+        heads = kvh * GROUP + g
+        gm = g < GROUP
+        d = tl.arange(0, D_PAD)
+        dm = d < D
+        dv = tl.arange(0, DV_PAD)
+        dvm = dv < DV
+        n_offs = tl.arange(0, BLOCK_N)
+        # FP8 cache: tiles and q go to fp16 (e4m3 -> fp16 is one exact cvt per pair; -> bf16 costs several ALU
+        # ops per element); otherwise the dots run in q's dtype.
+        dot_ty: tl.constexpr = tl.float16 if F16_DOT else Q.dtype.element_ty
 
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
-    n_offs = tl.arange(0, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        toks = n0 + n_offs
+        # The split's first tile. With PDL it is read before the wait, except the row of the newest token
+        # (position seq_len - 1), which the previous kernel (the qkv GEMV) may be writing now: that row is
+        # read after the wait and added in (the tile holds zeros there, so the sum is exact).
+        toks = start + n_offs
         tm = toks < end
-        page = tl.load(BT + b * stride_bt + toks // PAGE, mask=tm, other=0).to(tl.int64)
-        row = toks % PAGE
-        k_base = page * stride_kb + row * stride_kt + kvh * stride_kh  # [BLOCK_N] token row starts
-        v_base = page * stride_vb + row * stride_vt + kvh * stride_vh
-        k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & dm[None, :], other=0.0).to(q.dtype)  # [BLOCK_N, D_PAD] (FP8 cache: upcast)
-        if V_EARLY:  # V issued with K (not after the softmax) so both tiles' memory latency overlaps
-            v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0).to(q.dtype)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(tm[None, :], s * qk_scale, float("-inf"))  # [GROUP_PAD, BLOCK_N], log2 domain
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if not V_EARLY:
-            v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & dvm[None, :], other=0.0).to(q.dtype)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        old = tm & (toks < seq_len - 1) if PDL else tm
+        k, v = _load_kv_tile(KC, VC, BT, b, kvh, toks, old, d, dm, dv, dvm, stride_bt, stride_kb, stride_kt,
+                             stride_kh, stride_vb, stride_vt, stride_vh, PAGE, not PDL, dot_ty)
+        if PDL:
+            gdc_wait()  # q and the newest K/V row are the previous kernel's output
+        q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :],
+                    other=0.0)
+        if F16_DOT:  # clamped to fp16's range
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        if PDL:
+            newest = tm & (toks == seq_len - 1)
+            k_new, v_new = _load_kv_tile(KC, VC, BT, b, kvh, toks, newest, d, dm, dv, dvm, stride_bt, stride_kb,
+                                         stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE, True, dot_ty)
+            k += k_new
+            v += v_new
 
-    if NUM_SPLITS == 1:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
-                 mask=gm[:, None] & dvm[None, :])
-    else:
-        empty = l_i == 0  # this split holds no token of the sequence
-        out = acc / tl.where(empty, 1.0, l_i)[:, None]
-        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        tl.store(OP + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dv[None, :], out,
-                 mask=gm[:, None] & dvm[None, :])
-        tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=gm)
-        if MERGE:  # the last split program of this (sequence, kv head) to finish merges all splits (no stage 2)
-            tl.debug_barrier()  # every thread's partial stores precede the release below
-            cnt_ptr = CNT + b * tl.num_programs(1) + kvh
-            done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-            if done == NUM_SPLITS - 1:
-                m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-                for s_ in tl.static_range(NUM_SPLITS):
-                    m = tl.maximum(m, tl.load(LSE + b * stride_lb + heads * stride_lh + s_, mask=gm,
-                                              other=float("-inf"), cache_modifier=".cg"))
-                o_acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
-                w_sum = tl.zeros([GROUP_PAD], tl.float32)
-                for s_ in tl.static_range(NUM_SPLITS):
-                    ls = tl.load(LSE + b * stride_lb + heads * stride_lh + s_, mask=gm, other=float("-inf"),
-                                 cache_modifier=".cg")
-                    w = tl.where(ls == float("-inf"), 0.0, tl.exp2(ls - m))
-                    o_s = tl.load(OP + b * stride_pb + heads[:, None] * stride_ph + s_ * stride_ps + dv[None, :],
-                                  mask=gm[:, None] & dvm[None, :], other=0.0, cache_modifier=".cg")
-                    o_acc += o_s * w[:, None]
-                    w_sum += w
-                out = o_acc / tl.maximum(w_sum, 1e-30)[:, None]
-                tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
-                         mask=gm[:, None] & dvm[None, :])
-                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next call (kernels are ordered)
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
+        m_i, l_i, acc = _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE)
+        for n0 in range(start + BLOCK_N, end, BLOCK_N):
+            toks = n0 + n_offs
+            tm = toks < end
+            k, v = _load_kv_tile(KC, VC, BT, b, kvh, toks, tm, d, dm, dv, dvm, stride_bt, stride_kb, stride_kt,
+                                 stride_kh, stride_vb, stride_vt, stride_vh, PAGE, True, dot_ty)
+            m_i, l_i, acc = _attend_tile(q, k.to(q.dtype), v.to(q.dtype), tm, m_i, l_i, acc, qk_scale, IEEE)
+
+        if NUM_SPLITS == 1:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
+                     mask=gm[:, None] & dvm[None, :])
+        else:
+            empty = l_i == 0  # this split holds no token of the sequence
+            out = acc / tl.where(empty, 1.0, l_i)[:, None]
+            lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+            tl.store(OP + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dv[None, :], out,
+                     mask=gm[:, None] & dvm[None, :])
+            tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=gm)
+            if MERGE:  # the last active split program of this (sequence, kv head) to finish merges (no stage 2)
+                tl.debug_barrier()  # every thread's partial stores precede the release below
+                cnt_ptr = CNT + b * tl.num_programs(1) + kvh
+                done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+                if done == n_active - 1:
+                    # Unrolled over every split (the loads of a dynamic loop would wait one by one); the
+                    # inactive ones are masked off and read nothing.
+                    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+                    for s_ in tl.static_range(NUM_SPLITS):
+                        m = tl.maximum(m, tl.load(LSE + b * stride_lb + heads * stride_lh + s_,
+                                                  mask=gm & (s_ < n_active), other=float("-inf"), cache_modifier=".cg"))
+                    o_acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
+                    w_sum = tl.zeros([GROUP_PAD], tl.float32)
+                    for s_ in tl.static_range(NUM_SPLITS):
+                        on = s_ < n_active
+                        ls = tl.load(LSE + b * stride_lb + heads * stride_lh + s_, mask=gm & on, other=float("-inf"),
+                                     cache_modifier=".cg")
+                        w = tl.where(ls == float("-inf"), 0.0, tl.exp2(ls - m))
+                        o_s = tl.load(OP + b * stride_pb + heads[:, None] * stride_ph + s_ * stride_ps + dv[None, :],
+                                      mask=(gm & on)[:, None] & dvm[None, :], other=0.0, cache_modifier=".cg")
+                        o_acc += o_s * w[:, None]
+                        w_sum += w
+                    out = o_acc / tl.maximum(w_sum, 1e-30)[:, None]
+                    tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
+                             out.to(OUT.dtype.element_ty), mask=gm[:, None] & dvm[None, :])
+                    tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next call (ordered)
 
 
 @triton.jit
@@ -176,15 +227,18 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
                                    merge_counters: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, H, D] -> [B, H, Dv]; attends to ``seq_lens[b]`` cached tokens of row ``b``.
 
-    ``pdl``: launch both stages with programmatic dependent launch (Hopper+; each waits for the
-    previous kernel before its first read), for chains of PDL kernels such as ``models/llama3/cuda_decode``.
+    ``pdl``: launch both stages with programmatic dependent launch (Hopper+), for chains of PDL kernels such
+    as ``models/llama3/cuda_decode``. Stage 1 reads the lengths, the block tables and its first K/V tile
+    *before* waiting for the previous kernel, all but the newest row (``seq_len - 1``), which it reads after
+    the wait. Precondition: q and that newest row may come from the immediately preceding kernel; the
+    other cached rows, the lengths and the block tables were written before the chain's first non-PDL kernel
+    (a decode step's inputs and earlier steps' K/V are).
     ``merge_counters``: int32 zeros, at least ``B * Hkv``, owned by the caller and reused across calls (left
     zero): with splits, the last program of each (sequence, kv head) to finish merges the splits itself
     (counted by an atomic), so there is no second kernel.
 
     ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps, and
-    ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to;
-    ``v_early`` (default True): load each V tile together with its K tile rather than after the softmax.
+    ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to.
     """
     B, H, D = q.shape
     _, page, Hkv, Dk = k_cache.shape
@@ -222,7 +276,7 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), s_pb, s_ph, s_ps, s_lb, s_lh,
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page,
-        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, V_EARLY=cfg.get("v_early", True),
+        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], MERGE=merge, **pdl_kw)
     if num_splits > 1 and not merge:
