@@ -74,6 +74,21 @@ def test_fused_step_declines_what_it_does_not_reproduce(cuda_dev):
         assert model.make_cuda_decode_step() is None
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_fused_step_head_matches_the_linear(cuda_dev, dtype, tol):
+    """The installed step's one-row head (decode GEMV) vs ``F.linear``; other row counts are left to the model."""
+    model = _model(cuda_dev, dtype)
+    assert model.enable_cuda_decode_step()
+    w = model.head_weight()
+    h = torch.randn(1, w.shape[1], device=cuda_dev).to(dtype)
+    got = model.compute_logits(h)
+    want = torch.nn.functional.linear(h.double(), w.double())
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert float((got.double() - want).norm() / want.norm()) < tol
+    assert model.decode_step.compute_logits(h.expand(2, -1).contiguous()) is None
+
+
 def test_no_fused_cuda_step_on_cpu():
     from torchinferno.testing import tiny_model
 

@@ -65,7 +65,7 @@ class CausalLMBase(nn.Module):
         # Optional runtime replacement of decode forwards (e.g. llama3's lean CPU step): called as
         # ``decode_step(input_ids, positions, kv_caches, attn_meta)``, it returns the hidden states
         # or None for a batch it does not handle. Installed by ``enable_cpu_decode_step`` /
-        # ``enable_cuda_decode_step``.
+        # ``enable_cuda_decode_step``. A step may also offer ``compute_logits(hidden)`` (None: not handled).
         self.decode_step: Callable[..., torch.Tensor | None] | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
@@ -143,4 +143,9 @@ class CausalLMBase(nn.Module):
         """hidden [N, D] -> logits [N, V] in fp32."""
         if self.packed_head is not None:
             return self.packed_head(hidden).float()
+        step_logits = getattr(self.decode_step, "compute_logits", None)  # an installed step's head, if it has one
+        if step_logits is not None:
+            out = step_logits(hidden)
+            if out is not None:
+                return out
         return torch.nn.functional.linear(hidden, self.head_weight()).float()

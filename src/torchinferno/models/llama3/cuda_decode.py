@@ -37,10 +37,13 @@ from torchinferno.models.llama3 import fused_ops
 
 # GEMV launch tiles per linear (a sweep on an H200: benchmarks/probe_decode_gemv.py).
 DEFAULT_CONFIGS: dict[str, dict] = {
-    "qkv": {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2, "early_launch": True},
+    "qkv": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": True},
     "o": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": True},
     "gate_up": {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 2, "early_launch": True},
     "down": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": True},
+    "head": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": False},
+    # decode attention: splits of at least this many tokens, and kernel tiling overrides (block_n, num_warps, ...)
+    "attention": {"min_split_tokens": 64},
 }
 
 
@@ -61,7 +64,8 @@ class CudaDecodeStep(LeanDecodeStepBase):
     """``(input_ids [1], positions [1], kv_caches, meta) -> hidden [1, D]`` (pre-head) or ``None``.
 
     ``pdl``: launch with programmatic dependent launch (default: on Hopper or newer).
-    ``configs``: GEMV tiles per linear (``qkv``, ``o``, ``gate_up``, ``down``), merged over the defaults.
+    ``configs``: GEMV tiles per linear (``qkv``, ``o``, ``gate_up``, ``down``, ``head``) and the attention's
+    split floor and tiling (``attention``), each merged over ``DEFAULT_CONFIGS``.
     Invariant: one call at a time, stream-ordered (calls share the attention's merge counters, as all of a
     model's decode steps share its KV cache).
     """
@@ -76,12 +80,20 @@ class CudaDecodeStep(LeanDecodeStepBase):
         self.cos = model.rope_cos.to(dtype).contiguous()  # [max_pos, hd / 2]
         self.sin = model.rope_sin.to(dtype).contiguous()
         self.layers = [_Layer(layer) for layer in model.model.layers]
+        self.head = model.head_weight()  # [V, D]
         self.pdl = torch.cuda.get_device_capability(dev)[0] >= 9 if pdl is None else pdl
         # The attention's split-K partials are merged by the last program of each kv head (one kernel, not
         # two); its arrival counters live here, zero between calls, shared by every layer (they run in order).
         self.merge_counters = torch.zeros(self.num_kv_heads, dtype=torch.int32, device=dev)
         self.configs = {k: {**v, **((configs or {}).get(k) or {})} for k, v in DEFAULT_CONFIGS.items()}
         self.configs["qkv"]["block_n"] = min(self.configs["qkv"]["block_n"], self.head_dim // 2)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """``hidden [1, D]`` -> fp32 logits ``[1, V]`` through the decode GEMV (cuBLAS streams this weight ~8%
+        slower at one row), rounded to the activation dtype first as the module path's linear is; else None."""
+        if hidden.shape[0] != 1 or hidden.dtype != self.head.dtype or not tri.usable(hidden):
+            return None
+        return kapi.decode_gemv(hidden.reshape(-1), self.head, pdl=self.pdl, config=self.configs["head"]).float()[None]
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -126,13 +138,16 @@ class CudaDecodeStep(LeanDecodeStepBase):
         slot, bt, seq_lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
         # One sequence has only Hkv programs per split: splits as short as 64 tokens keep the SMs busy at long
         # context (the in-kernel merge makes many splits cheap). From static shapes: graph-capturable.
-        splits = choose_num_splits(1, Hkv, bt.shape[1] * kv_caches[0][0].shape[1], bt.device, min_split_tokens=64)
+        attn_cfg = dict(cfg["attention"])
+        splits = choose_num_splits(1, Hkv, bt.shape[1] * kv_caches[0][0].shape[1], bt.device,
+                                   min_split_tokens=attn_cfg.pop("min_split_tokens"))
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             q = kapi.decode_gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd,
                                          norm_weight=layer.in_norm, eps=eps, pdl=pdl,
                                          config=cfg["qkv"])  # [H hd]; K/V stored at slot
             o = kapi.batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale,
-                                                    splits, pdl=pdl, merge_counters=self.merge_counters)  # [1, H, hd]
+                                                    splits, pdl=pdl, merge_counters=self.merge_counters,
+                                                    config=attn_cfg)  # [1, H, hd]
             h = kapi.decode_gemv(o.view(H * hd), layer.o, other, residual=res, pdl=pdl,
                                  config=cfg["o"])  # [D]: res + attention
             act = kapi.decode_gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
