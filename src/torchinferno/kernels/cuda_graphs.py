@@ -69,7 +69,7 @@ class CudaGraphDecodeRunner:
         self.seq_lens = torch.ones(bmax, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(bmax + 1, dtype=torch.int32, device=dev)
         self._live = 0  # rows [0, _live) of the input buffers may hold a previous step's live rows
-        self._views: dict[tuple[int, int], list[torch.Tensor]] = {}  # (rows, table width) -> buffer slices
+        self._views: dict[int, tuple[torch.Tensor, ...]] = {}  # rows -> slices of the 1-D input buffers
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self._pool = None
@@ -106,11 +106,13 @@ class CudaGraphDecodeRunner:
         w = block_tables.shape[1]
         if w > self.max_blocks:
             raise ValueError(f"block table has {w} columns; the runner was built for {self.max_blocks}")
-        views = self._views.get((n, w))
-        if views is None:  # slicing costs host time every step; a step's copies are one foreach call
-            views = self._views[(n, w)] = [self.input_ids[:n], self.positions[:n], self.slot_mapping[:n],
-                                           self.block_tables[:n, :w], self.seq_lens[:n]]
-        torch._foreach_copy_(views, [input_ids, positions, slot_mapping, block_tables, seq_lens], non_blocking=True)
+        views = self._views.get(n)
+        if views is None:  # slicing costs host time every step (at most one entry per batch size)
+            views = self._views[n] = (self.input_ids[:n], self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n])
+        ids_v, pos_v, slot_v, lens_v = views
+        # one foreach call instead of five copies: about half the host time of a step's input load
+        torch._foreach_copy_([ids_v, pos_v, slot_v, self.block_tables[:n, :w], lens_v],
+                             [input_ids, positions, slot_mapping, block_tables, seq_lens], non_blocking=True)
         # Invariant: rows >= self._live hold padding (the buffers start that way). Only rows an
         # earlier, larger step filled need resetting, so a steady batch size launches no fills.
         if self._live > n:

@@ -60,7 +60,7 @@ def _load_kv_tile(KC, VC, BT, b, kvh, toks, tm, d, dm, dv, dvm, stride_bt, strid
 
 @triton.jit
 def _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
-    """One online-softmax step over a K/V tile (already in q's dtype): the updated ``(m_i, l_i, acc)``."""
+    """One online-softmax step over a K/V tile (in q's dtype): the updated ``(m_i, l_i, acc)``."""
     if IEEE:
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
@@ -144,7 +144,7 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
             tm = toks < end
             k, v = _load_kv_tile(KC, VC, BT, b, kvh, toks, tm, d, dm, dv, dvm, stride_bt, stride_kb, stride_kt,
                                  stride_kh, stride_vb, stride_vt, stride_vh, PAGE, True, dot_ty)
-            m_i, l_i, acc = _attend_tile(q, k.to(q.dtype), v.to(q.dtype), tm, m_i, l_i, acc, qk_scale, IEEE)
+            m_i, l_i, acc = _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE)
 
         if NUM_SPLITS == 1:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
