@@ -100,7 +100,7 @@ def check_kv_append(dev, dtype, T=11, Hkv=3, D=64, DV=48, page=16):
 
 
 def check_decode(dev, dtype, lens=(1, 17, 300, 1029), H=8, Hkv=2, D=128, DV=128, page=16, num_splits=None, merge=False,
-                 pdl=False):
+                 pdl=False, config=None):
     from torchinferno.kernels.triton import decode_attention
 
     g = torch.Generator().manual_seed(4)
@@ -111,7 +111,7 @@ def check_decode(dev, dtype, lens=(1, 17, 300, 1029), H=8, Hkv=2, D=128, DV=128,
     out = torch.full((len(lens), H, DV), float("nan"), dtype=dtype, device=dev)
     counters = torch.zeros(len(lens) * Hkv, dtype=torch.int32, device=dev) if merge else None
     decode_attention.batched_paged_decode_attention(q, kc, vc, bt, sl, scale, num_splits=num_splits, out=out,
-                                                    merge_counters=counters, pdl=pdl)
+                                                    merge_counters=counters, pdl=pdl, config=config)
     ref = ref_attention64(q, kc, vc, [1] * len(lens), list(lens), bt, scale)
     err = rel_err(out, ref)
     assert err < TOL[dtype], err
@@ -119,7 +119,7 @@ def check_decode(dev, dtype, lens=(1, 17, 300, 1029), H=8, Hkv=2, D=128, DV=128,
         assert int(counters.abs().sum()) == 0
         again = torch.full_like(out, float("nan"))
         decode_attention.batched_paged_decode_attention(q, kc, vc, bt, sl, scale, num_splits=num_splits, out=again,
-                                                        merge_counters=counters, pdl=pdl)
+                                                        merge_counters=counters, pdl=pdl, config=config)
         assert torch.equal(again, out) or rel_err(again, ref) < TOL[dtype]
 
 
@@ -183,6 +183,11 @@ def test_decode_attention(cuda_dev, dtype, num_splits):
     if torch.cuda.get_device_capability()[0] >= 9:  # PDL launch: first tile read before the wait, newest row after
         check_decode(cuda_dev, dtype, num_splits=num_splits, merge=True, pdl=True)
         check_decode(cuda_dev, dtype, num_splits=num_splits, pdl=True)
+    two = {"prefetch_tiles": 2}  # two tiles per split read before the wait / the first dot
+    check_decode(cuda_dev, dtype, num_splits=num_splits, merge=True, config=two)
+    check_decode(cuda_dev, dtype, lens=(0, 1, 63, 64, 65, 129), num_splits=num_splits, merge=True, config=two)
+    if torch.cuda.get_device_capability()[0] >= 9:
+        check_decode(cuda_dev, dtype, num_splits=num_splits, merge=True, pdl=True, config=two)
 
 
 @pytest.mark.cuda

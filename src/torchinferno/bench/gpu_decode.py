@@ -1,15 +1,16 @@
 """The batch-1/batch-N decode measurements of ``bench-gpu`` (a)/(b): a random-weight model and a graph-replayed step.
 
 ``DecodeBench`` owns a static paged cache and a ``CudaGraphDecodeRunner``; ``measure`` times one decode step
-(inputs copied into the static buffers + graph replay), a device-resident greedy loop, the eager step and its
-kernel profile, against the bandwidth bound ``(weight bytes + KV bytes read) / bandwidth``.
+(inputs copied into the static buffers + graph replay: as issued by the host, and device only, i.e. queued behind
+a spin kernel so the host's issue time drops out), a device-resident greedy loop, the eager step and its kernel
+profile, against the bandwidth bound ``(weight bytes + KV bytes read) / bandwidth``.
 """
 
 from __future__ import annotations
 
 import torch
 
-from torchinferno.bench.gpu_timing import cuda_time_ms, profile_kernels
+from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms, profile_kernels
 
 
 def build_random_model(size: str = "llama3-8b", device="cuda", dtype=torch.bfloat16, seed: int = 0):
@@ -89,6 +90,7 @@ class DecodeBench:
         slots, lens = self.slots(bt, pos), (pos + 1).to(torch.int32)
         run_step = lambda: self.runner.run(ids, pos, slots, bt, lens)  # noqa: E731
         step_ms = cuda_time_ms(run_step, iters=30)
+        step_device_ms = device_time_ms(run_step, iters=30)  # the same step, with the host's issue time taken out
         loop_ms = cuda_time_ms(lambda: self.loop(ids, pos, bt, loop_steps), iters=3, warmup=1) / loop_steps
         graphs = self.runner.use_graphs
         self.runner.use_graphs = False
@@ -98,7 +100,8 @@ class DecodeBench:
         self.runner.graphs, self.runner.use_graphs = saved, graphs
         kv_read = batch * (ctx + 1) * self.kv_bytes_per_token
         bound_ms = (weight_bytes + kv_read) / bw * 1e3
-        return {"batch": batch, "context": ctx, "step_ms": step_ms, "loop_ms_per_step": loop_ms, "eager_step_ms": eager_ms,
+        return {"batch": batch, "context": ctx, "step_ms": step_ms, "step_device_ms": step_device_ms,
+                "device_fraction_of_bound": bound_ms / step_device_ms, "loop_ms_per_step": loop_ms, "eager_step_ms": eager_ms,
                 "tok_s": batch / loop_ms * 1e3, "bytes": weight_bytes + kv_read, "bound_ms": bound_ms,
                 "fraction_of_bound": bound_ms / step_ms, "loop_fraction_of_bound": bound_ms / loop_ms, "profile": prof,
                 "gemm_gb_s": weight_bytes / prof["groups_ms"].get("gemm", float("nan")) / 1e6}

@@ -25,6 +25,27 @@ def cuda_time_ms(fn, iters: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def device_time_ms(fn, iters: int = 20, warmup: int = 3, hold_us: float = 2000.0) -> float:
+    """Median device milliseconds of ``fn()`` with the host's issue time taken out: each timed call is queued
+    behind a spin kernel (``torch.cuda._sleep``, about ``hold_us``) so that all of its work is queued before
+    the device reaches the start event (the blocking-kernel method of NVBench). The interval is then the
+    device executing ``fn``'s work back to back, as in a pipelined loop where the host runs ahead."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    cycles = int(hold_us * 2000)  # >= hold_us at SM clocks up to 2 GHz
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
 def graph_time_ms(fn, calls: int = 20, iters: int = 10) -> float:
     """Device milliseconds per ``fn()`` with launch overhead removed: ``calls`` calls captured in one
     CUDA graph, replays timed with events. Falls back to ``cuda_time_ms`` when capture fails."""
