@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from torchinferno.bench.report import render_html
-from torchinferno.bench.results import ResultReadError, load_results, summary_rows
+from torchinferno.bench.results import load_results, summary_rows
+from torchinferno.cli.main import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
-from torchinferno.cli.main import main
 
 VERSIONS = ["vllm_v0_4", "vllm_v0_6", "vllm_v0_11"]
 
