@@ -27,11 +27,11 @@ VARIANTS = {
     "down bn8 bk1024": {"down": {"block_n": 8, "block_k": 1024, "num_stages": 3}},
 }
 # --ab (ctx 4096) and --attention (ctx 128 and 4096): the attention's tiling and split floor inside the step.
-# Run 21: block_n 32, 8 warps, 3 stages and splits of >= 128 tokens were no better than the default.
+# Run 21: block_n 32, 8 warps, 3 stages and splits of >= 128 tokens were no better than the default; run 24: a
+# second K/V tile read before the PDL wait (since removed) was 0.13-0.17 ms slower.
 ATTENTION_VARIANTS = {
     "default": {},
-    "attention 2 tiles before the wait": {"attention": {"prefetch_tiles": 2}},
-    "attention 2 tiles, 8 warps": {"attention": {"prefetch_tiles": 2, "num_warps": 8}},
+    "attention 8 warps": {"attention": {"num_warps": 8}},
 }
 # --pick: the candidates worth a second look, each measured twice, interleaved with the default (noise)
 PICK = {

@@ -183,11 +183,6 @@ def test_decode_attention(cuda_dev, dtype, num_splits):
     if torch.cuda.get_device_capability()[0] >= 9:  # PDL launch: first tile read before the wait, newest row after
         check_decode(cuda_dev, dtype, num_splits=num_splits, merge=True, pdl=True)
         check_decode(cuda_dev, dtype, num_splits=num_splits, pdl=True)
-    two = {"prefetch_tiles": 2}  # two tiles per split read before the wait / the first dot
-    check_decode(cuda_dev, dtype, num_splits=num_splits, merge=True, config=two)
-    check_decode(cuda_dev, dtype, lens=(0, 1, 63, 64, 65, 129), num_splits=num_splits, merge=True, config=two)
-    if torch.cuda.get_device_capability()[0] >= 9:
-        check_decode(cuda_dev, dtype, num_splits=num_splits, merge=True, pdl=True, config=two)
 
 
 @pytest.mark.cuda

@@ -108,7 +108,7 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                    DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
                    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr,
-                   PDL: tl.constexpr = False, MERGE: tl.constexpr = False, PREFETCH2: tl.constexpr = False):
+                   PDL: tl.constexpr = False, MERGE: tl.constexpr = False):
     if PDL:  # the next kernel (a PDL GEMV) may launch now and prefetch its weights
         gdc_launch_dependents()
     b = tl.program_id(0).to(tl.int64)
@@ -137,17 +137,12 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
         # ops per element); otherwise the dots run in q's dtype.
         dot_ty: tl.constexpr = tl.float16 if F16_DOT else Q.dtype.element_ty
 
-        # The split's first tile (two with PREFETCH2). With PDL they are read before the wait, except the row of
-        # the newest token (position seq_len - 1), which the previous kernel (the qkv GEMV) may be writing now:
-        # that row is read after the wait and added in.
+        # The split's first tile. With PDL it is read before the wait, except the row of the newest token
+        # (position seq_len - 1), which the previous kernel (the qkv GEMV) may be writing now: that row is read
+        # after the wait and added in. (A second tile before the wait was slower on an H200: run 24.)
         toks = start + n_offs
         k, v, tm = _tile_before_wait(KC, VC, BT, b, kvh, toks, end, seq_len, d, dm, dv, dvm, stride_bt, stride_kb,
                                      stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE, PDL, dot_ty)
-        if PREFETCH2:
-            toks2 = toks + BLOCK_N
-            k2, v2, tm2 = _tile_before_wait(KC, VC, BT, b, kvh, toks2, end, seq_len, d, dm, dv, dvm, stride_bt,
-                                            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE,
-                                            PDL, dot_ty)
         if PDL:
             gdc_wait()  # q and the newest K/V row are the previous kernel's output
         q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :],
@@ -157,19 +152,12 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
         if PDL:
             k, v = _add_newest_row(k, v, KC, VC, BT, b, kvh, toks, tm, seq_len, d, dm, dv, dvm, stride_bt, stride_kb,
                                    stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE, dot_ty)
-            if PREFETCH2:
-                k2, v2 = _add_newest_row(k2, v2, KC, VC, BT, b, kvh, toks2, tm2, seq_len, d, dm, dv, dvm, stride_bt,
-                                         stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, PAGE, dot_ty)
 
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
         m_i, l_i, acc = _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE)
-        rest = start + BLOCK_N
-        if PREFETCH2:
-            m_i, l_i, acc = _attend_tile(q, k2, v2, tm2, m_i, l_i, acc, qk_scale, IEEE)
-            rest = start + 2 * BLOCK_N
-        for n0 in range(rest, end, BLOCK_N):
+        for n0 in range(start + BLOCK_N, end, BLOCK_N):
             toks = n0 + n_offs
             tm = toks < end
             k, v = _load_kv_tile(KC, VC, BT, b, kvh, toks, tm, d, dm, dv, dvm, stride_bt, stride_kb, stride_kt,
@@ -268,8 +256,7 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
     (counted by an atomic), so there is no second kernel.
 
     ``config`` overrides the launch tiling (``block_n``, ``num_warps``, ``num_stages``) for sweeps, and
-    ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to;
-    ``prefetch_tiles`` (1: default, or 2): K/V tiles of each split loaded before the PDL wait / the first dot.
+    ``fp8_dot`` (``fp16``: default, or ``bf16``): the dtype an FP8 cache's tiles are upcast to.
     """
     B, H, D = q.shape
     _, page, Hkv, Dk = k_cache.shape
@@ -289,9 +276,6 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         block_n *= 2
     cfg = {"block_n": block_n, "num_warps": 4, "num_stages": 2, **(config or {})}
     ieee = q.dtype == torch.float32
-    prefetch = cfg.get("prefetch_tiles", 1)
-    if prefetch not in (1, 2):
-        raise ValueError(f"prefetch_tiles must be 1 or 2, got {prefetch!r}")
     f16_dot = is_fp8(k_cache.dtype) and not ieee and cfg.get("fp8_dot", "fp16") == "fp16"
     if num_splits > 1:
         op = torch.empty((B, H, num_splits, DV), dtype=torch.float32, device=q.device)
@@ -310,7 +294,7 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), s_pb, s_ph, s_ps, s_lb, s_lh,
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page,
-        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, PREFETCH2=prefetch == 2,
+        BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], MERGE=merge, **pdl_kw)
     if num_splits > 1 and not merge:
