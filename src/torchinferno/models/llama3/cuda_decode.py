@@ -89,8 +89,9 @@ class CudaDecodeStep(LeanDecodeStepBase):
         self.configs["qkv"]["block_n"] = min(self.configs["qkv"]["block_n"], self.head_dim // 2)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """``hidden [1, D]`` -> fp32 logits ``[1, V]`` through the decode GEMV (cuBLAS streams this weight ~8%
-        slower at one row), rounded to the activation dtype first as the module path's linear is; else None."""
+        """``hidden [1, D]`` -> fp32 logits ``[1, V]`` through the decode GEMV (cuBLAS streamed this 1 GB weight
+        5-8% slower at one row: runs 20-21), rounded to the activation dtype first as the module path's linear is;
+        None for anything else (the model's linear runs)."""
         if hidden.shape[0] != 1 or hidden.dtype != self.head.dtype or not tri.usable(hidden):
             return None
         return kapi.decode_gemv(hidden.reshape(-1), self.head, pdl=self.pdl, config=self.configs["head"]).float()[None]
