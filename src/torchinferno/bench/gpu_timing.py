@@ -9,14 +9,17 @@ import torch
 
 
 # ------------------------------------------------------------------------------------- timing
-def cuda_time_ms(fn, iters: int = 20, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` measured with CUDA events around each call."""
+def cuda_time_ms(fn, iters: int = 20, warmup: int = 3, hold_us: float = 0.0) -> float:
+    """Median milliseconds of ``fn()`` measured with CUDA events around each call (``hold_us``: see
+    :func:`device_time_ms`)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hold_us > 0:
+            torch.cuda._sleep(int(hold_us * 2000))  # >= hold_us at SM clocks up to 2 GHz
         s.record()
         fn()
         e.record()
@@ -30,20 +33,7 @@ def device_time_ms(fn, iters: int = 20, warmup: int = 3, hold_us: float = 2000.0
     behind a spin kernel (``torch.cuda._sleep``, about ``hold_us``) so that all of its work is queued before
     the device reaches the start event (the blocking-kernel method of NVBench). The interval is then the
     device executing ``fn``'s work back to back, as in a pipelined loop where the host runs ahead."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    cycles = int(hold_us * 2000)  # >= hold_us at SM clocks up to 2 GHz
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return cuda_time_ms(fn, iters, warmup, hold_us=hold_us)
 
 
 def graph_time_ms(fn, calls: int = 20, iters: int = 10) -> float:
