@@ -1,0 +1,106 @@
+"""The decode-step Triton kernels compile for Hopper (sm_90) on a machine without a GPU.
+
+Triton's ahead-of-time path (``triton.compile`` of an ``ASTSource`` for a named ``GPUTarget``) runs the whole
+pipeline down to a cubin with the ptxas its wheel carries, so a kernel variant that the front end or the
+GPU lowering rejects (an FP8 tile carried across a PDL wait did, on the H200, in run 20) fails here in CI
+instead of in a device session. This checks that the variants compile, not that they compute the right
+values: the numerics tests compare them with torch on CUDA (tests/kernels/test_triton_kernels.py,
+test_decode_gemv.py, test_cuda_decode_step.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+triton = pytest.importorskip("triton")
+pytest.importorskip("triton.language")
+
+
+def compile_sm90(fn, pointers: dict[str, str], constexprs: dict, floats: tuple[str, ...] = (), num_warps: int = 4,
+                 num_stages: int = 2):
+    """Compile ``fn`` (a ``@triton.jit`` kernel) for sm_90: parameters named in ``pointers`` take those pointer
+    types (``*bf16``, ``*fp8e4nv``, ...), ``constexprs`` their values, ``floats`` fp32, every other one i32."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(inspect.signature(fn.fn).parameters)
+    missing = set(pointers) - set(names) | set(constexprs) - set(names)
+    assert not missing, f"not parameters of {fn.fn.__name__}: {sorted(missing)}"
+    sig = {n: pointers.get(n, "constexpr" if n in constexprs else "fp32" if n in floats else "i32") for n in names}
+    src = ASTSource(fn, sig, constexprs=dict(constexprs))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps,
+                                                                           "num_stages": num_stages})
+
+
+def _attention_pointers(kv: str, q: str) -> dict[str, str]:
+    return {"Q": q, "KC": kv, "VC": kv, "BT": "*i32", "SEQ": "*i32", "OUT": q, "OP": "*fp32", "LSE": "*fp32",
+            "CNT": "*i32"}
+
+
+@pytest.mark.parametrize("kv,q,block_n,pdl,merge,splits", [
+    ("*bf16", "*bf16", 64, True, True, 32),     # the fused batch-1 step (Llama-3-8B)
+    ("*bf16", "*bf16", 64, False, False, 8),    # batched decode, stage-2 merge
+    ("*bf16", "*bf16", 64, False, False, 1),    # one split: direct output
+    ("*fp8e4nv", "*bf16", 128, True, True, 32),  # FP8 cache under PDL (failed to compile in run 20)
+    ("*fp8e4nv", "*bf16", 128, False, False, 8),
+    ("*fp32", "*fp32", 64, True, True, 4),      # fp32 (ieee dots)
+])
+def test_decode_attention_stage1_compiles(kv, q, block_n, pdl, merge, splits):
+    from torchinferno.kernels.triton import decode_attention as da
+
+    compile_sm90(da._decode_stage1, _attention_pointers(kv, q), dict(
+        GROUP=4, GROUP_PAD=16, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16, BLOCK_N=block_n, NUM_SPLITS=splits,
+        IEEE=q == "*fp32", F16_DOT=kv == "*fp8e4nv", PDL=pdl, MERGE=merge), floats=("qk_scale",))
+
+
+def test_decode_attention_mla_layout_and_stage2_compile():
+    from torchinferno.kernels.triton import decode_attention as da
+
+    compile_sm90(da._decode_stage1, _attention_pointers("*bf16", "*bf16"), dict(  # latent 576 / value 512
+        GROUP=16, GROUP_PAD=16, D=576, D_PAD=1024, DV=512, DV_PAD=512, PAGE=16, BLOCK_N=16, NUM_SPLITS=4,
+        IEEE=False, F16_DOT=False, PDL=False, MERGE=True), floats=("qk_scale",))
+    compile_sm90(da._decode_stage2, {"OP": "*fp32", "LSE": "*fp32", "OUT": "*bf16"},
+                 dict(DV=128, DV_PAD=128, NUM_SPLITS=8, PDL=True))
+
+
+def _gemv_pointers(kv: str = "*bf16") -> dict[str, str]:
+    return {"X": "*bf16", "R": "*bf16", "NW": "*bf16", "W": "*bf16", "Y": "*bf16", "COS": "*bf16", "SIN": "*bf16",
+            "KC": kv, "VC": kv, "SLOT": "*i64"}
+
+
+@pytest.mark.parametrize("linear", ["qkv", "o", "gate_up", "down", "head"])
+def test_fused_step_gemvs_compile_with_their_default_tiles(linear):
+    """Each GEMV of the fused step with the tiles it launches (``cuda_decode.DEFAULT_CONFIGS``), under PDL."""
+    from torchinferno.kernels.triton import decode_gemv as dg
+    from torchinferno.models.llama3.cuda_decode import DEFAULT_CONFIGS
+
+    cfg = DEFAULT_CONFIGS[linear]
+    epi = {"qkv": dg.EPI_ROPE_KV, "gate_up": dg.EPI_SWIGLU}.get(linear, dg.EPI_PLAIN)
+    compile_sm90(dg._decode_gemv_kernel, _gemv_pointers(), dict(
+        ADD=linear in ("o", "down"), NORM=linear in ("qkv", "gate_up"), EPI=epi, NQ=32, NKV=8, HD=128,
+        BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PDL=True, EARLY_LAUNCH=cfg["early_launch"], SAT=0.0),
+        floats=("eps",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def test_qkv_gemv_with_an_fp8_cache_compiles():
+    from torchinferno.kernels.triton import decode_gemv as dg
+
+    compile_sm90(dg._decode_gemv_kernel, _gemv_pointers("*fp8e4nv"), dict(
+        ADD=False, NORM=True, EPI=dg.EPI_ROPE_KV, NQ=32, NKV=8, HD=128, BLOCK_N=4, BLOCK_K=2048, PDL=True,
+        EARLY_LAUNCH=True, SAT=448.0), floats=("eps",), num_stages=3)
+
+
+def test_compile_harness_rejects_what_does_not_compile():
+    """The harness reports a kernel Triton rejects (so a passing test above means something)."""
+    import triton.language as tl
+
+    @triton.jit
+    def _bad(X, BLOCK: tl.constexpr):
+        x = tl.load(X + tl.arange(0, BLOCK))  # BLOCK not a power of two: rejected by tl.arange
+        tl.store(X + tl.arange(0, BLOCK), x)
+
+    compile_sm90(_bad, {"X": "*fp32"}, {"BLOCK": 64})
+    with pytest.raises(Exception):
+        compile_sm90(_bad, {"X": "*fp32"}, {"BLOCK": 48})
