@@ -31,7 +31,9 @@ VARIANTS = {
 # second K/V tile read before the PDL wait (since removed) was 0.13-0.17 ms slower.
 ATTENTION_VARIANTS = {
     "default": {},
-    "attention 8 warps": {"attention": {"num_warps": 8}},
+    # 64 splits of 64 tokens at ctx 4096: every split one tile, all of it read before the PDL wait
+    "attention 4 waves": {"attention": {"waves": 4}},
+    "attention 4 waves, block_n 32": {"attention": {"waves": 4, "block_n": 32}},
 }
 # --pick: the candidates worth a second look, each measured twice, interleaved with the default (noise)
 PICK = {

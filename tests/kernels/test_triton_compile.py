@@ -41,6 +41,7 @@ def _attention_pointers(kv: str, q: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("kv,q,block_n,pdl,merge,splits", [
     ("*bf16", "*bf16", 64, True, True, 32),     # the fused batch-1 step (Llama-3-8B)
+    ("*bf16", "*bf16", 64, True, True, 64),     # the same with 4 waves of splits (probe variant)
     ("*bf16", "*bf16", 64, False, False, 8),    # batched decode, stage-2 merge
     ("*bf16", "*bf16", 64, False, False, 1),    # one split: direct output
     ("*fp8e4nv", "*bf16", 128, True, True, 32),  # FP8 cache under PDL (failed to compile in run 20)

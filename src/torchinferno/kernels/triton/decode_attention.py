@@ -223,8 +223,8 @@ def _decode_stage2(OP, LSE, OUT, stride_pb, stride_ph, stride_ps, stride_lb, str
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device,
-                      min_split_tokens: int = 256) -> int:
-    """Splits so that (batch x kv heads x splits) programs fill about two waves of SMs.
+                      min_split_tokens: int = 256, waves: int = 2) -> int:
+    """Splits so that (batch x kv heads x splits) programs fill about ``waves`` waves of SMs.
 
     A split never covers fewer than ``min_split_tokens`` tokens (256 by default: below that a separate
     merge kernel costs more than it saves; with the in-kernel merge, smaller splits pay off at batch 1).
@@ -232,7 +232,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
     """
     sms = num_sms(device.index or 0) if device.type == "cuda" else 132
     programs = max(1, batch * num_kv_heads)
-    want = math.ceil(2 * sms / programs)
+    want = math.ceil(waves * sms / programs)
     cap = max(1, max_context // min_split_tokens)
     n = max(1, min(want, cap, 64))
     return 1 << (n.bit_length() - 1)

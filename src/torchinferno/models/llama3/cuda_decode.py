@@ -42,8 +42,9 @@ DEFAULT_CONFIGS: dict[str, dict] = {
     "gate_up": {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 2, "early_launch": True},
     "down": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": True},
     "head": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": False},
-    # decode attention: splits of at least this many tokens, and kernel tiling overrides (block_n, num_warps, ...)
-    "attention": {"min_split_tokens": 64},
+    # decode attention: splits of at least this many tokens, about `waves` waves of programs, and kernel tiling
+    # overrides (block_n, num_warps, ...)
+    "attention": {"min_split_tokens": 64, "waves": 2},
 }
 
 
@@ -141,7 +142,7 @@ class CudaDecodeStep(LeanDecodeStepBase):
         # context (the in-kernel merge makes many splits cheap). From static shapes: graph-capturable.
         attn_cfg = dict(cfg["attention"])
         splits = choose_num_splits(1, Hkv, bt.shape[1] * kv_caches[0][0].shape[1], bt.device,
-                                   min_split_tokens=attn_cfg.pop("min_split_tokens"))
+                                   min_split_tokens=attn_cfg.pop("min_split_tokens"), waves=attn_cfg.pop("waves"))
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             q = kapi.decode_gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd,
                                          norm_weight=layer.in_norm, eps=eps, pdl=pdl,
