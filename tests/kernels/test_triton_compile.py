@@ -1,4 +1,4 @@
-"""The decode-step Triton kernels compile for Hopper (sm_90) on a machine without a GPU.
+"""Every Triton kernel of kernels/triton/ compiles for Hopper (sm_90) on a machine without a GPU.
 
 Triton's ahead-of-time path (``triton.compile`` of an ``ASTSource`` for a named ``GPUTarget``) runs the whole
 pipeline down to a cubin with the ptxas its wheel carries, so a kernel variant that the front end or the
@@ -91,6 +91,44 @@ def test_qkv_gemv_with_an_fp8_cache_compiles():
     compile_sm90(dg._decode_gemv_kernel, _gemv_pointers("*fp8e4nv"), dict(
         ADD=False, NORM=True, EPI=dg.EPI_ROPE_KV, NQ=32, NKV=8, HD=128, BLOCK_N=4, BLOCK_K=2048, PDL=True,
         EARLY_LAUNCH=True, SAT=448.0), floats=("eps",), num_stages=3)
+
+
+@pytest.mark.parametrize("kv,q", [("*bf16", "*bf16"), ("*fp8e4nv", "*bf16"), ("*fp32", "*fp32")])
+def test_prefill_attention_compiles(kv, q):
+    from torchinferno.kernels.triton import prefill_attention as pa
+
+    compile_sm90(pa._prefill_kernel, {"Q": q, "KC": kv, "VC": kv, "OUT": q, "QSL": "*i32", "SEQ": "*i32", "BT": "*i32"},
+                 dict(GROUP=4, GROUP_PAD=4, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16, BLOCK_Q=32, BLOCK_N=64,
+                      IEEE=q == "*fp32", F16_DOT=kv == "*fp8e4nv"), floats=("qk_scale",), num_warps=8)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_norm_activation_rotary_kv_append_compile(residual):
+    from torchinferno.kernels.triton import activation, kv_cache, norm, rotary
+
+    compile_sm90(norm._rms_norm_kernel, {p: "*bf16" for p in ("X", "R", "W", "Y", "H")},
+                 dict(HAS_RESIDUAL=residual, BLOCK_D=4096), floats=("eps",), num_warps=8)
+    compile_sm90(activation._swiglu_kernel, {"GU": "*bf16", "OUT": "*bf16"}, dict(BLOCK=1024))
+    compile_sm90(rotary._rotary_neox_kernel, {p: "*bf16" for p in ("X", "COS", "SIN", "OUT")},
+                 dict(BLOCK_H=16, BLOCK_HALF=64))
+    cache = "*fp8e4nv" if residual else "*bf16"  # both cache kinds, one per parameter
+    compile_sm90(kv_cache._kv_append_kernel, {"K": "*bf16", "V": "*bf16", "KC": cache, "VC": cache, "SLOTS": "*i64"},
+                 dict(BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128, SAT=448.0 if residual else 0.0))
+
+
+def test_fp8_and_fused_mlp_kernels_compile():
+    from torchinferno.kernels.triton import fp8_gemv, fp8_quant, gemm_swiglu
+
+    compile_sm90(fp8_quant._quant_rows_kernel, {"X": "*bf16", "Q": "*fp8e4nv", "S": "*fp32"},
+                 dict(QMAX=fp8_quant.E4M3_MAX, INV_QMAX=fp8_quant.INV_E4M3_MAX, FLOOR=fp8_quant.EPS, BLOCK=4096,
+                      ONE_PASS=True), num_warps=8)
+    compile_sm90(fp8_gemv._fp8_skinny_dot_kernel, {"XQ": "*fp8e4nv", "XS": "*fp32", "W": "*fp8e4nv", "WS": "*fp32",
+                                                   "Y": "*bf16"}, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=512), num_stages=3)
+    for cfg in (gemm_swiglu._config(16), gemm_swiglu._config(2048)):
+        cfg = dict(cfg)
+        warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        compile_sm90(gemm_swiglu._mm_swiglu_kernel, {"A": "*bf16", "W": "*bf16", "Y": "*bf16"},
+                     dict(cfg, EVEN_K=True), num_warps=warps, num_stages=stages)
 
 
 def test_compile_harness_rejects_what_does_not_compile():
