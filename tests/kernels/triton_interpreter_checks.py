@@ -1,0 +1,92 @@
+"""Run by tests/kernels/test_triton_interpreter.py in a subprocess with ``TRITON_INTERPRET=1``: the decode-step
+Triton kernels executed by Triton's CPU interpreter against the same torch references as on CUDA.
+
+Not a pytest module (the interpreter must be switched on before Triton compiles anything, so it gets its own
+process). The interpreter has no bf16 (numpy rounds it by truncation), so the checks run in fp32 and fp16.
+Two things are patched here, in this process only: the Triton dispatch accepts CPU tensors
+(``kernels.triton.usable``), and the interpreter reads one-element loop bounds with numpy 2 (it calls
+``int()`` on a 1-d array, which numpy 2 refuses).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton.runtime.interpreter as interp  # noqa: E402
+
+_patch_tensor = interp._patch_lang_tensor
+
+
+def _patch_lang_tensor(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+
+interp._patch_lang_tensor = _patch_lang_tensor
+
+import torchinferno.kernels.triton as tri  # noqa: E402
+
+tri.usable = lambda t: not tri._tracing()  # CPU tensors take the Triton path (run by the interpreter)
+
+CPU = torch.device("cpu")
+
+
+def decode_attention() -> None:
+    import test_triton_kernels as T
+
+    for dtype in (torch.float32, torch.float16):
+        for splits in (None, 1, 4):
+            T.check_decode(CPU, dtype, num_splits=splits)
+            T.check_decode(CPU, dtype, num_splits=splits, merge=True)
+    for splits in (1, 4, 16):  # empty sequences and splits past the end, skipped by the in-kernel merge
+        T.check_decode(CPU, torch.float32, lens=(0, 1, 63, 64, 65), num_splits=splits, merge=True)
+    T.check_decode(CPU, torch.float16, lens=(5, 700), H=8, Hkv=1, D=576, DV=512, merge=True)  # MLA latent layout
+
+
+def decode_gemv() -> None:
+    import test_decode_gemv as G
+
+    G.DT = torch.float16
+    for case in G.CASES_PLAIN[:3]:
+        G.check_plain(CPU, *case)
+    G.check_swiglu(CPU, 384, 256)
+    for case in G.CASES_ROPE:
+        G.check_rope_kv(CPU, *case)
+
+
+def fused_step() -> None:
+    """The fused CUDA step (its kernels interpreted) vs the module path, fp32, and its one-row head."""
+    import test_cuda_decode_step as S
+
+    from torchinferno.models.llama3 import cuda_decode
+
+    cuda_decode.CudaDecodeStep.supports = staticmethod(lambda model: True)  # it would refuse CPU weights
+    model = S._model(CPU, torch.float32)
+    spec = model.family.kv_spec(model.config)
+    prompt = [5, 17, 99, 3, 42, 7, 8]
+    want = S._decode_hidden(model, spec.allocate(8, 4, torch.float32, CPU), prompt, 5)
+    model.decode_step = cuda_decode.CudaDecodeStep(model, pdl=False)
+    got = S._decode_hidden(model, spec.allocate(8, 4, torch.float32, CPU), prompt, 5)
+    rel = float((got - want).norm() / want.norm())
+    assert rel < 1e-5, rel
+    h = torch.randn(1, model.config.hidden_size)
+    with torch.no_grad():
+        ref = torch.nn.functional.linear(h, model.head_weight())
+        rel = float((model.compute_logits(h) - ref).norm() / ref.norm())
+    assert rel < 1e-5, rel
+
+
+CHECKS = {"decode_attention": decode_attention, "decode_gemv": decode_gemv, "fused_step": fused_step}
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or list(CHECKS):
+        CHECKS[name]()
+        print(f"ok {name}", flush=True)
