@@ -2,8 +2,8 @@
 
 Each check runs ``tests/kernels/triton_interpreter_checks.py`` in its own process with ``TRITON_INTERPRET=1``
 (the interpreter must be on before Triton sees a kernel): decode attention (splits, in-kernel merge, empty
-sequences, MLA layout), the fused decode GEMVs (norm prologue, residual, SwiGLU, rotary + K/V store), and the
-fused CUDA step vs the module path. fp32/fp16 only: the interpreter has no bf16. PDL and FP8 need a GPU
+sequences, MLA layout), the fused decode GEMVs (norm prologue, residual, SwiGLU, rotary + K/V store), the
+fused CUDA step vs the module path, and the layer kernels (RMSNorm, SwiGLU, rotary, KV append, prefill attention). fp32/fp16 only: the interpreter has no bf16. PDL and FP8 need a GPU
 (test_triton_kernels.py, test_decode_gemv.py, test_cuda_decode_step.py on CUDA; test_triton_compile.py).
 """
 
@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 SCRIPT = Path(__file__).resolve().parent / "triton_interpreter_checks.py"
 
 
-@pytest.mark.parametrize("check", ["decode_attention", "decode_gemv", "fused_step"])
+@pytest.mark.parametrize("check", ["decode_attention", "decode_gemv", "fused_step", "layer_kernels"])
 def test_triton_kernels_on_the_interpreter(check):
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, str(SCRIPT), check], env=env, capture_output=True, text=True, timeout=600)

@@ -1,5 +1,6 @@
-"""Run by tests/kernels/test_triton_interpreter.py in a subprocess with ``TRITON_INTERPRET=1``: the decode-step
-Triton kernels executed by Triton's CPU interpreter against the same torch references as on CUDA.
+"""Run by tests/kernels/test_triton_interpreter.py in a subprocess with ``TRITON_INTERPRET=1``: the Triton
+kernels of a decode step and a layer, executed by Triton's CPU interpreter against the same torch references as
+on CUDA.
 
 Not a pytest module (the interpreter must be switched on before Triton compiles anything, so it gets its own
 process). The interpreter has no bf16 (numpy rounds it by truncation), so the checks run in fp32 and fp16.
@@ -84,7 +85,20 @@ def fused_step() -> None:
     assert rel < 1e-5, rel
 
 
-CHECKS = {"decode_attention": decode_attention, "decode_gemv": decode_gemv, "fused_step": fused_step}
+def layer_kernels() -> None:
+    """RMSNorm (+ residual), SwiGLU, rotary, KV append and the paged prefill attention."""
+    import test_triton_kernels as T
+
+    for dtype in (torch.float32, torch.float16):
+        T.check_rms_norm(CPU, dtype)
+        T.check_swiglu(CPU, dtype)
+        T.check_rotary(CPU, dtype)
+        T.check_kv_append(CPU, dtype)
+    T.check_prefill(CPU, torch.float32)
+
+
+CHECKS = {"decode_attention": decode_attention, "decode_gemv": decode_gemv, "fused_step": fused_step,
+          "layer_kernels": layer_kernels}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CHECKS):
