@@ -82,6 +82,7 @@ def test_fused_step_head_matches_the_linear(cuda_dev, dtype, tol):
     assert model.enable_cuda_decode_step()
     w = model.head_weight()
     h = torch.randn(1, w.shape[1], device=cuda_dev).to(dtype)
+    assert model.decode_step.compute_logits(h) is not None  # the one-row head is the step's, not the fallback
     got = model.compute_logits(h)
     want = torch.nn.functional.linear(h.double(), w.double())
     assert got.dtype == torch.float32 and got.shape == want.shape

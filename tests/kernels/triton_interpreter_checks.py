@@ -79,6 +79,7 @@ def fused_step() -> None:
     rel = float((got - want).norm() / want.norm())
     assert rel < 1e-5, rel
     h = torch.randn(1, model.config.hidden_size)
+    assert model.decode_step.compute_logits(h) is not None  # the step's head runs, not the model's fallback
     with torch.no_grad():
         ref = torch.nn.functional.linear(h, model.head_weight())
         rel = float((model.compute_logits(h) - ref).norm() / ref.norm())

@@ -88,6 +88,9 @@ class CudaDecodeStep(LeanDecodeStepBase):
         self.merge_counters = torch.zeros(self.num_kv_heads, dtype=torch.int32, device=dev)
         self.configs = {k: {**v, **((configs or {}).get(k) or {})} for k, v in DEFAULT_CONFIGS.items()}
         self.configs["qkv"]["block_n"] = min(self.configs["qkv"]["block_n"], self.head_dim // 2)
+        attn = dict(self.configs["attention"])  # split choice vs the kernel's tiling overrides, separated once
+        self.split_floor, self.split_waves = attn.pop("min_split_tokens"), attn.pop("waves")
+        self.attention_launch = attn
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """``hidden [1, D]`` -> fp32 logits ``[1, V]`` through the decode GEMV (cuBLAS streamed this 1 GB weight
@@ -140,16 +143,15 @@ class CudaDecodeStep(LeanDecodeStepBase):
         slot, bt, seq_lens = meta.slot_mapping, meta.block_tables, meta.seq_lens
         # One sequence has only Hkv programs per split: splits as short as 64 tokens keep the SMs busy at long
         # context (the in-kernel merge makes many splits cheap). From static shapes: graph-capturable.
-        attn_cfg = dict(cfg["attention"])
         splits = choose_num_splits(1, Hkv, bt.shape[1] * kv_caches[0][0].shape[1], bt.device,
-                                   min_split_tokens=attn_cfg.pop("min_split_tokens"), waves=attn_cfg.pop("waves"))
+                                   min_split_tokens=self.split_floor, waves=self.split_waves)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             q = kapi.decode_gemv_rope_kv(res, layer.qkv, cos, sin, k_cache, v_cache, slot, H, Hkv, hd,
                                          norm_weight=layer.in_norm, eps=eps, pdl=pdl,
                                          config=cfg["qkv"])  # [H hd]; K/V stored at slot
             o = kapi.batched_paged_decode_attention(q.view(1, H, hd), k_cache, v_cache, bt, seq_lens, self.scale,
                                                     splits, pdl=pdl, merge_counters=self.merge_counters,
-                                                    config=attn_cfg)  # [1, H, hd]
+                                                    config=self.attention_launch)  # [1, H, hd]
             h = kapi.decode_gemv(o.view(H * hd), layer.o, other, residual=res, pdl=pdl,
                                  config=cfg["o"])  # [D]: res + attention
             act = kapi.decode_gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
