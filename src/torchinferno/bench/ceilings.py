@@ -48,7 +48,11 @@ def read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 2 * 1024**3
 
 
 def matmul_rate(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, n: int = 2048, iters: int = 5) -> float:
-    """FLOP/s of an ``n x n x n`` matmul (best of ``iters``)."""
+    """FLOP/s of an ``n x n x n`` matmul (best of ``iters``, each timed alone after a sync: a burst).
+
+    A GPU runs such a single product at its boost clock; under a longer stream of products it may
+    be held to its power limit at a lower clock: see :func:`sustained_matmul_rate`.
+    """
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -61,3 +65,44 @@ def matmul_rate(device: str | torch.device = "cpu", dtype: torch.dtype = torch.b
         _sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
+
+
+def sustained_matmul_rate(device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16, n: int = 2048,
+                          seconds: float = 0.05, iters: int = 10) -> float:
+    """FLOP/s of ``n x n x n`` matmuls issued back to back for about ``seconds`` per timed run (median of ``iters``
+    runs, repeated without pauses).
+
+    The ceiling for work that keeps the matrix units busy that long (a 2048-token prefill of an 8B model is
+    ~50 ms): on a power-capped GPU the clock under such a stream settles below the one a single product sees.
+    On CUDA the products are one graph (no launch gaps); elsewhere a plain loop.
+    """
+    import statistics
+
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    one = 2 * n**3 / matmul_rate(device, dtype, n, iters=2)
+    calls = max(1, round(seconds / one))
+
+    def stream():
+        for _ in range(calls):
+            torch.mm(a, b, out=out)
+
+    run = stream
+    if device.type == "cuda":
+        g = torch.cuda.CUDAGraph()
+        stream()
+        torch.cuda.synchronize(device)
+        with torch.cuda.graph(g):
+            stream()
+        run = g.replay
+    run()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        run()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 * calls / statistics.median(times)

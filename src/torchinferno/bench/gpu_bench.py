@@ -1,8 +1,11 @@
 """GPU benchmarks: ``perf-smoke`` (paged decode attention, reference vs Triton) and ``bench-gpu``.
 
 ``bench-gpu`` runs in one process on one GPU and reports, against ceilings measured in the same
-run (device copy bandwidth counting read + write, bf16 matmul rate), for a Llama-3-8B-shaped
-model with random bf16 weights built with ``TritonPagedAttention``:
+run (device copy bandwidth counting read + write; bf16 matmul rate of one 8192^3 product (burst)
+and of products back to back for ~50 ms (sustained: the ceiling of a prefill, which runs that long
+and on a power-capped card at a lower clock)), with the SM clock, power and clock-limit reasons
+sampled through NVML per section (``bench/gpu_clocks.py``), for a Llama-3-8B-shaped model with
+random bf16 weights built with ``TritonPagedAttention``:
 
 (a) batch-1 decode step time at contexts 128 and 4096 (CUDA-graph replay of a whole step:
     forward + logits) and its fraction of the bandwidth bound ``(weight bytes + KV bytes read) /
@@ -52,7 +55,10 @@ def model_flops_prefill(cfg, tokens: int) -> float:
     return linear + attn
 
 
-def measure_prefill(model, tokens: int, bw: float) -> dict:
+def measure_prefill(model, tokens: int, bw: float, clock=None) -> dict:
+    """(c)'s figures; ``clock``: a ``ClockSampler`` whose summary of the timed replays joins the result."""
+    import contextlib
+
     from torchinferno.models.common.attention_metadata import build_attention_metadata
 
     spec = model.family.kv_spec(model.config)
@@ -69,15 +75,18 @@ def measure_prefill(model, tokens: int, bw: float) -> dict:
             h = model(ids, pos, caches, meta)
             return model.compute_logits(h[-1:])
 
-    ms = cuda_time_ms(run, iters=10, warmup=2)
-    # The same forward replayed from one CUDA graph (static shapes): launch gaps removed.
-    graph_ms = graph_time_ms(run, calls=1, iters=10)
+    phase = "c: prefill timing"
+    with clock.phase(phase) if clock is not None else contextlib.nullcontext():
+        ms = cuda_time_ms(run, iters=10, warmup=2)
+        # The same forward replayed from one CUDA graph (static shapes): launch gaps removed.
+        graph_ms = graph_time_ms(run, calls=1, iters=10)
     flops = model_flops_prefill(model.config, tokens)
     prof = profile_kernels(run)
     cfg = model.config
     gemm_flops = flops - 2 * 2 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim_ * tokens * (tokens + 1) / 2
     return {"tokens": tokens, "ms": ms, "flops": flops, "tflop_s": flops / ms / 1e9, "profile": prof,
             "graph_ms": graph_ms, "graph_tflop_s": flops / graph_ms / 1e9,
+            "clocks": clock.summary(phase) if clock is not None else {},
             "gemm_tflop_s": gemm_flops / prof["groups_ms"].get("gemm", float("nan")) / 1e9,
             "attention_variants": prefill_attention_variants(cfg, tokens, dev),
             "gemm_shapes": prefill_gemm_shapes(model, tokens)}
@@ -148,7 +157,8 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
                   json_path: str | None = None, log=print, sections=("a", "b", "c", "d", "e")) -> dict:
     """Run the chosen sections (default: all) in one process (see the module docstring); the ceilings
     are always measured first. Returns and optionally writes the report."""
-    from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate, read_bandwidth
+    from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate, read_bandwidth, sustained_matmul_rate
+    from torchinferno.bench.gpu_clocks import ClockSampler, fmt_clocks
 
     t_start = time.perf_counter()
     left = lambda: budget_s - (time.perf_counter() - t_start)  # noqa: E731
@@ -167,12 +177,20 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
             with open(json_path, "w") as f:
                 json.dump(rep, f, indent=2, default=str)
 
+    clock = ClockSampler(period=0.02).start()
     bw = copy_bandwidth(dev, nbytes=4 * 1024**3, iters=10)
     rbw = read_bandwidth(dev, nbytes=4 * 1024**3, iters=10)
-    mm = matmul_rate(dev, torch.bfloat16, n=8192, iters=10)
-    rep["ceilings"] = {"copy_gb_s": bw / 1e9, "read_gb_s": rbw / 1e9, "bf16_matmul_tflop_s": mm / 1e12}
+    with clock.phase("matmul burst"):
+        mm = matmul_rate(dev, torch.bfloat16, n=8192, iters=10)
+    with clock.phase("matmul sustained"):
+        mm_s = sustained_matmul_rate(dev, torch.bfloat16, n=8192, seconds=0.05, iters=10)
+    rep["ceilings"] = {"copy_gb_s": bw / 1e9, "read_gb_s": rbw / 1e9, "bf16_matmul_tflop_s": mm / 1e12,
+                       "bf16_matmul_sustained_tflop_s": mm_s / 1e12}
     log(f"ceilings: copy {bw / 1e9:.0f} GB/s (read+write), read-only (sum) {rbw / 1e9:.0f} GB/s (info), "
-        f"bf16 matmul {mm / 1e12:.0f} TFLOP/s")
+        f"bf16 matmul {mm / 1e12:.0f} TFLOP/s (one 8192^3 product), sustained {mm_s / 1e12:.0f} TFLOP/s (~50 ms of "
+        "products back to back)")
+    if clock.available:
+        log(f"    sustained matmul: {fmt_clocks(clock.summary('matmul sustained'))}")
     model = build_random_model(size, dev)
     wbytes = weight_bytes_per_step(model)
     rep["weight_bytes_per_step"] = wbytes
@@ -180,6 +198,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     save()
 
     # (a), (b) decode
+    clock.set_phase("a, b: decode")
     rep["sections"] = list(sections)
     bench = (DecodeBench(model, max_batch=batch, max_ctx=max(max(contexts), batch_ctx) + 64, buckets=(1, batch))
              if {"a", "b"} & set(sections) else None)
@@ -218,12 +237,14 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     save()
 
     # (c) prefill
+    clock.set_phase("c")
     if "c" in sections:
-        rep["prefill"] = measure_prefill(model, prefill_tokens, bw)
-        _log_prefill(rep["prefill"], mm, log)
+        rep["prefill"] = measure_prefill(model, prefill_tokens, bw, clock)
+        _log_prefill(rep["prefill"], rep["ceilings"], log)
         save()
 
     # (e) transformers peer
+    clock.set_phase("e: transformers")
     if hf and "e" in sections and left() > 120:
         try:
             peer = hf_peer(model)
@@ -252,6 +273,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     save()
 
     # (d) engine
+    clock.set_phase("d: engine")
     rep["engine"] = []
     # FP8 weights replace the bf16 ones in place: those modes run last
     modes = sorted(engine_modes, key=lambda m: ENGINE_MODES[m][3]) if "d" in sections else []
@@ -265,7 +287,7 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
             if "c" in sections:  # for information: (c)'s target is about the bf16 model
                 rep["prefill_fp8"] = measure_prefill(model, prefill_tokens, bw)
                 log("    FP8 W8A8 model:")
-                _log_prefill(rep["prefill_fp8"], mm, log)
+                _log_prefill(rep["prefill_fp8"], rep["ceilings"], log)
         # A first run keeps time for a second one; each stops at its deadline.
         deadline = min(left() - 100, 240.0) if mode != modes[-1] else left() - 30
         try:
@@ -277,15 +299,22 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
             log(f"(d) engine graphs={graphs} async={async_sched} failed: {type(e).__name__}: {e}")
         save()
     rep["wall_s"] = time.perf_counter() - t_start
+    clock.stop()
+    rep["clocks"] = clock.summary() if clock.available else {"unavailable": clock.error}
     save()
     log(format_table(rep))
     return rep
 
 
-def _log_prefill(r: dict, mm: float, log) -> None:
-    log(f"(c) prefill {r['tokens']} tokens: {r['ms']:.2f} ms, {r['tflop_s']:.0f} TFLOP/s "
-        f"({100 * r['tflop_s'] / (mm / 1e12):.0f}% of the measured matmul rate)")
+def _log_prefill(r: dict, ceilings: dict, log) -> None:
+    burst, sus = ceilings["bf16_matmul_tflop_s"], ceilings.get("bf16_matmul_sustained_tflop_s", float("nan"))
+    log(f"(c) prefill {r['tokens']} tokens: {r['ms']:.2f} ms, {r['tflop_s']:.0f} TFLOP/s ({100 * r['tflop_s'] / burst:.0f}% "
+        f"of the burst matmul rate, {100 * r['tflop_s'] / sus:.0f}% of the sustained one)")
     log(f"    graph-replayed prefill: {r['graph_ms']:.2f} ms, {r['graph_tflop_s']:.0f} TFLOP/s")
+    if r.get("clocks"):
+        from torchinferno.bench.gpu_clocks import fmt_clocks
+
+        log(f"    during the timed prefills: {fmt_clocks(r['clocks'])}")
     log(f"    profile: {_fmt_profile(r['profile'])}; GEMMs alone at {r['gemm_tflop_s']:.0f} TFLOP/s")
     log("    prefill GEMMs: " + ", ".join(f"{k}: linear {v['linear_tflop_s']:.0f} / pre-transposed "
                                          f"{v['pretransposed_tflop_s']:.0f} TFLOP/s" for k, v in r["gemm_shapes"].items()))
@@ -299,7 +328,9 @@ def format_table(rep: dict) -> str:
     c = rep.get("ceilings", {})
     lines = ["| figure | measured | ceiling / peer | target |", "|---|---|---|---|",
              f"| copy bandwidth (read+write) | {c.get('copy_gb_s', 0):.0f} GB/s | | |",
-             f"| bf16 matmul 8192^3 | {c.get('bf16_matmul_tflop_s', 0):.0f} TFLOP/s | | |"]
+             f"| bf16 matmul 8192^3, one product (burst) | {c.get('bf16_matmul_tflop_s', 0):.0f} TFLOP/s | | |",
+             f"| bf16 matmul 8192^3, ~50 ms back to back (sustained) | "
+             f"{c.get('bf16_matmul_sustained_tflop_s', float('nan')):.0f} TFLOP/s | | |"]
     for r in rep.get("decode_batch1", []):
         lines.append(f"| (a) batch-1 decode step, ctx {r['context']} (graph) | {r['step_ms']:.3f} ms (device only "
                      f"{r['step_device_ms']:.3f}, loop {r['loop_ms_per_step']:.3f}) | bound {r['bound_ms']:.3f} ms"
@@ -313,8 +344,10 @@ def format_table(rep: dict) -> str:
                      f" | {peer}; {100 * r['fraction_of_bound']:.0f}% of bound | >= 10x |")
     if "prefill" in rep:
         r = rep["prefill"]
+        burst, sus = c.get("bf16_matmul_tflop_s", float("nan")), c.get("bf16_matmul_sustained_tflop_s", float("nan"))
         lines.append(f"| (c) prefill {r['tokens']} tokens (eager) | {r['ms']:.2f} ms, {r['tflop_s']:.0f} TFLOP/s | "
-                     f"matmul ceiling {c.get('bf16_matmul_tflop_s', 0):.0f} | >= 650 TFLOP/s |")
+                     f"{100 * r['tflop_s'] / burst:.0f}% of matmul burst {burst:.0f}, {100 * r['tflop_s'] / sus:.0f}% of "
+                     f"sustained {sus:.0f} | >= 650 TFLOP/s |")
         if "graph_ms" in r:
             lines.append(f"| (c) prefill {r['tokens']} tokens (CUDA graph) | {r['graph_ms']:.2f} ms, "
                          f"{r['graph_tflop_s']:.0f} TFLOP/s | | >= 650 TFLOP/s |")
