@@ -245,6 +245,13 @@ class LLMEngine:
                     final[o.request_id] = o
         return final
 
+    def warmup(self, prompt_len: int | None = None):
+        """Pay one-time costs (kernel compiles, GEMM heuristics, allocator growth) with throwaway requests
+        before real traffic; statistics are left as they were. See ``engine/warmup.py``."""
+        from torchinferno.engine.warmup import warmup_engine
+
+        return warmup_engine(self, prompt_len)
+
     # ------------------------------------------------------------------ introspection
     def cached_prefix_tokens(self, prompt_token_ids: list[int]) -> int:
         """How many leading tokens of a prompt are in this replica's prefix cache (no side effects)."""

@@ -92,6 +92,9 @@ def build(args: argparse.Namespace):
                        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
                        kv_cache_dtype=args.kv_cache_dtype)
     engine = LLMEngine(model, tokenizer, cfg)
+    if engine.device.type == "cuda":  # kernel compiles at startup, not in the first requests' latency
+        w = engine.warmup()
+        print(f"warmed up in {w.seconds:.1f} s ({w.requests} throwaway requests of {w.prompt_len} tokens)", flush=True)
     async_engine = AsyncEngine(engine)
     scfg = ServerConfig(model_name=name, root=root, max_model_len=engine.config.max_model_len or max_len, api_key=args.api_key)
     return create_app(async_engine, tokenizer, scfg), scfg, async_engine
