@@ -38,11 +38,10 @@ import time
 import torch
 
 from torchinferno.bench.generate_bench import weight_bytes_per_step
-from torchinferno.bench.gpu_decode import DecodeBench, build_random_model  # noqa: F401
-from torchinferno.bench.gpu_engine import ENGINE_MODES, engine_throughput, quantize_model_fp8  # noqa: F401
-from torchinferno.bench.gpu_peers import hf_agreement, hf_agreement_fp32_small, hf_decode_tok_s, hf_peer  # noqa: F401
-from torchinferno.bench.gpu_timing import _fmt_profile, cuda_time_ms, graph_time_ms, profile_kernels, wall_time_ms  # noqa: F401
-from torchinferno.bench.perf_smoke import perf_smoke  # noqa: F401
+from torchinferno.bench.gpu_decode import DecodeBench, build_random_model
+from torchinferno.bench.gpu_engine import ENGINE_MODES, engine_throughput, quantize_model_fp8
+from torchinferno.bench.gpu_peers import hf_agreement, hf_agreement_fp32_small, hf_decode_tok_s, hf_peer
+from torchinferno.bench.gpu_timing import _fmt_profile, cuda_time_ms, graph_time_ms, profile_kernels
 
 
 def model_flops_prefill(cfg, tokens: int) -> float:

@@ -6,8 +6,6 @@ import time
 
 import torch
 
-from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms, profile_kernels, wall_time_ms  # noqa: F401
-
 
 # ------------------------------------------------------------------------------------- transformers peer
 def hf_peer(model):

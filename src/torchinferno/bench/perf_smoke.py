@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms, wall_time_ms  # noqa: F401
+from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms, wall_time_ms
 
 
 def _paged_cache(batch, seq_len, kv_heads, head_dim, value_dim, block_size, dtype, device, gen=None):

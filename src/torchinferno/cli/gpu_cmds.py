@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_perf_smoke(a) -> int:
-    from torchinferno.bench.gpu_bench import perf_smoke
+    from torchinferno.bench.perf_smoke import perf_smoke
     from torchinferno.cli.common import check_device
 
     check_device(a.device)
