@@ -68,6 +68,8 @@ class LLM:
         self.model = model
         self.tokenizer = _resolve_tokenizer(model, tokenizer)
         self.engine = LLMEngine(model, self.tokenizer, EngineConfig(**engine_kwargs))
+        if self.engine.device.type == "cuda":  # kernel compiles now, not inside the first generate() call
+            self.engine.warmup()
         self._next_id = 0
 
     def _encode(self, prompt) -> list[int]:
