@@ -19,3 +19,17 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_llama():
     return tiny_model("llama3")
+
+
+@pytest.fixture
+def cuda_tiny_llama():
+    """The tiny llama on CUDA with the Triton paged attention backend (skips without CUDA or Triton)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from torchinferno.kernels import triton as tri
+
+    if not tri.available():
+        pytest.skip("needs Triton")
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+
+    return tiny_model("llama3", device="cuda", attention_backend=TritonPagedAttention)

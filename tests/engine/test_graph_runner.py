@@ -150,17 +150,6 @@ def test_input_batch_matches_the_metadata_reference_across_steps():
 
 
 # ------------------------------------------------------------------------------ CUDA
-def _cuda_llama():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    if not tri.available():
-        pytest.skip("needs Triton")
-    from torchinferno.models.common.attention_triton import TritonPagedAttention
-    from torchinferno.testing import tiny_model
-
-    return tiny_model("llama3", device="cuda", attention_backend=TritonPagedAttention)
-
-
 def _ragged_requests(n: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 250, (int(torch.randint(1, 40, (1,), generator=g)),), generator=g).tolist()
@@ -184,8 +173,8 @@ def _engine_outputs(engine: LLMEngine, prompts, params, stagger: bool):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("stagger", [False, True])
-def test_graph_engine_equals_enforce_eager_cuda(stagger):
-    model = _cuda_llama()
+def test_graph_engine_equals_enforce_eager_cuda(cuda_tiny_llama, stagger):
+    model = cuda_tiny_llama
     prompts, params = _ragged_requests(19)
     kw = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "max_model_len": 64}
     graphs = LLMEngine(model, None, EngineConfig(**kw))

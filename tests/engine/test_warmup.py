@@ -63,3 +63,19 @@ def test_warmup_keeps_a_filled_prefix_cache_and_refuses_a_busy_engine(tiny_llama
     eng.add_request("live", [5, 6, 7], SamplingParams(max_tokens=2, temperature=0.0))
     with pytest.raises(RuntimeError, match="idle"):
         eng.warmup()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_warmup_leaves_no_trace_cuda_graphs(cuda_tiny_llama, async_scheduling):
+    model = cuda_tiny_llama
+    cold = _engine(model, async_scheduling=async_scheduling, enable_prefix_caching=True)
+    warm = _engine(model, async_scheduling=async_scheduling, enable_prefix_caching=True)
+    assert warm.runner.uses_cuda_graphs
+    before = asdict(warm.stats())
+    rep = warm.warmup(prompt_len=20)
+    assert rep.steps >= 4 and asdict(warm.stats()) == before
+    assert warm.pool.num_free == warm.pool.num_blocks and warm.pool.num_cached_blocks == 0
+    assert _run(warm) == _run(cold)
+    assert asdict(warm.stats()) == asdict(cold.stats())
