@@ -22,14 +22,20 @@ def tiny_llama():
 
 
 @pytest.fixture
-def cuda_tiny_llama():
-    """The tiny llama on CUDA with the Triton paged attention backend (skips without CUDA or Triton)."""
+def cuda_dev():
+    """The device string for GPU tests ("cuda"); skips cleanly without a CUDA device or Triton."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from torchinferno.kernels import triton as tri
 
     if not tri.available():
         pytest.skip("needs Triton")
+    return "cuda"
+
+
+@pytest.fixture
+def cuda_tiny_llama(cuda_dev):
+    """The tiny llama on CUDA with the Triton paged attention backend."""
     from torchinferno.models.common.attention_triton import TritonPagedAttention
 
-    return tiny_model("llama3", device="cuda", attention_backend=TritonPagedAttention)
+    return tiny_model("llama3", device=cuda_dev, attention_backend=TritonPagedAttention)
