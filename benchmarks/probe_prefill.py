@@ -8,7 +8,7 @@ per phase:
   products back to back in one graph for about as long as a prefill (sustained);
 - the prefill, graph-replayed (bench-gpu (c)'s figure);
 - the model's 128 prefill GEMMs alone, in model order, on its own weights (graph-replayed), and the per-shape
-  rates when each shape runs alone: what the element-wise kernels and the sustained load cost the GEMMs;
+  rates when each shape runs alone (bench-gpu's ``prefill_gemm_shapes``): what the element-wise kernels and the sustained load cost the GEMMs;
 - the o/down projections with the residual add fused into cuBLAS's epilogue (``addmm`` with beta 1) + a norm
   that then reads one tensor instead of two, against the unfused pair;
 - cuBLASLt as the preferred BLAS library, and PyTorch's TunableOp (cuBLASLt algorithms timed per shape);
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from torchinferno.bench.ceilings import matmul_rate, sustained_matmul_rate
-from torchinferno.bench.gpu_bench import model_flops_prefill
+from torchinferno.bench.gpu_bench import model_flops_prefill, prefill_gemm_shapes, prefill_runner
 from torchinferno.bench.gpu_clocks import ClockSampler
 from torchinferno.bench.gpu_decode import build_random_model
 from torchinferno.bench.gpu_timing import graph_time_ms, profile_kernels
@@ -70,18 +70,6 @@ def gemm_sequence(layers, fused_residual=False):
                 torch.mm(xi, wd.t(), out=d_o)
     flops = sum(2 * T * w.shape[0] * w.shape[1] for ws in layers for w in ws)
     return run, flops
-
-
-def per_shape(layers) -> dict:
-    out = {}
-    names = ("qkv", "o", "gate_up", "down")
-    for j, name in enumerate(names):
-        ws = [ly[j] for ly in layers[:8]]
-        x = torch.randn(T, ws[0].shape[1], device=ws[0].device, dtype=torch.bfloat16)
-        y = torch.empty(T, ws[0].shape[0], device=ws[0].device, dtype=torch.bfloat16)
-        ms = graph_time_ms(lambda: [torch.mm(x, w.t(), out=y) for w in ws], calls=1, iters=10)
-        out[name] = 2 * T * ws[0].shape[0] * ws[0].shape[1] * len(ws) / ms / 1e9
-    return out
 
 
 def norm_pair(dim=4096, calls=64):
@@ -160,7 +148,7 @@ def main(argv):
     show("gemm_seq", {"ms": ms, "tflop_s": gflops / ms / 1e9})
     prof = profile_kernels(run)
     show("gemm_seq_kernels", prof["top"])
-    show("per_shape_tflop_s", timed(clock, "per_shape", per_shape, layers))
+    show("per_shape_tflop_s", timed(clock, "per_shape", prefill_gemm_shapes, model, T))
     run_f, _ = gemm_sequence(layers, fused_residual=True)
     ms_f = timed(clock, "gemm_seq_addmm", graph_time_ms, run_f, calls=1, iters=10)
     show("gemm_seq_addmm", {"ms": ms_f, "tflop_s": gflops / ms_f / 1e9, "kernels": profile_kernels(run_f)["top"]})
@@ -206,20 +194,7 @@ def main(argv):
 
 
 def measure_prefill_graph(model) -> float:
-    from torchinferno.models.common.attention_metadata import build_attention_metadata
-
-    spec = model.family.kv_spec(model.config)
-    bs, nb = 16, -(-T // 16)
-    caches = spec.allocate(nb + 1, bs, torch.bfloat16, "cuda")
-    meta = build_attention_metadata([T], [0], [list(range(1, nb + 1))], bs, "cuda")
-    ids = torch.randint(0, model.config.vocab_size, (T,), device="cuda")
-    pos = torch.arange(T, device="cuda")
-
-    def run():
-        with torch.inference_mode():
-            return model.compute_logits(model(ids, pos, caches, meta)[-1:])
-
-    return graph_time_ms(run, calls=1, iters=10)
+    return graph_time_ms(prefill_runner(model, T), calls=1, iters=10)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import time
 import torch
 
 from torchinferno.bench.generate_bench import weight_bytes_per_step
+from torchinferno.bench.gpu_clocks import ClockSampler, fmt_clocks
 from torchinferno.bench.gpu_decode import DecodeBench, build_random_model
 from torchinferno.bench.gpu_engine import ENGINE_MODES, engine_throughput, quantize_model_fp8
 from torchinferno.bench.gpu_peers import hf_agreement, hf_agreement_fp32_small, hf_decode_tok_s, hf_peer
@@ -54,10 +55,9 @@ def model_flops_prefill(cfg, tokens: int) -> float:
     return linear + attn
 
 
-def measure_prefill(model, tokens: int, bw: float, clock=None) -> dict:
-    """(c)'s figures; ``clock``: a ``ClockSampler`` whose summary of the timed replays joins the result."""
-    import contextlib
-
+def prefill_runner(model, tokens: int):
+    """A callable running one ``tokens``-token prompt (random ids) through ``model`` into a fresh paged cache,
+    logits of the last token: the work (c) times. Static shapes, so it can be graph-captured."""
     from torchinferno.models.common.attention_metadata import build_attention_metadata
 
     spec = model.family.kv_spec(model.config)
@@ -74,6 +74,15 @@ def measure_prefill(model, tokens: int, bw: float, clock=None) -> dict:
             h = model(ids, pos, caches, meta)
             return model.compute_logits(h[-1:])
 
+    return run
+
+
+def measure_prefill(model, tokens: int, bw: float, clock=None) -> dict:
+    """(c)'s figures; ``clock``: a ``ClockSampler`` whose summary of the timed replays joins the result."""
+    import contextlib
+
+    dev = next(model.parameters()).device
+    run = prefill_runner(model, tokens)
     phase = "c: prefill timing"  # the timed prefills only, back to back (~0.6 s): no capture or host-only work
     run()
     with clock.phase(phase) if clock is not None else contextlib.nullcontext():
@@ -158,7 +167,6 @@ def run_bench_gpu(size: str = "llama3-8b", contexts=(128, 4096), batch: int = 64
     """Run the chosen sections (default: all) in one process (see the module docstring); the ceilings
     are always measured first. Returns and optionally writes the report."""
     from torchinferno.bench.ceilings import copy_bandwidth, matmul_rate, read_bandwidth, sustained_matmul_rate
-    from torchinferno.bench.gpu_clocks import ClockSampler, fmt_clocks
 
     t_start = time.perf_counter()
     left = lambda: budget_s - (time.perf_counter() - t_start)  # noqa: E731
@@ -312,8 +320,6 @@ def _log_prefill(r: dict, ceilings: dict, log) -> None:
         f"of the burst matmul rate, {100 * r['tflop_s'] / sus:.0f}% of the sustained one)")
     log(f"    graph-replayed prefill: {r['graph_ms']:.2f} ms, {r['graph_tflop_s']:.0f} TFLOP/s")
     if r.get("clocks"):
-        from torchinferno.bench.gpu_clocks import fmt_clocks
-
         log(f"    during the timed prefills: {fmt_clocks(r['clocks'])}")
     log(f"    profile: {_fmt_profile(r['profile'])}; GEMMs alone at {r['gemm_tflop_s']:.0f} TFLOP/s")
     log("    prefill GEMMs: " + ", ".join(f"{k}: linear {v['linear_tflop_s']:.0f} / pre-transposed "

@@ -3,8 +3,8 @@
 The first step of each shape pays one-time costs that belong to no request: Triton compiles every
 kernel variant on first use (the paged prefill attention, FP8 quantizers, the specialization of an
 integer argument that is or is not a multiple of 16, ...), cuBLAS picks and loads kernels for new
-GEMM shapes, the caching allocator grows. On a fresh GPU machine that was 3-5 s inside bench-gpu's
-(d) window (run 26). ``warmup_engine`` meets those shapes on purpose: one full token budget of
+GEMM shapes, the caching allocator grows. On a fresh H200 machine the warm-up itself took 2.9 s (bf16)
+and 3.3 s (FP8 KV cache) in bench-gpu run 27: time earlier runs' (d) windows included. ``warmup_engine`` meets those shapes on purpose: one full token budget of
 prompts (a pure prefill step, then a mixed step of decode rows + a prompt chunk), decode steps,
 then one lone prompt of odd length (the single-sequence fresh-prompt route).
 """
