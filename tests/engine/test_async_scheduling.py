@@ -52,7 +52,7 @@ def _check_between_steps(engine: LLMEngine) -> None:
     assert all(0 <= r.num_inflight <= 1 for r in reqs)
     assert all(r.num_inflight == 0 for r in engine.scheduler.waiting)  # applied before any re-admission
     if not engine.config.async_scheduling:
-        assert engine._inflight is None and all(r.num_inflight == 0 for r in reqs)
+        assert engine.core._inflight is None and all(r.num_inflight == 0 for r in reqs)
 
 
 def _drive(engine: LLMEngine, prompts, params, stagger=False, stream=None):
@@ -76,7 +76,7 @@ def _drive(engine: LLMEngine, prompts, params, stagger=False, stream=None):
             take(engine.step())
     while engine.has_unfinished():
         take(engine.step())
-    assert engine.pool.num_used == 0 and engine._inflight is None and not engine.scheduler.requests
+    assert engine.pool.num_used == 0 and engine.core._inflight is None and not engine.scheduler.requests
     return [final[f"r{i}"] for i in range(len(prompts))]
 
 
@@ -254,7 +254,7 @@ def test_abort_in_flight_and_request_id_reuse(tiny_llama):
     for _ in range(4):
         for o in eng.step():
             seen.setdefault(o.request_id, []).append(o)
-    sched, _ = eng._inflight
+    sched, _ = eng.core._inflight
     assert "r2" in [s.request_id for s in sched.scheduled]  # its next step is in flight
     used = eng.pool.num_used
     assert eng.abort_request("r2") and not eng.abort_request("r2")

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from torchinferno.errors import ConfigError
 from torchinferno.kernels.kv_dtype import parse_kv_cache_dtype
 
-__all__ = ["EngineConfig", "parse_memory", "DEFAULT_KV_CACHE_MEMORY"]
+__all__ = ["EngineConfig", "parse_memory", "CPU_DEFAULTS", "CUDA_DEFAULTS"]
 
-# Used when neither num_gpu_blocks nor kv_cache_memory is given: the pool is sized to hold
-# max_num_seqs full-length sequences, but never more than this many bytes.
-DEFAULT_KV_CACHE_MEMORY = 2 * 1024**3
+# Step limits when none are given: a CPU is saturated by a few sequences; an H200-class GPU needs
+# hundreds of sequences and thousands of tokens per step to be busy (vLLM's serving defaults).
+CPU_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 512}
+CUDA_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30}
@@ -35,8 +36,11 @@ class EngineConfig:
     """Knobs of one engine replica.
 
     The KV pool size is ``num_gpu_blocks`` when given, else ``kv_cache_memory`` bytes divided by
-    the model's bytes per block, else enough for ``max_num_seqs`` sequences of ``max_model_len``
-    tokens capped at ``DEFAULT_KV_CACHE_MEMORY``. ``max_model_len`` defaults to the model's
+    the model's bytes per block, else on CUDA what ``gpu_memory_utilization`` of the device leaves
+    after weights and activations, on CPU enough for ``max_num_seqs`` sequences of ``max_model_len``
+    tokens capped by the RAM available (``engine.kv_sizing``). ``max_num_seqs`` and
+    ``max_num_batched_tokens`` left ``None`` take the device's defaults (``CPU_DEFAULTS`` /
+    ``CUDA_DEFAULTS``; see ``for_device``). ``max_model_len`` defaults to the model's
     context length (capped by the pool capacity); a request needs ``prompt + max_tokens <=
     max_model_len``. Without chunked prefill a whole prompt must fit one step's token budget, so
     ``max_num_batched_tokens`` is raised to ``max_model_len``.
@@ -60,8 +64,9 @@ class EngineConfig:
     num_gpu_blocks: int | None = None
     kv_cache_memory: int | None = None  # bytes
     kv_cache_dtype: torch.dtype | str | None = None  # default: the model's parameter dtype; 'fp8' = float8_e4m3fn
-    max_num_batched_tokens: int = 512
-    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # None: the device's default (for_device)
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -75,7 +80,9 @@ class EngineConfig:
         self.kv_cache_dtype = parse_kv_cache_dtype(self.kv_cache_dtype)
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if v is None and name != "block_size":
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
@@ -85,3 +92,10 @@ class EngineConfig:
             raise ConfigError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+    def for_device(self, device: torch.device | str) -> "EngineConfig":
+        """A copy whose unset step limits take ``device``'s defaults (``CPU_DEFAULTS`` / ``CUDA_DEFAULTS``)."""
+        defaults = CUDA_DEFAULTS if torch.device(device).type == "cuda" else CPU_DEFAULTS
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})

@@ -43,21 +43,28 @@ def _resolve_tokenizer(model: nn.Module, tokenizer):
 
 
 class LLM:
-    """A model plus an ``LLMEngine``; ``generate`` runs a list of prompts with continuous batching.
+    """A model plus an in-process ``LLMEngine``; ``generate`` runs a list of prompts with continuous batching.
 
     ``model`` is a built ``nn.Module`` (with ``.family``) or anything ``load_model_auto`` accepts
-    (registry name, HF dir, ``.gguf``, hub id). ``tokenizer``: a ``Tokenizer``, ``"byte"``, a
-    path, or ``None`` (the checkpoint's ``tokenizer.json`` if there is one; without a tokenizer
-    prompts must be token-id lists and outputs have empty text). Extra keyword arguments are
-    ``EngineConfig`` fields.
+    (registry name, HF dir, ``.gguf``, hub id), built through ``engine.assembly.build_model`` like every
+    other entry point (``quantization``: ``"none"`` | ``"fp8"``; bf16 CPU weights are pre-packed).
+    ``dtype`` defaults to bfloat16 on CUDA and float32 elsewhere. ``tokenizer``: a ``Tokenizer``,
+    ``"byte"``, a path, or ``None`` (the checkpoint's ``tokenizer.json`` if there is one; without a
+    tokenizer prompts must be token-id lists and outputs have empty text). Extra keyword arguments are
+    ``EngineConfig`` fields; unset ones take the device's defaults (on CUDA the KV pool fills
+    ``gpu_memory_utilization`` of the device).
     """
 
     def __init__(self, model: str | nn.Module, tokenizer=None, dtype: str | torch.dtype | None = None,
-                 device: str | torch.device | None = None, **engine_kwargs):
+                 device: str | torch.device | None = None, quantization: str = "none", **engine_kwargs):
         if isinstance(model, (str, Path)):
-            from torchinferno.checkpoint.auto import load_model_auto
+            from torchinferno.engine.assembly import ModelSpec, build_model
 
-            model = load_model_auto(model, device=device or "cpu", dtype=dtype or torch.float32)
+            dev = str(device or "cpu")
+            if dtype is None:
+                dtype = "bfloat16" if dev.startswith("cuda") else "float32"
+            dtype = str(dtype).replace("torch.", "")
+            model = build_model(ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization))
         else:
             if dtype is not None or device is not None:
                 from torchinferno.checkpoint.auto import resolve_dtype
@@ -80,8 +87,10 @@ class LLM:
         return [int(t) for t in prompt]
 
     def generate(self, prompts: str | list[str] | list[list[int]],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[CompletionOutput]:
-        """Run every prompt to completion; results in input order."""
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[CompletionOutput]:
+        """Run every prompt to completion; results in input order. ``use_tqdm``: a progress bar of finished
+        prompts on stderr (like vLLM's; only when more than one prompt runs)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         sampling_params = sampling_params or SamplingParams()
@@ -99,12 +108,23 @@ class LLM:
             ids.append(rid)
         logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in ids}
         final = {}
-        while self.engine.has_unfinished():
-            for o in self.engine.step():
-                if o.logprobs and o.request_id in logprobs:
-                    logprobs[o.request_id].extend(o.logprobs)
-                if o.finished:
-                    final[o.request_id] = o
+        bar = None
+        if use_tqdm and len(ids) > 1:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="Processed prompts", unit="prompt", dynamic_ncols=True)
+        try:
+            while self.engine.has_unfinished():
+                for o in self.engine.step():
+                    if o.logprobs and o.request_id in logprobs:
+                        logprobs[o.request_id].extend(o.logprobs)
+                    if o.finished:
+                        final[o.request_id] = o
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
         return [
             CompletionOutput(rid, p, final[rid].token_ids, final[rid].text, final[rid].finish_reason,
                              final[rid].stop_reason, logprobs[rid] if sp.logprobs is not None else None,

@@ -28,11 +28,12 @@ class WarmupReport:
 
 def _counters(engine) -> dict:
     """Every statistic ``LLMEngine.stats()`` accumulates, by owner and attribute name."""
+    core = engine.core
     return {
-        engine: ("_steps", "_max_seqs", "_max_tokens", "_computed_tokens", "_gen_tokens", "_finished", "_aborted"),
-        engine.scheduler: ("num_preemptions",),
+        core: ("_steps", "_max_seqs", "_max_tokens", "_computed_tokens", "_gen_tokens", "_finished", "_aborted"),
+        core.scheduler: ("num_preemptions",),
         engine.runner: ("num_forward_calls", "num_graph_steps"),
-        engine.pool: ("prefix_queries", "prefix_hits", "num_evictions"),
+        core.pool: ("prefix_queries", "prefix_hits", "num_evictions"),
     }
 
 

@@ -1,0 +1,101 @@
+"""One assembly path for every entry point: load -> quantize -> pre-pack, the tokenizer, the engine.
+
+``serve`` (in its engine-core process), the CLI commands, ``LLM`` and the benchmarks all build a model
+from a ``ModelSpec`` with ``build_model`` and pick its tokenizer with ``tokenizer_spec``, so they run
+the same model with the same defaults. Warm-up is the engine's (``LLMEngine.warmup`` /
+``engine/warmup.py``), run by whoever owns the engine once it exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torchinferno.errors import ConfigError
+
+__all__ = ["ModelSpec", "build_model", "check_device", "tokenizer_spec", "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def check_device(device: str) -> None:
+    """Refuse, in one line, a device this host does not have or a spelling we do not know."""
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise ConfigError(f"unknown device '{device}' (valid: cpu, cuda, cuda:N)")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device} requested but CUDA is not available (valid here: cpu)")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What model to build and how (picklable: it is sent to the engine-core process).
+
+    Exactly one of ``model`` (registry name, HF dir, ``.gguf`` file or hub id) and ``model_kind`` (a
+    family name: a tiny random model of size ``size``, seeded with ``seed``) is set. ``quantization``
+    is ``"none"`` or ``"fp8"``; ``prepack`` pre-packs bf16 CPU linears for the GEMV kernel.
+    """
+
+    model: str | None = None
+    model_kind: str | None = None
+    size: str = "debug"
+    seed: int = 0
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    quantization: str = "none"
+    prepack: bool = True
+    cache_dir: str | None = None
+    variant: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.model_kind is None):
+            raise ConfigError("give exactly one of a model (name, directory, .gguf, hub id) or a model kind")
+
+    @property
+    def name(self) -> str:
+        return self.model if self.model is not None else f"tiny-{self.model_kind}"
+
+    def checkpoint_dir(self) -> Path | None:
+        """The HF directory of ``model`` (pulled or converted once into the cache); None for a model kind."""
+        if self.model is None:
+            return None
+        from torchinferno.checkpoint.zoo import resolve_model
+
+        return Path(resolve_model(self.model, cache_dir=self.cache_dir))
+
+
+def build_model(spec: ModelSpec) -> nn.Module:
+    """Load (or build at random), quantize and pre-pack; the returned model has ``.family`` set."""
+    from torchinferno.checkpoint.auto import default_attention_backend, load_model_auto, resolve_dtype
+    from torchinferno.kernels.fp8_linear import quantize_model
+
+    check_device(spec.device)
+    if spec.model_kind is not None:
+        from torchinferno.models.registry import get_family
+        from torchinferno.testing import tiny_model
+
+        fam = get_family(spec.model_kind)
+        backend = default_attention_backend(fam, fam.size(spec.size), spec.device)
+        model = tiny_model(spec.model_kind, size=spec.size, seed=spec.seed, dtype=resolve_dtype(spec.dtype),
+                           variant=spec.variant, device=spec.device, attention_backend=backend)
+    else:
+        model = load_model_auto(spec.model, device=spec.device, dtype=spec.dtype, variant=spec.variant,
+                                cache_dir=spec.cache_dir)
+    quantize_model(model, spec.quantization)
+    if spec.prepack:
+        from torchinferno.kernels.cpu_linear import prepack_linears
+
+        prepack_linears(model)  # no-op unless bf16 weights on a CPU with oneDNN bf16
+    return model
+
+
+def tokenizer_spec(spec: ModelSpec, tokenizer: str | None = None) -> str:
+    """``tokenizer`` when given; else the checkpoint's ``tokenizer.json``; else the byte tokenizer."""
+    if tokenizer is not None:
+        return tokenizer
+    ckpt = spec.checkpoint_dir()
+    if ckpt is not None and (ckpt / "tokenizer.json").exists():
+        return str(ckpt)
+    return "byte"

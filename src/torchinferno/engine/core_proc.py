@@ -1,0 +1,172 @@
+"""The engine-core process: an ``EngineCore`` in a busy loop, fed and drained over ZeroMQ.
+
+Started (with the ``spawn`` method) by ``engine.core_client.EngineCoreProcess``. This process binds two PUSH/PULL sockets
+(``CoreAddresses``, IPC paths the API side chose and connects to), builds the model
+(``engine.assembly.build_model``) and the engine, warms it up on CUDA, and reports ``CoreInfo`` (or
+the one-line error that stopped it) over a ``multiprocessing`` pipe. Then it loops:
+
+* drain every pending message (new requests, finishes, utility calls) without blocking while there is
+  work, or block (up to ``IDLE_POLL_MS``) when idle;
+* run one ``EngineCore.step()`` and send its outputs, with a statistics snapshot, as one message.
+
+It never waits on HTTP, tokenization or text. It exits when told (``Shutdown``), on SIGTERM, when its
+parent process is gone, or after a step raised: then it first sends ``EngineCoreOutputs(error=...)``
+and exits with status 1, so the API side can fail every in-flight request at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from torchinferno.engine.assembly import ModelSpec
+from torchinferno.engine.config import EngineConfig
+
+__all__ = ["CoreAddresses", "CoreProcessConfig", "run_engine_core", "IDLE_POLL_MS"]
+
+IDLE_POLL_MS = 500
+UTILITY_METHODS = ("cached_prefix_tokens", "load", "reset_prefix_cache", "describe")
+
+
+@dataclass(frozen=True)
+class CoreAddresses:
+    to_core: str  # API -> core (requests, finishes, calls)
+    from_core: str  # core -> API (outputs, call results)
+
+
+@dataclass
+class CoreProcessConfig:
+    """Everything the core process needs (picklable). ``warmup=None``: warm up on CUDA only."""
+
+    model: ModelSpec
+    engine: EngineConfig
+    extra_eos_token_ids: tuple[int, ...] = ()  # the tokenizer's end-of-sequence ids
+    warmup: bool | None = None
+    addresses: CoreAddresses = field(default_factory=lambda: CoreAddresses("", ""))
+
+
+def _build(cfg: CoreProcessConfig):
+    from torchinferno.engine.assembly import build_model
+    from torchinferno.engine.llm_engine import LLMEngine
+
+    model = build_model(cfg.model)
+    engine = LLMEngine(model, None, cfg.engine, extra_eos_token_ids=cfg.extra_eos_token_ids)
+    if cfg.warmup or (cfg.warmup is None and engine.device.type == "cuda"):
+        w = engine.warmup()
+        print(f"engine core warmed up in {w.seconds:.1f} s ({w.requests} throwaway requests of {w.prompt_len} tokens)",
+              file=sys.stderr, flush=True)
+    return engine
+
+
+def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
+    """Process entry point (module docstring)."""
+    import zmq
+
+    from torchinferno.engine.core_types import (
+        CoreInfo,
+        EngineCoreOutput,
+        EngineCoreOutputs,
+        EngineCoreRequest,
+        FinishRequests,
+        Shutdown,
+        UtilityCall,
+        UtilityResult,
+        encoder,
+        to_core_decoder,
+    )
+    from torchinferno.env import apply_platform_defaults
+
+    apply_platform_defaults()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the whole group: the API side decides
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    parent = os.getppid()
+    enc, dec = encoder(), to_core_decoder()
+    try:
+        engine = _build(cfg)
+    except BaseException as e:  # report why, in one line, then exit non-zero
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        ready_conn.send(("error", f"{type(e).__name__}: {msg}" if not _is_user_error(e) else msg))
+        ready_conn.close()
+        raise SystemExit(1) from None
+    core = engine.core
+    info = CoreInfo(core.max_model_len, core.vocab_size, sorted(core.eos_token_ids), core.pool.num_blocks,
+                    core.pool.block_size, core.config.max_logprobs, core.describe(), os.getpid())
+
+    ctx = zmq.Context(io_threads=1)
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind(cfg.addresses.to_core)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, 0)
+    outbox.setsockopt(zmq.LINGER, 2000)
+    outbox.bind(cfg.addresses.from_core)
+    ready_conn.send(("ready", enc.encode(info)))
+    ready_conn.close()
+
+    def handle(msg) -> bool:
+        """Apply one message; False on Shutdown."""
+        if isinstance(msg, EngineCoreRequest):
+            try:
+                core.add_request(msg)
+            except Exception:  # validated on the API side; defensively end it instead of dying
+                outbox.send(enc.encode(EngineCoreOutputs([EngineCoreOutput(msg.request_id, [], "abort")])))
+        elif isinstance(msg, FinishRequests):
+            core.finish_requests(msg.request_ids, msg.status)
+        elif isinstance(msg, UtilityCall):
+            try:
+                if msg.method not in UTILITY_METHODS:
+                    raise ValueError(f"unknown call {msg.method!r} (valid: {', '.join(UTILITY_METHODS)})")
+                res = UtilityResult(msg.call_id, getattr(core, msg.method)(*msg.args))
+            except Exception as e:
+                res = UtilityResult(msg.call_id, None, f"{type(e).__name__}: {e}")
+            outbox.send(enc.encode(res))
+        elif isinstance(msg, Shutdown):
+            return False
+        return True
+
+    status = 0
+    try:
+        running = True
+        while running and not stopping:
+            busy = core.has_unfinished()
+            if not busy and not inbox.poll(IDLE_POLL_MS):
+                if os.getppid() != parent:  # the API process is gone: nobody to serve
+                    break
+                continue
+            got = False
+            while running:
+                try:
+                    raw = inbox.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                got = True
+                running = handle(dec.decode(raw))
+            if not running:
+                break
+            if core.has_unfinished():
+                outs = core.step()
+                outbox.send(enc.encode(EngineCoreOutputs(outs, core.stats().as_list())))
+            elif got:
+                outbox.send(enc.encode(EngineCoreOutputs([], core.stats().as_list())))
+    except BaseException as e:  # a bug in a step: tell the API side, then die
+        status = 1
+        try:
+            outbox.send(enc.encode(EngineCoreOutputs([], None, f"{type(e).__name__}: {e}")))
+        except Exception:
+            pass
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        inbox.close(0)
+        outbox.close()
+        ctx.term()
+    raise SystemExit(status)
+
+
+def _is_user_error(e: BaseException) -> bool:
+    from torchinferno.errors import TorchInfernoError
+
+    return isinstance(e, (TorchInfernoError, FileNotFoundError))
