@@ -1,9 +1,10 @@
 """The causal-LM skeleton every family shares: pre-norm decoder layers, the decoder stack, the head.
 
 A family supplies its attention and MLP modules and its rope tables; everything else — the
-residual stream, the layer loop, tied/untied/packed logits, rope buffers rebuilt after a
-``meta`` build — lives here once, so a runtime transformation (e.g. ``kernels.cpu_linear``'s
-packed head) works for every family.
+residual stream, the layer loop, tied/untied/packed logits, fp32 rope buffers rebuilt after any
+device/dtype move or a ``meta`` build, and the user API (``family``, ``generate``,
+``save_pretrained`` / ``from_pretrained``: ``common/pretrained.py``) — lives here once, so a
+runtime transformation (e.g. ``kernels.cpu_linear``'s packed head) works for every family.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.layers import RMSNorm
+from torchinferno.models.common.pretrained import PretrainedMixin
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -45,12 +47,15 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(hidden, eps, ops)
 
 
-class CausalLMBase(nn.Module):
+class CausalLMBase(PretrainedMixin, nn.Module):
     """``forward(input_ids [T], positions [T], kv_caches, attn_meta) -> hidden [T, D]``;
     ``compute_logits(hidden [N, D]) -> [N, V]`` fp32.
 
-    Subclasses call ``__init__`` with their ``DecoderStack`` and implement ``rope_tables()`` ->
-    ``(cos, sin)`` fp32 ``[max_pos, rope_dim / 2]``; they may override ``prepare_rope``.
+    Subclasses call ``__init__`` with their ``DecoderStack``, set ``family_name`` (their registry
+    name) and implement ``rope_tables()`` -> ``(cos, sin)`` fp32 ``[max_pos, rope_dim / 2]``; they may
+    override ``prepare_rope``. ``Model(config)`` is a usable randomly initialized model on the
+    current default device; the rope buffers are fp32 tables on the model's device after every
+    ``.to()`` / ``to_empty`` (never cast to the weights' dtype).
     """
 
     def __init__(self, config, ops: ModuleType, stack: DecoderStack):
@@ -73,6 +78,12 @@ class CausalLMBase(nn.Module):
 
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        """Every ``.to()`` / ``.cuda()`` / ``to_empty``: then rebuild the computed fp32 rope buffers."""
+        super()._apply(fn, recurse)
+        self.init_buffers()
+        return self
 
     def prepare_rope(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
         """Once per forward: turn the gathered fp32 tables into what every layer consumes."""
