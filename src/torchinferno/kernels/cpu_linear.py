@@ -138,12 +138,14 @@ def prepack_linears(model: nn.Module, kernel: str | None = None) -> int:
     kernel = _default_kernel[0] if kernel is None else kernel
     resolve_kernel(kernel)  # validate once, even for a model with nothing to pack
     count = 0
-    if getattr(model, "packed_head", False) is None and callable(getattr(model, "head_weight", None)):
+    head = getattr(model, "lm_head", None)
+    if (getattr(model, "packed_head", False) is None and callable(getattr(model, "head_weight", None))
+            and (head is None or type(head) is nn.Linear)):  # a head swapped already (FP8, NVFP4) stays as it is
         w = model.head_weight()  # read before the lm_head Linear (if any) is dropped below
         if w.device.type == "cpu" and can_prepack(w.dtype):
             model.packed_head = PackedLinear(w, kernel=kernel)
             count += 1
-            if isinstance(getattr(model, "lm_head", None), nn.Module):
+            if head is not None:
                 model.lm_head = None  # the packed head replaces it; keep one copy in memory
 
     def pack(name: str, lin: nn.Linear) -> nn.Module | None:

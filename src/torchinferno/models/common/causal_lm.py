@@ -124,7 +124,7 @@ class CausalLMBase(PretrainedMixin, nn.Module):
         return step is not None
 
     def head_weight(self) -> torch.Tensor:
-        """[V, D] weight of the logits projection (the embedding when tied)."""
+        """[V, D] weight of the logits projection (the embedding when tied); needs an unswapped head."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     @property
@@ -159,4 +159,6 @@ class CausalLMBase(PretrainedMixin, nn.Module):
             out = step_logits(hidden)
             if out is not None:
                 return out
-        return torch.nn.functional.linear(hidden, self.head_weight()).float()
+        if self.lm_head is not None:  # a module call, so a runtime-swapped head (FP8, NVFP4) works too
+            return self.lm_head(hidden).float()
+        return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()
