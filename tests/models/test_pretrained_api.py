@@ -122,6 +122,11 @@ def test_rope_tables_stay_fp32_through_dtype_casts(name):
     m.to(torch.bfloat16)
     assert m.model.embed_tokens.weight.dtype == torch.bfloat16
     assert m.rope_cos.dtype == torch.float32 and torch.equal(m.rope_cos, want)
+    cls, tiny = FAMILIES[name]
+    with torch.device("meta"):
+        meta = cls(tiny(vocab_size=128, max_seq_len=32))
+    meta.to_empty(device="cpu")  # a meta build gets its tables once it has real memory
+    assert meta.rope_cos.dtype == torch.float32 and torch.equal(meta.rope_cos, want)
 
 
 def _no_cache_greedy(m, row: list[int], n: int) -> list[int]:

@@ -80,9 +80,19 @@ class CausalLMBase(PretrainedMixin, nn.Module):
         raise NotImplementedError
 
     def _apply(self, fn, recurse=True):
-        """Every ``.to()`` / ``.cuda()`` / ``to_empty``: then rebuild the computed fp32 rope buffers."""
-        super()._apply(fn, recurse)
-        self.init_buffers()
+        """Every ``.to()`` / ``.cuda()`` / ``to_empty``: the rope tables move with the model but are never
+        cast (they stay fp32); tables still empty from a ``meta`` build are computed on the real device."""
+        rope = (self.rope_cos, self.rope_sin)
+
+        def keep_rope_fp32(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            if (t is rope[0] or t is rope[1]) and out.dtype != t.dtype:
+                return t.to(device=out.device)
+            return out
+
+        super()._apply(keep_rope_fp32, recurse)
+        if self.rope_cos.numel() == 0 and self.rope_cos.device.type != "meta":
+            self.init_buffers()
         return self
 
     def prepare_rope(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
