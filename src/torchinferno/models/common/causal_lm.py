@@ -1,8 +1,8 @@
 """The causal-LM skeleton every family shares: pre-norm decoder layers, the decoder stack, the head.
 
 A family supplies its attention and MLP modules and its rope tables; everything else — the
-residual stream, the layer loop, tied/untied/packed logits, fp32 rope buffers rebuilt after any
-device/dtype move or a ``meta`` build, and the user API (``family``, ``generate``,
+residual stream, the layer loop, tied/untied/packed logits, fp32 rope buffers (moved with the
+model, never cast, computed after a ``meta`` build), and the user API (``family``, ``generate``,
 ``save_pretrained`` / ``from_pretrained``: ``common/pretrained.py``) — lives here once, so a
 runtime transformation (e.g. ``kernels.cpu_linear``'s packed head) works for every family.
 """
