@@ -11,6 +11,7 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
+    "LLM": "torchinferno.engine.llm",  # offline batch API, as ``from vllm import LLM``
     "SamplingParams": "torchinferno.core.sampling_params",
     "load_model_auto": "torchinferno.checkpoint.auto",
     "from_pretrained": "torchinferno.checkpoint.auto",

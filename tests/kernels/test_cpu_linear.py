@@ -28,3 +28,27 @@ def test_prepacked_model_matches_unpacked():
         b = packed.compute_logits(packed(ids, torch.arange(11)))
     torch.testing.assert_close(b, a, atol=3e-2, rtol=3e-2)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("family", ["deepseek-v3.2", "dsv4"])
+def test_prepacked_mla_families_generate(family):
+    """MLA reads ``kv_b_proj.weight`` directly (expanded and absorbed attention): packing must leave
+    it a plain weight (it used to become a PackedLinear: "'PackedLinear' object has no attribute 'weight'")."""
+    from torchinferno.core.sampling_params import SamplingParams
+    from torchinferno.engine.generate import generate
+    from torchinferno.models.common.layers import DirectWeightLinear
+
+    ref = tiny_model(family, dtype=torch.bfloat16)
+    packed = tiny_model(family, dtype=torch.bfloat16)
+    assert prepack_linears(packed) > 0
+    assert all(isinstance(layer.self_attn.kv_b_proj, DirectWeightLinear) for layer in packed.model.layers)
+    assert isinstance(packed.model.layers[0].self_attn.o_proj, PackedLinear)
+    prompts = [[5, 9, 17, 33, 2], [100, 4, 4]]
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    out = generate(packed, prompts, sp)  # prefill (expanded) + decode (absorbed in the default v1)
+    assert [len(r.token_ids) for r in out] == [6, 6]
+    ids = torch.tensor(prompts[0])
+    with torch.no_grad():
+        a = ref.compute_logits(ref(ids, torch.arange(5)))
+        b = packed.compute_logits(packed(ids, torch.arange(5)))
+    torch.testing.assert_close(b, a, atol=5e-2, rtol=5e-2)

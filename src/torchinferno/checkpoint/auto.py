@@ -48,6 +48,26 @@ def default_attention_backend(family: ModelFamily, config, device: str | torch.d
     return TritonPagedAttention
 
 
+def _resolve(model: str | Path, cache_dir: str | Path | None):
+    """(checkpoint dir, family, typed config) of anything ``load_model_auto`` accepts."""
+    from torchinferno.checkpoint.zoo import resolve_model
+
+    ckpt = resolve_model(str(model), cache_dir=cache_dir)
+    hf_config = safetensors_io.read_config(ckpt)
+    family = family_for_hf_config(hf_config)
+    return ckpt, family, family.config_from_hf(hf_config)
+
+
+def _fill(m: nn.Module, family: ModelFamily, ckpt, device, dtype) -> nn.Module:
+    """Materialize a ``meta``-built model on ``device`` / ``dtype`` and stream the checkpoint into it."""
+    materialize(m, device, resolve_dtype(dtype))
+    family.load_weights(m, safetensors_io.iter_tensors(ckpt))
+    m.eval()
+    m.family = family
+    m.checkpoint_dir = Path(ckpt)
+    return m
+
+
 def load_model_auto(
     model: str | Path,
     device: str | torch.device = "cpu",
@@ -64,31 +84,61 @@ def load_model_auto(
     GQA families on CUDA). The returned module has ``.family`` (the ``ModelFamily``) and
     ``.checkpoint_dir`` set.
     """
-    from torchinferno.checkpoint.zoo import resolve_model
-
-    ckpt = resolve_model(str(model), cache_dir=cache_dir)
-    hf_config = safetensors_io.read_config(ckpt)
-    family = family_for_hf_config(hf_config)
-    config = family.config_from_hf(hf_config)
+    ckpt, family, config = _resolve(model, cache_dir)
     kw = {} if variant is None else {"variant": variant}
     backend = attention_backend or default_attention_backend(family, config, device)
     if backend is not None:
         kw["attention_backend"] = backend
-    m = family.build(config, device="meta", **kw)
-    materialize(m, device, resolve_dtype(dtype))
-    family.load_weights(m, safetensors_io.iter_tensors(ckpt))
-    m.eval()
-    m.family = family
-    m.checkpoint_dir = Path(ckpt)
-    return m
+    return _fill(family.build(config, device="meta", **kw), family, ckpt, device, dtype)
 
 
 from_pretrained = load_model_auto
 
 
+def load_model_class(cls: type[nn.Module], model: str | Path, device: str | torch.device = "cpu",
+                     dtype: str | torch.dtype | None = None, cache_dir: str | Path | None = None, **model_kwargs) -> nn.Module:
+    """``cls.from_pretrained``: a checkpoint of ``cls``'s family built as exactly ``cls(config, **model_kwargs)``.
+
+    ``cls`` names its family with ``family_name``; a checkpoint of another family is refused with a
+    one-line ConfigError before any weight is read.
+    """
+    from torchinferno.errors import ConfigError
+
+    name = getattr(cls, "family_name", None)
+    if name is None:
+        raise ConfigError(f"{cls.__name__} does not name a model family (family_name); use load_model_auto")
+    expected = get_family(name)
+    ckpt, family, config = _resolve(model, cache_dir)
+    if family.name != expected.name:
+        raise ConfigError(f"{model} is a {family.name} checkpoint; {cls.__name__} loads {expected.name} checkpoints "
+                          "(load_model_auto picks the family from config.json)")
+    with torch.device("meta"):
+        m = cls(config, **model_kwargs)
+    return _fill(m, family, ckpt, device, dtype)
+
+
+def model_family(model: nn.Module, family_name: str | None = None) -> ModelFamily:
+    """The family of ``model``: its ``.family`` (loaders set it; every family class derives it from its
+    registry name), else ``family_name``. ConfigError if neither tells, or if they disagree."""
+    from torchinferno.errors import ConfigError
+    from torchinferno.models.registry import family_names
+
+    family = getattr(model, "family", None)
+    if family_name is not None:
+        named = get_family(family_name)
+        if family is not None and family.name != named.name:
+            raise ConfigError(f"family_name '{family_name}' does not match the model's family {family.name}")
+        return named
+    if family is None:
+        raise ConfigError(f"cannot tell the model family of {type(model).__name__}; pass family_name "
+                          f"(valid: {', '.join(family_names())})")
+    return family
+
+
 def save_pretrained(model: nn.Module, out_dir: str | Path, family_name: str | None = None, max_shard_bytes: int = 2 * 1024**3) -> Path:
-    """Write ``model`` in the HF layout (config.json + safetensors) so transformers can load it."""
-    family = getattr(model, "family", None) or get_family(family_name or "llama3")
+    """Write ``model`` in the HF layout (config.json + safetensors) of its family (``model_family``)
+    so transformers (or ``load_model_auto``) can load it."""
+    family = model_family(model, family_name)
     return safetensors_io.save_hf_dir(
         out_dir, family.config_to_hf(model.config), family.export_weights(model), max_shard_bytes=max_shard_bytes
     )

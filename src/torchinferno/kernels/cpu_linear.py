@@ -29,6 +29,7 @@ from torch import nn
 
 from torchinferno.errors import ConfigError
 from torchinferno.kernels import cpu_gemv
+from torchinferno.kernels.module_swap import replace_linears
 
 KERNELS = ("auto", "onednn", "avx512bf16")
 _default_kernel = ["auto"]  # what prepack_linears(kernel=None) uses; set by use_kernel()
@@ -125,6 +126,10 @@ def prepack_linears(model: nn.Module, kernel: str | None = None) -> int:
     ``kernel`` is one of :data:`KERNELS` (None: "auto", or what an enclosing :func:`use_kernel`
     set); a bad name or an unavailable "avx512bf16" raises ConfigError before anything changes.
 
+    Only modules of exact type ``nn.Linear`` are packed (the walk is ``module_swap.replace_linears``):
+    subclasses declare that their owner reads ``.weight`` directly (``DirectWeightLinear``, e.g. MLA's
+    ``kv_b_proj``) or that they run in fp32 (``FP32Linear``), and stay as they are.
+
     A model exposing ``head_weight()`` and a ``packed_head`` slot also gets its logits projection
     packed (this covers a head tied to the embedding, which is not an ``nn.Linear``); one exposing
     ``enable_cpu_decode_step()`` gets its lean CPU decode step (if its family has one) installed
@@ -133,19 +138,22 @@ def prepack_linears(model: nn.Module, kernel: str | None = None) -> int:
     kernel = _default_kernel[0] if kernel is None else kernel
     resolve_kernel(kernel)  # validate once, even for a model with nothing to pack
     count = 0
-    if getattr(model, "packed_head", False) is None and callable(getattr(model, "head_weight", None)):
-        w = model.head_weight()  # read before the lm_head Linear (if any) is swapped below
+    head = getattr(model, "lm_head", None)
+    if (getattr(model, "packed_head", False) is None and callable(getattr(model, "head_weight", None))
+            and (head is None or type(head) is nn.Linear)):  # a head swapped already (FP8, NVFP4) stays as it is
+        w = model.head_weight()  # read before the lm_head Linear (if any) is dropped below
         if w.device.type == "cpu" and can_prepack(w.dtype):
             model.packed_head = PackedLinear(w, kernel=kernel)
             count += 1
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if parent is model and name == "lm_head" and getattr(model, "packed_head", None) is not None:
-                setattr(parent, name, None)  # the packed head replaces it; keep one copy in memory
-                continue
-            if isinstance(child, nn.Linear) and child.weight.device.type == "cpu" and can_prepack(child.weight.dtype):
-                setattr(parent, name, PackedLinear(child.weight, child.bias, kernel=kernel))
-                count += 1
+            if head is not None:
+                model.lm_head = None  # the packed head replaces it; keep one copy in memory
+
+    def pack(name: str, lin: nn.Linear) -> nn.Module | None:
+        if lin.weight.device.type == "cpu" and can_prepack(lin.weight.dtype):
+            return PackedLinear(lin.weight, lin.bias, kernel=kernel)
+        return None
+
+    count += len(replace_linears(model, pack))
     if count and callable(getattr(model, "enable_cpu_decode_step", None)):
         model.enable_cpu_decode_step()  # a lean decode step built on the packed weights (models/llama3/cpu_decode.py)
     return count

@@ -1,9 +1,10 @@
 """The causal-LM skeleton every family shares: pre-norm decoder layers, the decoder stack, the head.
 
 A family supplies its attention and MLP modules and its rope tables; everything else — the
-residual stream, the layer loop, tied/untied/packed logits, rope buffers rebuilt after a
-``meta`` build — lives here once, so a runtime transformation (e.g. ``kernels.cpu_linear``'s
-packed head) works for every family.
+residual stream, the layer loop, tied/untied/packed logits, fp32 rope buffers (moved with the
+model, never cast, computed after a ``meta`` build), and the user API (``family``, ``generate``,
+``save_pretrained`` / ``from_pretrained``: ``common/pretrained.py``) — lives here once, so a
+runtime transformation (e.g. ``kernels.cpu_linear``'s packed head) works for every family.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.layers import RMSNorm
+from torchinferno.models.common.pretrained import PretrainedMixin
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -45,12 +47,15 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(hidden, eps, ops)
 
 
-class CausalLMBase(nn.Module):
+class CausalLMBase(PretrainedMixin, nn.Module):
     """``forward(input_ids [T], positions [T], kv_caches, attn_meta) -> hidden [T, D]``;
     ``compute_logits(hidden [N, D]) -> [N, V]`` fp32.
 
-    Subclasses call ``__init__`` with their ``DecoderStack`` and implement ``rope_tables()`` ->
-    ``(cos, sin)`` fp32 ``[max_pos, rope_dim / 2]``; they may override ``prepare_rope``.
+    Subclasses call ``__init__`` with their ``DecoderStack``, set ``family_name`` (their registry
+    name) and implement ``rope_tables()`` -> ``(cos, sin)`` fp32 ``[max_pos, rope_dim / 2]``; they may
+    override ``prepare_rope``. ``Model(config)`` is a usable randomly initialized model on the
+    current default device; the rope buffers are fp32 tables on the model's device after every
+    ``.to()`` / ``to_empty`` (never cast to the weights' dtype).
     """
 
     def __init__(self, config, ops: ModuleType, stack: DecoderStack):
@@ -73,6 +78,22 @@ class CausalLMBase(nn.Module):
 
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        """Every ``.to()`` / ``.cuda()`` / ``to_empty``: the rope tables move with the model but are never
+        cast (they stay fp32); tables still empty from a ``meta`` build are computed on the real device."""
+        rope = (self.rope_cos, self.rope_sin)
+
+        def keep_rope_fp32(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            if (t is rope[0] or t is rope[1]) and out.dtype != t.dtype:
+                return t.to(device=out.device)
+            return out
+
+        super()._apply(keep_rope_fp32, recurse)
+        if self.rope_cos.numel() == 0 and self.rope_cos.device.type != "meta":
+            self.init_buffers()
+        return self
 
     def prepare_rope(self, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
         """Once per forward: turn the gathered fp32 tables into what every layer consumes."""
@@ -113,7 +134,7 @@ class CausalLMBase(nn.Module):
         return step is not None
 
     def head_weight(self) -> torch.Tensor:
-        """[V, D] weight of the logits projection (the embedding when tied)."""
+        """[V, D] weight of the logits projection (the embedding when tied); needs an unswapped head."""
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     @property
@@ -148,4 +169,6 @@ class CausalLMBase(nn.Module):
             out = step_logits(hidden)
             if out is not None:
                 return out
-        return torch.nn.functional.linear(hidden, self.head_weight()).float()
+        if self.lm_head is not None:  # a module call, so a runtime-swapped head (FP8, NVFP4) works too
+            return self.lm_head(hidden).float()
+        return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()

@@ -7,6 +7,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from torchinferno.models.common.module_utils import KeepFP32
+
 
 class RMSNorm(nn.Module):
     """RMSNorm whose math comes from the variant's ops module; optionally fuses the residual add."""
@@ -37,8 +39,33 @@ class GatedMLP(nn.Module):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
-class SigmoidRouter(nn.Module):
+class DirectWeightLinear(nn.Linear):
+    """An ``nn.Linear`` whose ``weight`` its owner reads directly instead of calling the module (MLA's
+    ``kv_b_proj``, expanded or absorbed into attention).
+
+    Runtime linear swaps (``kernels.module_swap.replace_linears``: CPU pre-packing, FP8, NVFP4)
+    replace only modules of exact type ``nn.Linear``, so they leave this one, and its ``.weight``,
+    in place. Checkpoint names and ``state_dict`` are those of a plain ``nn.Linear``.
+    """
+
+
+class FP32Linear(KeepFP32, nn.Linear):
+    """An ``nn.Linear`` kept in fp32 in a bf16/fp16 model and run in fp32: ``x [..., K] -> fp32 [..., N]``.
+
+    Not an exact ``nn.Linear`` either, so runtime linear swaps leave it alone (see
+    :class:`DirectWeightLinear`). Used for the DSA indexer's ``weights_proj`` (transformers keeps it fp32).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(x.float(), self.weight.float(), b)
+
+
+class SigmoidRouter(KeepFP32, nn.Module):
     """fp32 router logits -> sigmoid scores; ``e_score_correction_bias`` steers selection only.
+
+    ``weight`` and ``e_score_correction_bias`` stay fp32 when the model is cast to bf16/fp16
+    (:class:`KeepFP32`), as transformers' ``_keep_in_fp32_modules_strict`` and DeepSeek keep them.
 
     ``forward(x [T, D]) -> (weights [T, k] fp32, expert ids [T, k])`` via the ops module's ``route``
     (group-limited when ``n_group > 1``).

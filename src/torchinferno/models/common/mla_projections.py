@@ -13,7 +13,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from torchinferno.models.common.layers import RMSNorm
+from torchinferno.models.common.layers import DirectWeightLinear, RMSNorm
 
 # q_a_layernorm / kv_a_layernorm: transformers and DeepSeek's release build them with the RMSNorm
 # default eps, not config.rms_norm_eps (dsv4 follows, so converted DeepSeek weights match).
@@ -51,7 +51,8 @@ class MLAProjections(nn.Module):
             self.q_b_proj = nn.Linear(cfg.q_lora_rank, qk, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.latent_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_NORM_EPS, ops)
-        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        # read as a weight by the expanded / absorbed attention, never called: runtime swaps keep it
+        self.kv_b_proj = DirectWeightLinear(cfg.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.v_dim, cfg.hidden_size, bias=bias)
         self.absorb_decode = absorb_decode
         self.ops = ops

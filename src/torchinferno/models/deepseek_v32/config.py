@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from torchinferno.errors import ConfigError
+from torchinferno.models.common.config_overrides import override_config
 from torchinferno.models.common.rope import RopeScaling, yarn_attention_factor, yarn_get_mscale
 
 HF_MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
@@ -179,9 +180,11 @@ def config_from_hf(d: dict) -> DeepSeekV32Config:
     for k in ("n_group", "topk_group"):  # transformers allows None: no grouping
         if kw.get(k) is None:
             kw[k] = 1
-    for k in ("first_k_dense_replace", "num_experts_per_tok", "norm_topk_prob"):
+    for k in ("first_k_dense_replace", "num_experts_per_tok"):
         if kw.get(k) is None:
             kw.pop(k, None)
+    if "norm_topk_prob" in d:  # transformers tests it for truth: null means "do not normalize"
+        kw["norm_topk_prob"] = bool(d["norm_topk_prob"])
     if "num_nextn_predict_layers" not in kw and "num_mtp_layers" in d:
         kw["num_nextn_predict_layers"] = d["num_mtp_layers"]
     if isinstance(kw.get("eos_token_id"), list):
@@ -275,12 +278,16 @@ def config_to_hf(c: DeepSeekV32Config) -> dict:
 # ------------------------------------------------------------------------ named sizes
 
 
-def tiny_deepseek_v32_config() -> DeepSeekV32Config:
+def tiny_deepseek_v32_config(**overrides) -> DeepSeekV32Config:
     """Tiny random V3.2 config for tests (CPU, milliseconds): 3 layers, 8 experts in 4 groups, YaRN.
 
     The indexer has 16 heads so that an exactly-zero (tied) ReLU score is rare in random weights.
+
+    ``overrides`` replace fields of these defaults (``models/common/config_overrides.py``: unknown names are
+    refused, ``max_seq_len`` means ``max_position_embeddings``, special-token ids left out of a shrunk vocab
+    move to its top).
     """
-    return DeepSeekV32Config(
+    base = DeepSeekV32Config(
         vocab_size=320, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3,
         num_attention_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
         n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2, norm_topk_prob=True,
@@ -289,15 +296,18 @@ def tiny_deepseek_v32_config() -> DeepSeekV32Config:
         rope_scaling=RopeScaling("yarn", factor=4.0, original_max_position_embeddings=128, mscale=1.0, mscale_all_dim=0.8),
         bos_token_id=256, eos_token_id=257,
     )
+    return override_config(base, overrides, "tiny_deepseek_v32_config") if overrides else base
 
 
-def tiny_deepseek_v3_config() -> DeepSeekV32Config:
-    """The tiny config without the indexer (DeepSeek-V3 dense MLA)."""
-    return replace(tiny_deepseek_v32_config(), index_n_heads=0)
+def tiny_deepseek_v3_config(**overrides) -> DeepSeekV32Config:
+    """The tiny config without the indexer (DeepSeek-V3 dense MLA); same overrides."""
+    return override_config(tiny_deepseek_v32_config(), {"index_n_heads": 0, **overrides}, "tiny_deepseek_v3_config")
 
 
-def tiny_deepseek_v3_no_q_lora_config() -> DeepSeekV32Config:
-    return replace(tiny_deepseek_v32_config(), index_n_heads=0, q_lora_rank=None)
+def tiny_deepseek_v3_no_q_lora_config(**overrides) -> DeepSeekV32Config:
+    """The V3 tiny config with a direct query projection; same overrides."""
+    return override_config(tiny_deepseek_v32_config(), {"index_n_heads": 0, "q_lora_rank": None, **overrides},
+                           "tiny_deepseek_v3_no_q_lora_config")
 
 
 def deepseek_v3_config() -> DeepSeekV32Config:

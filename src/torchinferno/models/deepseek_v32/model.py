@@ -17,13 +17,12 @@ from types import ModuleType
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from torchinferno.models.common.attention import gather_kv, write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, PreNormDecoderLayer
-from torchinferno.models.common.layers import GatedMLP, RMSNorm, SparseMoE
+from torchinferno.models.common.layers import FP32Linear, GatedMLP, RMSNorm, SparseMoE
 from torchinferno.models.common.mla_projections import MLAProjections
 from torchinferno.models.common.rope import rope_cos_sin
 from torchinferno.models.common.mla import masked_scores, topk_keep_mask
@@ -78,7 +77,7 @@ class DSAIndexer(nn.Module):
         self.wq_b = nn.Linear(cfg.q_lora_rank, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.hidden_size, self.head_dim, bias=False)
         self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
-        self.weights_proj = nn.Linear(cfg.hidden_size, self.n_heads, bias=False)
+        self.weights_proj = FP32Linear(cfg.hidden_size, self.n_heads, bias=False)  # fp32 in a bf16 model
         self.topk = IndexTopK(cfg.index_topk)
         self.weight_scale = self.n_heads**-0.5 * self.head_dim**-0.5
         self.ops = ops
@@ -89,7 +88,7 @@ class DSAIndexer(nn.Module):
         q = torch.cat([self.ops.rope(q[..., :r], cos, sin, False), q[..., r:]], dim=-1)
         k = self.k_norm(self.wk(x))
         k = torch.cat([self.ops.rope(k[:, None, :r], cos, sin, False)[:, 0], k[:, r:]], dim=-1)
-        w = F.linear(x.float(), self.weights_proj.weight.float()) * self.weight_scale  # fp32 as transformers keeps it
+        w = self.weights_proj(x) * self.weight_scale  # [T, Hi] fp32 (weights_proj is kept and run in fp32)
         return IndexerProj(q, k, w)
 
     def select(self, q, k, w, visible: torch.Tensor) -> torch.Tensor:
@@ -175,6 +174,8 @@ class DeepSeekV32ForCausalLM(CausalLMBase):
     ``absorb_decode=False`` runs decode steps through the expanded path (the reference the
     absorbed path is tested against).
     """
+
+    family_name = "deepseek-v3.2"  # registry name: ``.family``, ``from_pretrained`` refuses other families
 
     def __init__(self, config: DeepSeekV32Config, ops: ModuleType = raw_ops, absorb_decode: bool = True):
         layers = (DeepSeekDecoderLayer(config, i, ops, absorb_decode) for i in range(config.num_hidden_layers))

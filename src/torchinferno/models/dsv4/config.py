@@ -10,9 +10,10 @@ routing, non-SiLU activations, non-sigmoid scoring, per-layer MLP patterns other
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 from torchinferno.errors import ConfigError
+from torchinferno.models.common.config_overrides import override_config
 
 HF_MODEL_TYPE = "torchinferno_dsv4"
 DEEPSEEK_MODEL_TYPES = ("deepseek_v3", "deepseek_v32")
@@ -120,6 +121,8 @@ def config_from_hf(d: dict) -> DSv4Config:
         if d.get(k) is None:
             raise ConfigError(f"config.json ({HF_MODEL_TYPE}) is missing required key '{k}'")
     kw = {k: d[k] for k in _FIELDS if k in d}
+    if "norm_topk_prob" in kw:
+        kw["norm_topk_prob"] = bool(kw["norm_topk_prob"])  # null: do not normalize (as transformers reads it)
     if isinstance(kw.get("eos_token_id"), list):
         kw["eos_token_id"] = list(kw["eos_token_id"])
     return _build(kw, f"{HF_MODEL_TYPE} config.json")
@@ -168,6 +171,8 @@ def config_from_deepseek_hf(d: dict) -> DSv4Config:
         raise ConfigError(f"config.json key '{key}': rope_type {scaling.get('rope_type', scaling.get('type'))!r} "
                           "cannot be represented by dsv4 (default rope only)")
     kw = {k: d[k] for k in _FIELDS if k in d and d[k] is not None}
+    if "norm_topk_prob" in d:  # transformers tests it for truth: null means "do not normalize"
+        kw["norm_topk_prob"] = bool(d["norm_topk_prob"])
     kw["rope_theta"] = float(10000.0 if theta is None else theta)
     kw["rope_interleave"] = True if mt == "deepseek_v32" else bool(d.get("rope_interleave", True))
     kw.setdefault("first_k_dense_replace", 3)  # DeepSeek-V3's default
@@ -185,18 +190,25 @@ def config_from_deepseek_hf(d: dict) -> DSv4Config:
 # ------------------------------------------------------------------------ named sizes
 
 
-def tiny_dsv4_config() -> DSv4Config:
-    """Tiny random config for tests (CPU, milliseconds): 3 layers (1 dense + 2 MoE), 8 experts top-2."""
-    return DSv4Config(
+def tiny_dsv4_config(**overrides) -> DSv4Config:
+    """Tiny random config for tests (CPU, milliseconds): 3 layers (1 dense + 2 MoE), 8 experts top-2.
+
+    ``overrides`` replace fields of these defaults (``models/common/config_overrides.py``: unknown names are
+    refused, ``max_seq_len`` means ``max_position_embeddings``, special-token ids left out of a shrunk vocab
+    move to its top).
+    """
+    base = DSv4Config(
         vocab_size=320, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, q_lora_rank=48, kv_lora_rank=32,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, intermediate_size=128, first_k_dense_replace=1,
         moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
         routed_scaling_factor=1.5, max_position_embeddings=512, bos_token_id=256, eos_token_id=257,
     )
+    return override_config(base, overrides, "tiny_dsv4_config") if overrides else base
 
 
-def tiny_dsv4_no_q_lora_config() -> DSv4Config:
-    return replace(tiny_dsv4_config(), q_lora_rank=None)
+def tiny_dsv4_no_q_lora_config(**overrides) -> DSv4Config:
+    """The tiny config with a direct query projection (``q_lora_rank=None``); same overrides."""
+    return override_config(tiny_dsv4_config(), {"q_lora_rank": None, **overrides}, "tiny_dsv4_no_q_lora_config")
 
 
 def small_dsv4_config() -> DSv4Config:

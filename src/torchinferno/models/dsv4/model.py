@@ -91,6 +91,8 @@ class DSv4ForCausalLM(CausalLMBase):
     ``compute_logits(hidden [N, D]) -> [N, V]`` fp32.
     """
 
+    family_name = "dsv4"  # registry name: ``.family``, ``from_pretrained`` refuses other families
+
     def __init__(self, config: DSv4Config, ops: ModuleType = raw_ops, absorb_decode: bool = False):
         layers = (DSv4DecoderLayer(config, i, ops, absorb_decode) for i in range(config.num_hidden_layers))
         super().__init__(config, ops, DecoderStack(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers, ops))

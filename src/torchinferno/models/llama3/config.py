@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from torchinferno.errors import ConfigError
+from torchinferno.models.common.config_overrides import override_config
 from torchinferno.models.common.rope import RopeScaling
 
 
@@ -88,14 +89,20 @@ def config_to_hf(c: Llama3Config) -> dict:
     return d
 
 
-def debug_config() -> Llama3Config:
-    """Tiny random config for tests: GQA 4:2, two layers, llama3 rope scaling."""
-    return Llama3Config(
+def debug_config(**overrides) -> Llama3Config:
+    """Tiny random config for tests: GQA 4:2, two layers, llama3 rope scaling.
+
+    ``overrides`` replace fields of these defaults (``models/common/config_overrides.py``: unknown names are
+    refused, ``max_seq_len`` means ``max_position_embeddings``, special-token ids left out of a shrunk vocab
+    move to its top).
+    """
+    base = Llama3Config(
         vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256,
         rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64), tie_word_embeddings=False,
         bos_token_id=256, eos_token_id=257,
     )
+    return override_config(base, overrides, "debug_config") if overrides else base
 
 
 def smollm2_135m_config() -> Llama3Config:

@@ -57,6 +57,8 @@ class Llama3DecoderLayer(PreNormDecoderLayer):
 class Llama3ForCausalLM(CausalLMBase):
     """Llama-3 causal LM. ``forward(input_ids [T], positions [T], kv_caches, attn_meta) -> hidden [T, D]``."""
 
+    family_name = "llama3"  # registry name: ``.family``, ``from_pretrained`` refuses other families
+
     def __init__(self, config: Llama3Config, ops: ModuleType = raw_ops, attention_backend: type[nn.Module] = TorchAttention):
         layers = (Llama3DecoderLayer(config, ops, attention_backend) for _ in range(config.num_hidden_layers))
         super().__init__(config, ops, DecoderStack(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers, ops))
