@@ -217,6 +217,11 @@ def _register_microbenches(sub) -> None:
     p.add_argument("--model-kind", default=None, help="model backend: tiny random model of this family")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="model backend: 1 (the only size supported yet)")
+    p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
+                   help="accepted for the original's command lines; one device runs unsplit either way")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM-style command lines; harmless: checkpoint code is never run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-output", default=None)
     p.set_defaults(func=cmd_openai_microbench)
@@ -239,6 +244,10 @@ def _register_microbenches(sub) -> None:
 def cmd_openai_microbench(a) -> int:
     from torchinferno.bench.microbench import MicrobenchConfig, run_microbench
     from torchinferno.bench.synthetic_engine import SyntheticCost
+    from torchinferno.errors import ConfigError
+
+    if a.tensor_parallel_size != 1:
+        raise ConfigError("--tensor-parallel-size > 1 is not supported yet (valid: 1)")
 
     cfg = MicrobenchConfig(
         backend=a.backend, concurrency=a.concurrency, prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
