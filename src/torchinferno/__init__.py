@@ -31,10 +31,18 @@ _LAZY = {
     "dequantize_fp8_block": "torchinferno.checkpoint.fp8",
 }
 
-__all__ = sorted(_LAZY) + ["__version__"]
+# Documented names that live under another name: name -> (module, attribute).
+_RENAMED = {
+    "load_text_tokenizer": ("torchinferno.text.tokenizer", "load_tokenizer"),
+}
+
+__all__ = sorted([*_LAZY, *_RENAMED]) + ["__version__"]
 
 
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _RENAMED:
+        module, attr = _RENAMED[name]
+        return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'torchinferno' has no attribute '{name}'")

@@ -49,3 +49,12 @@ def test_server_microbench_base_url(tmp_path, tiny_base_url):
     s = r["stream"]
     assert 0 < s["ttft_ms"]["mean"] <= s["e2e_ms"]["mean"] and s["tpot_ms"]["mean"] > 0
     assert r["non_stream"]["e2e_ms"]["mean"] > 0 and r["non_stream"]["output_tokens_per_s"] > 0
+
+
+def test_readme_model_backend_flags_parse_and_tp_is_refused_in_one_line(capsys):
+    """The README's torchrun line: --llama-parallelism tensor --tensor-parallel-size 8 --trust-remote-code."""
+    rc = main(["openai-microbench", "--backend", "model", "--model", "meta-llama/Meta-Llama-3.1-70B-Instruct",
+               "--llama-parallelism", "tensor", "--tensor-parallel-size", "8", "--trust-remote-code",
+               "--compare-batcher", "--prompt-tokens", "32", "--max-tokens", "67"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "--tensor-parallel-size" in err[0], err

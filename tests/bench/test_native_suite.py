@@ -61,3 +61,44 @@ def test_multi_device_is_reported_unsupported(tmp_path):
     rc = main(["llama-bench-suite", str(d), *ARGS, "--benchmarks", "latency", "--devices", "cpu", "cpu", "--run"])
     status = json.loads((d / "run_status.json").read_text())
     assert rc != 0 and status["latency"]["status"] == "unsupported"
+
+
+README_TP_RUN = ["--run", "--parallelism", "tensor", "--benchmarks", "latency", "throughput", "serve", "--input-len", "32",
+                 "--output-len", "128", "--batch-size", "8", "--num-prompts", "1000", "--max-concurrency", "256"]
+EIGHT = [f"cuda:{i}" for i in range(8)]
+
+
+def test_default_plan_is_the_readme_llama70b_tp8(tmp_path):
+    """`llama-bench-suite DIR --benchmarks latency throughput serve`: planning needs no weights and no GPU."""
+    d = tmp_path / "torchinferno-llama70b"
+    assert main(["llama-bench-suite", str(d), "--benchmarks", "latency", "throughput", "serve"]) == 0
+    plan = json.loads((d / "commands.json").read_text())
+    cfg = plan["config"]
+    assert cfg["model"] == "meta-llama/Llama-3.3-70B-Instruct" and cfg["tensor_parallel_size"] == 8
+    assert cfg["devices"] == EIGHT
+    server = next(c for c in plan["commands"] if c["role"] == "server")["argv"]
+    assert server[2] == "meta-llama/Llama-3.3-70B-Instruct" and server[server.index("--tensor-parallel-size") + 1] == "8"
+
+
+def test_readme_pipeline_plan_over_eight_devices(tmp_path):
+    d = tmp_path / "pipeline"
+    assert main(["llama-bench-suite", str(d), "--devices", *EIGHT, "--parallelism", "pipeline"]) == 0
+    cfg = json.loads((d / "commands.json").read_text())["config"]
+    assert cfg["devices"] == EIGHT and cfg["parallelism"] == "pipeline" and cfg["tensor_parallel_size"] == 1
+
+
+def test_running_a_plan_needing_absent_gpus_is_one_line(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (README_TP_RUN, ["--run", "--devices", *EIGHT[:2], "--benchmarks", "latency"]):
+        d = tmp_path / f"run{len(argv)}"
+        assert main(["llama-bench-suite", str(d), *argv]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "0 CUDA device(s) are visible" in err[0], err
+    # serve runs against a remote server need no local device
+    d = tmp_path / "remote"
+    assert main(["llama-bench-suite", str(d), "--benchmarks", "serve", "--base-url", "http://127.0.0.1:9",
+                 "--num-prompts", "1", "--run"]) == 1  # the unreachable server fails the run, not the device check
+    assert "CUDA device" not in capsys.readouterr().err

@@ -129,3 +129,16 @@ def test_run_with_fake_vllm(tmp_path):
     rows = json.loads((d / "summary.json").read_text())["rows"]
     assert {(r["backend"], r["benchmark"]) for r in rows} == {("vllm", "latency"), ("vllm", "throughput")}
     assert os.path.getsize(d / "performance.html") > 1000
+
+
+def test_default_plan_is_the_readme_llama70b_tp8(tmp_path):
+    """`vllm-bench-suite DIR --benchmarks latency throughput serve`, as the README types it."""
+    d = tmp_path / "vllm-llama70b"
+    assert main(["vllm-bench-suite", str(d), "--benchmarks", "latency", "throughput", "serve"]) == 0
+    cmds = json.loads((d / "commands.json").read_text())["commands"]
+    assert [c["name"] for c in cmds] == ["latency", "throughput", "server", "serve"]
+    for c in cmds:
+        argv = c["argv"]
+        assert "meta-llama/Llama-3.3-70B-Instruct" in argv
+        if c["name"] != "serve":  # the client needs no parallelism flag
+            assert argv[argv.index("--tensor-parallel-size") + 1] == "8"

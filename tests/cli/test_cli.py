@@ -98,3 +98,30 @@ def test_bad_flag_value_lists_choices():
 
 def test_bad_sampling_value_is_one_line(tiny_dir):
     _assert_one_line_error(run_cli("generate", str(tiny_dir), "hi", "--tokenizer", "byte", "--top-p", "1.5"), "top_p")
+
+
+def test_audit_fails_naming_a_row_that_cites_a_missing_test_file(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_here.py").write_text("")
+    roadmap = tmp_path / "docs" / "ROADMAP.md"
+    roadmap.write_text("| area | capability | status | evidence |\n|---|---|---|---|\n"
+                       "| 1 | thing that is tested | working | tests/test_here.py |\n"
+                       "| 2 | thing with lost evidence | working | tests/test_here.py, tests/gone/test_lost.py (oracle) |\n")
+    for extra in ([], ["--json"]):
+        assert main(["audit", "--roadmap", str(roadmap), *extra]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "thing with lost evidence" in err[0] and "tests/gone/test_lost.py" in err[0], err
+        assert "thing that is tested" not in err[0]
+    (tmp_path / "tests" / "gone").mkdir()
+    (tmp_path / "tests" / "gone" / "test_lost.py").write_text("")
+    assert main(["audit", "--roadmap", str(roadmap)]) == 0
+
+
+def test_repo_roadmap_cites_only_existing_test_files():
+    from pathlib import Path
+
+    from torchinferno.cli.audit_cmds import missing_test_citations, parse_roadmap
+
+    root = Path(__file__).resolve().parents[2]
+    assert missing_test_citations(parse_roadmap(root / "docs" / "ROADMAP.md"), root) == []

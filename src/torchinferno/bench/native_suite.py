@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchinferno.bench.stats import LATENCY_PERCENTILES
-from torchinferno.bench.suite_common import SuiteConfig, finish_suite, now, serve_runs, write_json
+from torchinferno.bench.suite_common import (
+    DEFAULT_SUITE_MODEL,
+    DEFAULT_SUITE_TP,
+    SuiteConfig,
+    finish_suite,
+    now,
+    serve_runs,
+    write_json,
+)
 from torchinferno.errors import ConfigError
 
 __all__ = ["NativeSuiteConfig", "plan_native_suite", "run_native_suite", "latency_bench", "throughput_bench"]
@@ -32,11 +40,23 @@ ENGINE = "torchinferno"
 
 @dataclass
 class NativeSuiteConfig(SuiteConfig):
+    """Without ``model`` and ``model_kind``: the README's plan, ``DEFAULT_SUITE_MODEL`` over ``DEFAULT_SUITE_TP``
+    CUDA devices. Otherwise ``devices`` defaults to ``["cpu"]``. Tensor parallelism spans every device."""
+
     model_kind: str | None = None
     dtype: str = "bfloat16"
-    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    devices: list[str] | None = None
     parallelism: str = "tensor"
     max_num_seqs: int = 64
+
+    def __post_init__(self) -> None:
+        readme_plan = self.model is None and self.model_kind is None
+        if readme_plan:
+            self.model = DEFAULT_SUITE_MODEL
+        if self.devices is None:
+            self.devices = [f"cuda:{i}" for i in range(DEFAULT_SUITE_TP)] if readme_plan else ["cpu"]
+        if self.parallelism == "tensor":
+            self.tensor_parallel_size = len(self.devices)
 
     def validate(self) -> "NativeSuiteConfig":
         super().validate()
@@ -44,6 +64,8 @@ class NativeSuiteConfig(SuiteConfig):
             raise ConfigError(f"unknown --parallelism {self.parallelism!r} (valid: pipeline, tensor)")
         if self.model and self.model_kind:
             raise ConfigError("pass either --model or --model-kind, not both")
+        if not self.devices:
+            raise ConfigError("--devices needs at least one device (e.g. cpu, cuda:0)")
         return self
 
     @property
@@ -52,7 +74,26 @@ class NativeSuiteConfig(SuiteConfig):
 
     @property
     def model_desc(self) -> str:
-        return f"random:{self.model_kind}" if self.model_kind and not self.model else (self.model or "smollm2-135m-instruct")
+        return f"random:{self.model_kind}" if self.model_kind and not self.model else self.model
+
+    def needs_local_devices(self) -> bool:
+        """Whether running the plan puts a model on ``devices`` (not: only serve runs against --base-url)."""
+        return bool({"latency", "throughput"} & set(self.benchmarks)) or ("serve" in self.benchmarks and not self.base_url)
+
+
+def check_devices_present(cfg: NativeSuiteConfig) -> None:
+    """One-line ``ConfigError`` when the plan names CUDA devices this host does not have."""
+    cuda = [d for d in cfg.devices if d.startswith("cuda")]
+    if not cuda or not cfg.needs_local_devices():
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    need = max(int(d.split(":")[1]) if ":" in d else 0 for d in cuda) + 1
+    if need > have:
+        raise ConfigError(f"this plan runs {cfg.model_desc} on {len(cfg.devices)} device(s) ({' '.join(cfg.devices)}) "
+                          f"but {have} CUDA device(s) are visible here; run it on a host with {need} GPUs, or pass "
+                          "--devices cpu with a small --model / --model-kind")
 
 
 def _server_extra(cfg: NativeSuiteConfig) -> list[str]:
@@ -121,7 +162,7 @@ def _build_model(cfg: NativeSuiteConfig):
         return tiny_model(cfg.model_kind, dtype=resolve_dtype(cfg.dtype), device=device), "byte"
     from torchinferno.checkpoint.auto import load_model_auto
 
-    model = load_model_auto(cfg.model or "smollm2-135m-instruct", device=device, dtype=cfg.dtype)
+    model = load_model_auto(cfg.model, device=device, dtype=cfg.dtype)
     return model, None
 
 
@@ -185,7 +226,8 @@ def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dic
     out = Path(cfg.out_dir)
     status: dict = {}
     benches = [c for c in plan["commands"] if c["role"] == "bench"]
-    if len(cfg.devices) > 1:
+    check_devices_present(cfg)
+    if len(cfg.devices) > 1 and cfg.needs_local_devices():
         msg = (f"{cfg.parallelism} parallelism over {len(cfg.devices)} devices ({', '.join(cfg.devices)}) is not "
                "supported by TorchInferno's engine yet (torchinferno serve rejects --tensor-parallel-size > 1)")
         for c in benches:

@@ -1,11 +1,25 @@
-"""perf-smoke: paged decode attention, torch reference vs the specialized (Triton) kernel."""
+"""perf-smoke: paged decode attention, torch reference vs the specialized (Triton) kernel.
+
+Every row is also a numerical check against fp64 attention over the stored cache values: its max
+abs error must stay within ``RTOL_EPS`` ulps of its compute dtype, relative to the largest output
+(``check_tolerance``); ``result["ok"]`` is False (and the command exits 1) when any row fails or a
+non-sweep row does not run. Where no specialized kernel applies (CPU), ``specialized (api)`` *is* the
+torch reference path: no speedup is reported (``speedup_vs_reference`` is None).
+"""
 
 from __future__ import annotations
 
-
 import torch
 
+RTOL_EPS = 8  # tolerance in units of the compute dtype's machine epsilon (bf16: 6%, fp16: 0.8% of max |out|)
+MIN_RTOL = 1e-4  # fp32 rows: fp32 accumulation over long contexts, not output rounding, dominates
+
 from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms, wall_time_ms
+
+
+def check_tolerance(max_abs_exact: float, dtype: torch.dtype) -> float:
+    """The max abs error a correct row may have: ``max(RTOL_EPS * eps(dtype), MIN_RTOL) * max |exact output|``."""
+    return max(RTOL_EPS * torch.finfo(dtype).eps, MIN_RTOL) * max(max_abs_exact, 1e-6)
 
 
 def _paged_cache(batch, seq_len, kv_heads, head_dim, value_dim, block_size, dtype, device, gen=None):
@@ -43,6 +57,10 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
     scale = head_dim ** -0.5
     lens_list = [seq_len] * batch
     exact = api.paged_attention_reference(q.double(), kc.double(), vc.double(), [1] * batch, lens_list, bt, scale)
+    max_exact = float(exact.abs().max())
+    from torchinferno.kernels import triton as _tri
+
+    specialized = _tri.usable(q)  # else kernels.api runs the torch reference for "specialized (api)"
 
     def sdpa_gather():  # what TorchAttention's decode path does
         k = gather_kv(kc, bt, seq_len).transpose(1, 2).to(dt)
@@ -61,9 +79,12 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
         counters = torch.zeros(batch * kv_heads, dtype=torch.int32, device=dev)
         candidates["triton, splits merged in-kernel"] = lambda: da.batched_paged_decode_attention(
             q, kc, vc, bt, lens, scale, merge_counters=counters)
+    row_dtype = {}  # rows that compute in another precision than dt
     if dev.type == "cuda" and kv_dt != dt and is_fp8(kv_dt):
         candidates["triton, FP8 tiles upcast to bf16 (not fp16)"] = lambda: da.batched_paged_decode_attention(
             q, kc, vc, bt, lens, scale, config={"fp8_dot": "bf16"})
+        row_dtype["triton, FP8 tiles upcast to bf16 (not fp16)"] = torch.bfloat16
+    required = set(candidates)  # the sweep below adds optional tilings
     if sweep and dev.type == "cuda":
         base = da.choose_num_splits(batch, kv_heads, bt.shape[1] * block_size, dev)
         for bn in (32, 64, 128) if not is_fp8(kv_dt) else (64, 128, 256):  # FP8 rows are half as wide
@@ -86,22 +107,33 @@ def perf_smoke(device="cuda", batch=1, heads=32, kv_heads=8, seq_len=4096, head_
         except Exception as e:  # a sweep point that does not compile (shared memory) is reported, not fatal
             rows.append({"name": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"})
             continue
-        rows.append({"name": name, "ms": ms, "ms_with_launch": launch_ms, "max_abs_err": err, "kv_gb_s": kv_bytes / ms / 1e6})
-    ok = [r for r in rows if "ms" in r]
-    spec = next(r for r in ok if r["name"] == "specialized (api)")
-    ref = next(r for r in ok if r["name"].startswith("reference"))
+        tol = check_tolerance(max_exact, max(row_dtype.get(name, dt), dt, key=lambda d: torch.finfo(d).eps))
+        rows.append({"name": name, "ms": ms, "ms_with_launch": launch_ms, "max_abs_err": err, "kv_gb_s": kv_bytes / ms / 1e6,
+                     "tolerance": tol, "check": "ok" if err <= tol else "FAILED"})  # NaN fails
+    failed = [r for r in rows if r.get("check") == "FAILED" or ("error" in r and r["name"] in required)]
+    timed = {r["name"]: r for r in rows if "ms" in r}
+    spec, ref = timed.get("specialized (api)"), timed.get("reference (torch fp32)")
+    speedup = ref["ms"] / spec["ms"] if specialized and spec and ref else None
     result = {"device": str(dev), "batch": batch, "heads": heads, "kv_heads": kv_heads, "seq_len": seq_len,
               "head_dim": head_dim, "value_dim": dv, "block_size": block_size, "dtype": dtype, "kv_cache_dtype": str(kv_dt).replace("torch.", ""), "kv_bytes": kv_bytes,
-              "rows": rows, "speedup_vs_reference": ref["ms"] / spec["ms"]}
+              "ok": not failed, "failed": [r["name"] for r in failed], "specialized_kernel": specialized,
+              "rows": rows, "speedup_vs_reference": speedup}
     log(f"perf-smoke B={batch} H={heads} Hkv={kv_heads} L={seq_len} D={head_dim} Dv={dv} page={block_size} {dtype} (cache {result['kv_cache_dtype']}) on {dev}")
-    log("  (time: device time per call from CUDA-graph replays; 'with launch': eager call incl. Python launch cost)")
+    log("  (time: device time per call from CUDA-graph replays; 'with launch': eager call incl. Python launch cost)"
+        if dev.type == "cuda" else "  (time: wall time per eager call)")
     for r in sorted(rows, key=lambda r: r.get("ms", 1e9)):
         if "ms" in r:
             log(f"  {r['name']:<44} {r['ms'] * 1e3:9.1f} us (with launch {r['ms_with_launch'] * 1e3:8.1f} us)  "
-                f"max err {r['max_abs_err']:.2e}  KV {r['kv_gb_s']:7.0f} GB/s")
+                f"max err {r['max_abs_err']:.2e}  KV {r['kv_gb_s']:7.0f} GB/s" + ("" if r["check"] == "ok" else
+                f"  FAILED (tolerance {r['tolerance']:.1e})"))
         else:
             log(f"  {r['name']:<44} failed: {r['error']}")
-    log(f"  specialized is {result['speedup_vs_reference']:.1f}x the reference")
+    if speedup is not None:
+        log(f"  specialized is {speedup:.1f}x the reference")
+    else:
+        log(f"  no speedup: on {dev.type} 'specialized (api)' is the torch reference path itself (no specialized kernel here)")
+    if failed:
+        log(f"  numerical check FAILED: {', '.join(r['name'] for r in failed)} (errors vs fp64 attention above)")
     return result
 
 

@@ -17,9 +17,13 @@ from pathlib import Path
 
 from torchinferno.errors import ConfigError
 
-__all__ = ["SuiteConfig", "ServeRun", "serve_runs", "write_json", "finish_suite", "BENCHMARKS"]
+__all__ = ["SuiteConfig", "ServeRun", "serve_runs", "write_json", "finish_suite", "BENCHMARKS", "DEFAULT_SUITE_MODEL",
+           "DEFAULT_SUITE_TP"]
 
 BENCHMARKS = ("latency", "throughput", "serve")
+# The README's comparison plan: both suites default to Llama 3.3 70B Instruct on 8-way tensor parallelism.
+DEFAULT_SUITE_MODEL = "meta-llama/Llama-3.3-70B-Instruct"
+DEFAULT_SUITE_TP = 8
 
 
 @dataclass

@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from torchinferno.bench.suite_common import SuiteConfig, finish_suite, now, serve_runs, write_json
+from torchinferno.bench.suite_common import DEFAULT_SUITE_MODEL, SuiteConfig, finish_suite, now, serve_runs, write_json
 from torchinferno.bench.vllm_flags import VLLM_VERSION_BASIS, check_argv
 
 __all__ = ["plan_vllm_suite", "run_vllm_suite", "NOT_INSTALLED"]
@@ -30,7 +30,7 @@ def plan_vllm_suite(cfg: SuiteConfig, port: int = 8000) -> dict:
     """The plan as a JSON-able dict (``commands.json``); every argv is validated."""
     cfg.validate()
     out = Path(cfg.out_dir).resolve()
-    model = cfg.model or "meta-llama/Llama-3.1-8B-Instruct"
+    model = cfg.model or DEFAULT_SUITE_MODEL
     tp = str(cfg.tensor_parallel_size)
     cmds: list[dict] = []
     if "latency" in cfg.benchmarks:

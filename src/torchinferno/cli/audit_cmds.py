@@ -6,7 +6,10 @@ import argparse
 import importlib.util
 import json
 import platform
+import re
 from pathlib import Path
+
+_TEST_FILE = re.compile(r"tests/[A-Za-z0-9_/]*\.py")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,6 +76,21 @@ def parse_roadmap(path: Path) -> list[dict]:
     return rows
 
 
+def missing_test_citations(rows: list[dict], repo_root: Path) -> list[tuple[str, str]]:
+    """(capability, path) for every ``tests/...py`` a row cites that does not exist under ``repo_root``.
+
+    Evidence must be checkable: a row that names a test file which is gone would otherwise keep its
+    status on the strength of nothing. Only checked where ``repo_root/tests`` exists (a source checkout)."""
+    if not (repo_root / "tests").is_dir():
+        return []
+    missing = []
+    for r in rows:
+        for cited in _TEST_FILE.findall(" ".join(r.values())):
+            if not (repo_root / cited).is_file():
+                missing.append((r.get("capability", "?"), cited))
+    return missing
+
+
 def cmd_audit(a) -> int:
     from torchinferno.errors import ConfigError
 
@@ -81,8 +99,16 @@ def cmd_audit(a) -> int:
     if path is None or not path.exists():
         raise ConfigError(f"ROADMAP.md not found ({a.roadmap or 'searched docs/ROADMAP.md above the package'})")
     rows = parse_roadmap(path)
+    missing = missing_test_citations(rows, path.resolve().parent.parent)
+    error = None
+    if missing:
+        error = ConfigError(f"{path} cites test files that do not exist: "
+                            + "; ".join(f"row '{cap}' -> {cited}" for cap, cited in missing))
     if a.json:
-        print(json.dumps({"environment": env, "features": rows}, indent=2))
+        print(json.dumps({"environment": env, "features": rows,
+                          "missing_test_files": [{"capability": c, "path": p} for c, p in missing]}, indent=2))
+        if error:
+            raise error
         return 0
     print("environment:")
     for k, v in env.items():
@@ -94,4 +120,6 @@ def cmd_audit(a) -> int:
     w = max((len(r.get("capability", "")) for r in rows), default=10)
     for r in rows:
         print(f"  {r.get('area', ''):4s} {r.get('capability', ''):{w}s}  {r.get('status', ''):8s}  {r.get('evidence', '')}")
+    if error:
+        raise error  # after the table, so the report is still readable; exit 1
     return 0

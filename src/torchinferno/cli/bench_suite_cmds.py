@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from torchinferno.bench.suite_common import DEFAULT_SUITE_MODEL, DEFAULT_SUITE_TP
+
 
 def _rate(v: str) -> float:
     try:
@@ -131,8 +133,8 @@ def _suite_kwargs(a) -> dict:
 def _register_suites(sub) -> None:
     p = sub.add_parser("vllm-bench-suite", help="plan (and with --run, run) vllm bench latency/throughput/serve")
     _add_suite_args(p)
-    p.add_argument("--model", default="meta-llama/Llama-3.1-8B-Instruct", help="HF id or path, as vLLM takes it")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--model", default=DEFAULT_SUITE_MODEL, help=f"HF id or path, as vLLM takes it (default: {DEFAULT_SUITE_MODEL})")
+    p.add_argument("--tensor-parallel-size", type=int, default=DEFAULT_SUITE_TP, help=f"default: {DEFAULT_SUITE_TP}")
     p.add_argument("--port", type=int, default=8000, help="port of the planned `vllm serve` (without --base-url)")
     p.add_argument("--vllm-executable", default=None, help="vllm executable (default: `vllm` on PATH)")
     p.set_defaults(func=cmd_vllm_suite)
@@ -146,10 +148,14 @@ def _register_suites(sub) -> None:
     p = sub.add_parser("llama-bench-suite", help="vLLM-shaped latency/throughput/serve benchmarks on TorchInferno's engine")
     _add_suite_args(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--model", default=None, help="registry name, HF dir, .gguf or hub id (default: smollm2-135m-instruct)")
+    g.add_argument("--model", default=None,
+                   help=f"registry name, HF dir, .gguf or hub id (default: {DEFAULT_SUITE_MODEL} on "
+                        f"cuda:0..cuda:{DEFAULT_SUITE_TP - 1}, the README's plan; planning needs no weights)")
     g.add_argument("--model-kind", default=None, help="a tiny random model of this family (e.g. llama3)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--devices", nargs="+", default=["cpu"], help="devices (more than one = parallel run)")
+    p.add_argument("--devices", nargs="+", default=None,
+                   help=f"devices, more than one = parallel run (default: {DEFAULT_SUITE_TP} CUDA devices for the "
+                        "default model, else cpu)")
     p.add_argument("--parallelism", default="tensor", choices=["pipeline", "tensor"])
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.set_defaults(func=cmd_llama_suite)
@@ -186,8 +192,7 @@ def cmd_llama_suite(a) -> int:
     from torchinferno.bench.native_suite import NativeSuiteConfig, native_suite
 
     cfg = NativeSuiteConfig(model=a.model, model_kind=a.model_kind, dtype=a.dtype, devices=a.devices,
-                            parallelism=a.parallelism, max_num_seqs=a.max_num_seqs,
-                            tensor_parallel_size=len(a.devices) if a.parallelism == "tensor" else 1, **_suite_kwargs(a))
+                            parallelism=a.parallelism, max_num_seqs=a.max_num_seqs, **_suite_kwargs(a))
     return native_suite(cfg, a.run)
 
 
@@ -212,6 +217,11 @@ def _register_microbenches(sub) -> None:
     p.add_argument("--model-kind", default=None, help="model backend: tiny random model of this family")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="model backend: 1 (the only size supported yet)")
+    p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
+                   help="accepted for the original's command lines; one device runs unsplit either way")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM-style command lines; harmless: checkpoint code is never run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-output", default=None)
     p.set_defaults(func=cmd_openai_microbench)
@@ -234,6 +244,10 @@ def _register_microbenches(sub) -> None:
 def cmd_openai_microbench(a) -> int:
     from torchinferno.bench.microbench import MicrobenchConfig, run_microbench
     from torchinferno.bench.synthetic_engine import SyntheticCost
+    from torchinferno.errors import ConfigError
+
+    if a.tensor_parallel_size != 1:
+        raise ConfigError("--tensor-parallel-size > 1 is not supported yet (valid: 1)")
 
     cfg = MicrobenchConfig(
         backend=a.backend, concurrency=a.concurrency, prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,

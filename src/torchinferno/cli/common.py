@@ -78,3 +78,20 @@ def load_model_and_tokenizer(a: argparse.Namespace):
     if spec is None:
         spec = str(model.checkpoint_dir) if (Path(model.checkpoint_dir) / "tokenizer.json").exists() else "byte"
     return model, load_tokenizer(spec)
+
+
+TINY_MODEL = "tiny"
+"""``--model tiny``: a tiny random model (of ``--model-kind``'s family, default llama3) instead of a checkpoint."""
+
+
+def tiny_kind_family(model_kind: str) -> str:
+    """The family name behind a ``--model-kind`` spelling: a family name or alias (``llama3``, ``deepseek``,
+    ``dsv4``, ...) or the original's ``tiny-<family>`` form (``tiny-llama``, ``tiny-llama3``,
+    ``tiny-deepseek``, ``tiny-dsv4``). Unknown names raise ``ConfigError`` listing the valid ones."""
+    from torchinferno.errors import ConfigError
+    from torchinferno.models.registry import get_family
+
+    try:
+        return get_family(model_kind.removeprefix("tiny-")).name
+    except ConfigError as e:
+        raise ConfigError(f"--model-kind {model_kind}: {e}; each also spelled tiny-<name>") from None

@@ -17,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--kv-cache-memory", default=None, help="KV pool bytes, e.g. 64MiB (default: sized for the requests)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--cache-backend", default="paged", choices=["paged", "dense"],
+                   help="paged: block pool with prefix reuse; dense: one max-length block per sequence (no prefix reuse)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=None)
@@ -79,7 +81,9 @@ def cmd_serve_smoke(a) -> int:
         model = load_model_auto(a.model, device=a.device, dtype=dtype, cache_dir=a.cache_dir)
         name = a.model
     else:
-        kind = a.model_kind or "llama3"
+        from torchinferno.cli.common import tiny_kind_family
+
+        kind = tiny_kind_family(a.model_kind) if a.model_kind else "llama3"
         model = _random_model(kind, a.size, a.device, dtype, a.seed)
         name = f"random {kind}:{a.size}"
     ctx = getattr(model.config, "max_position_embeddings", 2048)
@@ -90,12 +94,15 @@ def cmd_serve_smoke(a) -> int:
     ref_gen = StaticGenerator(model, len(prompts), max(len(p) for p in prompts) + a.max_tokens)
     ref = [r.token_ids for r in ref_gen.generate(prompts, params)]
 
-    cfg = EngineConfig(block_size=a.block_size, kv_cache_memory=a.kv_cache_memory,
+    max_len = max(len(p) for p in prompts) + a.max_tokens
+    dense = a.cache_backend == "dense"  # the paged layout with one max-length block per sequence
+    block = max_len if dense else a.block_size
+    cfg = EngineConfig(block_size=block, kv_cache_memory=a.kv_cache_memory,
                        max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
                        enforce_eager=a.enforce_eager, async_scheduling=a.async_scheduling, kv_cache_dtype=a.kv_cache_dtype,
-                       max_model_len=max(len(p) for p in prompts) + a.max_tokens)
+                       max_model_len=max_len, enable_prefix_caching=not dense)
     if a.kv_cache_memory is None:
-        per_req = -(-cfg.max_model_len // a.block_size)
+        per_req = -(-cfg.max_model_len // block)
         cfg.num_gpu_blocks = per_req * len(prompts)
     engine = LLMEngine(model, None, cfg)
     t0 = time.perf_counter()
@@ -114,6 +121,6 @@ def cmd_serve_smoke(a) -> int:
     print(f"serve-smoke {verdict}: {len(prompts) - len(bad)}/{len(prompts)} requests equal plain generation "
           f"({name}, {a.device}, {s.num_forward_calls} forwards, max batch {s.max_batch_seqs} seqs/{s.max_batch_tokens} tokens, "
           f"graph steps {s.num_graph_steps}, preemptions {s.num_preemptions}, prefix hits {s.prefix_hits}/{s.prefix_queries} tokens, "
-          f"{s.num_generated_tokens / wall:.1f} tok/s, {engine.describe()})"
+          f"{s.num_generated_tokens / wall:.1f} tok/s, {a.cache_backend} cache, {engine.describe()})"
           + (f"; mismatched requests: {bad}" if bad else ""))
     return 0 if not bad else 1

@@ -57,7 +57,7 @@ def cmd_perf_smoke(a) -> int:
     if a.json_output:
         with open(a.json_output, "w") as f:
             json.dump(res, f, indent=2)
-    return 0
+    return 0 if res["ok"] else 1  # a kernel that is fast but wrong fails the smoke
 
 
 def cmd_bench_gpu(a) -> int:

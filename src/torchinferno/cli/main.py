@@ -35,13 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torchinferno.env import apply_platform_defaults, read_env
+    from torchinferno.env import apply_platform_defaults, read_env, warn_unread_env
 
     apply_platform_defaults()  # before anything imports torch
     from torchinferno.errors import TorchInfernoError
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    warn_unread_env()  # one line per TORCHINFERNO_* knob of the original that we do not read
     try:
         rc = args.func(args)
         return int(rc or 0)

@@ -3,6 +3,11 @@
 Boundary rules: every body is decoded and validated here (bad input -> 4xx OpenAI error object,
 never an exception in the engine loop); a client that disconnects has its request aborted so
 its KV blocks are freed; the engine runs in its own thread, so no handler blocks the event loop.
+
+Every error body is an OpenAI error object ``{"error": {"message", "type", "param", "code"}}``:
+4xx for bad input, 404/405 for unknown routes, 503 once the engine thread is not running (``/health``
+answers 503 too, so a supervisor can restart the server), 500 for anything unexpected; each is counted in
+``torchinferno_request_errors`` by status. A stream that fails after its 200 ends with an error event.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchinferno import __version__
+from torchinferno.engine.async_engine import EngineDeadError
 from torchinferno.errors import TorchInfernoError
 from torchinferno.server import completions
 from torchinferno.server.metrics import ServerMetrics
@@ -26,6 +33,7 @@ from torchinferno.server.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
+    as_openai_error,
     check_text,
 )
 
@@ -95,10 +103,26 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
         metrics.bad_requests.labels(cfg.model_name, str(e.status)).inc()
         return error_response(e)
 
-    @app.exception_handler(TorchInfernoError)
-    async def input_error(_: Request, e: TorchInfernoError):
-        metrics.bad_requests.labels(cfg.model_name, "400").inc()
-        return error_response(BadRequest(str(e).splitlines()[0] if str(e) else type(e).__name__))
+    @app.exception_handler(TorchInfernoError)  # bad input -> 400
+    @app.exception_handler(EngineDeadError)  # the engine thread stopped -> 503
+    @app.exception_handler(Exception)  # a bug -> 500 (Starlette still logs the traceback)
+    async def openai_error(_: Request, e: Exception):
+        err = as_openai_error(e)
+        metrics.bad_requests.labels(cfg.model_name, str(err.status)).inc()
+        return error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, e: StarletteHTTPException):  # unknown route (404), wrong method (405)
+        metrics.bad_requests.labels(cfg.model_name, str(e.status_code)).inc()
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        resp = error_response(BadRequest(str(e.detail), status=e.status_code, code=code))
+        for k, v in (e.headers or {}).items():
+            resp.headers[k] = v
+        return resp
+
+    def check_engine() -> None:
+        if not engine.is_running:
+            raise as_openai_error(EngineDeadError("the engine is not running"))
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in (cfg.model_name, cfg.root):
@@ -107,6 +131,8 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if not engine.is_running:
+            return error_response(as_openai_error(EngineDeadError("the engine is not running")))
         return Response(status_code=200)
 
     @app.get("/version")
@@ -151,12 +177,14 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
     async def chat(request: Request):
         req = await parse_body(request, ChatCompletionRequest)
         check_model(req.model)
+        check_engine()  # before a stream starts with 200
         return await ctx.chat(req, request, f"chatcmpl-{uuid.uuid4().hex}")
 
     @app.post("/v1/completions")
     async def complete(request: Request):
         req = await parse_body(request, CompletionRequest)
         check_model(req.model)
+        check_engine()
         return await ctx.completion(req, request, f"cmpl-{uuid.uuid4().hex}")
 
     return app

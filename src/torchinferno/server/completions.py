@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from torchinferno.server.protocol import BadRequest, ChatCompletionRequest, CompletionRequest, check_text, sampling_params
+from torchinferno.server.protocol import (
+    BadRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+    as_openai_error,
+    check_text,
+    sampling_params,
+)
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -265,19 +272,26 @@ class Context:
             elif echo is not None:
                 yield chunk([{"index": ch.index, "text": echo[ch.prompt_index], "logprobs": None, "finish_reason": None}
                              for ch, _ in runs])
-            async for ch, out in self._events(runs):
-                if not out.text_delta and not out.finished:
-                    continue
-                pairs = list(zip(out.new_token_ids, out.logprobs or [])) if want_logprobs else []
-                if chat:
-                    c = {"index": ch.index, "delta": {"content": out.text_delta} if out.text_delta else {},
-                         "logprobs": self._chat_logprobs(pairs) if want_logprobs else None,
-                         "finish_reason": out.finish_reason if out.finished else None}
-                else:
-                    c = {"index": ch.index, "text": out.text_delta,
-                         "logprobs": self._completion_logprobs(pairs) if want_logprobs else None,
-                         "finish_reason": out.finish_reason if out.finished else None}
-                yield chunk([c])
+            try:
+                async for ch, out in self._events(runs):
+                    if not out.text_delta and not out.finished:
+                        continue
+                    pairs = list(zip(out.new_token_ids, out.logprobs or [])) if want_logprobs else []
+                    if chat:
+                        c = {"index": ch.index, "delta": {"content": out.text_delta} if out.text_delta else {},
+                             "logprobs": self._chat_logprobs(pairs) if want_logprobs else None,
+                             "finish_reason": out.finish_reason if out.finished else None}
+                    else:
+                        c = {"index": ch.index, "text": out.text_delta,
+                             "logprobs": self._completion_logprobs(pairs) if want_logprobs else None,
+                             "finish_reason": out.finish_reason if out.finished else None}
+                    yield chunk([c])
+            except Exception as e:  # the 200 is already sent: end the stream with an OpenAI error event
+                err = as_openai_error(e)
+                self.metrics.bad_requests.labels(self.model_name, str(err.status)).inc()
+                yield f"data: {json.dumps(err.body())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
             if include_usage:
                 yield chunk([], self._usage(runs))
             yield "data: [DONE]\n\n"

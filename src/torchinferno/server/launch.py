@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from torchinferno.cli.common import add_quantization_arg
+from torchinferno.cli.common import TINY_MODEL, add_quantization_arg, tiny_kind_family
 from torchinferno.errors import ConfigError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -14,8 +15,11 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_pos", nargs="?", default=None, metavar="MODEL",
                    help=f"registry name, HF dir, .gguf or hub id (default: {DEFAULT_MODEL})")
-    p.add_argument("--model", default=None, help="same as MODEL")
-    p.add_argument("--model-kind", default=None, help="serve a tiny random model of this family (e.g. llama3) instead of a checkpoint")
+    p.add_argument("--model", default=None, help=f"same as MODEL; '{TINY_MODEL}' = a tiny random model of --model-kind's family")
+    p.add_argument("--model-kind", default=None,
+                   help="family (llama3, deepseek, dsv4, ... or the tiny-llama / tiny-deepseek / tiny-dsv4 spellings): "
+                        "without MODEL (or with --model tiny) serve a tiny random model of it; with a checkpoint, "
+                        "check that the checkpoint is of this family")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--tokenizer", default=None, help="byte | PATH (default: the checkpoint's tokenizer.json, else byte)")
     p.add_argument("--device", default="cpu")
@@ -40,6 +44,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                         "with the device; same outputs)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
+                   help="how a multi-device model is split; one device (the only size supported yet) runs unsplit either way")
+    p.add_argument("--single-request-admission-wait-ms", type=float, default=None, metavar="MS",
+                   help="accepted for the original's command lines; no effect: the scheduler admits waiting requests "
+                        "at every step, never waiting for a batch to fill (what 0 asks for)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM-style command lines; harmless: TorchInferno never runs code shipped with a "
+                        "checkpoint (models are built from our own family code)")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--log-level", default="warning")
     p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights (for the CPU GEMV kernel)")
@@ -58,21 +70,30 @@ def build(args: argparse.Namespace):
     if args.tensor_parallel_size != 1:
         raise ConfigError("--tensor-parallel-size > 1 is not supported yet (valid: 1)")
     check_device(args.device)
+    if args.single_request_admission_wait_ms:  # 0 is what we do anyway
+        print(f"note: --single-request-admission-wait-ms {args.single_request_admission_wait_ms:g} has no effect: "
+              "the scheduler admits waiting requests at every step", file=sys.stderr, flush=True)
     model_spec = args.model or args.model_pos
-    if args.model_kind and not model_spec:
+    tiny_family = _tiny_family(model_spec, args.model_kind)
+    if tiny_family is not None:
         from torchinferno.checkpoint.auto import default_attention_backend, resolve_dtype
         from torchinferno.models.registry import get_family
         from torchinferno.testing import tiny_model
 
-        fam = get_family(args.model_kind)
+        fam = get_family(tiny_family)
         backend = default_attention_backend(fam, fam.size("debug"), args.device)
-        model = tiny_model(args.model_kind, dtype=resolve_dtype(args.dtype), device=args.device, attention_backend=backend)
-        root, name, tok_spec = f"random:{args.model_kind}", args.served_model_name or f"tiny-{args.model_kind}", args.tokenizer or "byte"
+        model = tiny_model(tiny_family, dtype=resolve_dtype(args.dtype), device=args.device, attention_backend=backend)
+        kind = args.model_kind or tiny_family
+        default_name = TINY_MODEL if model_spec == TINY_MODEL else kind if kind.startswith("tiny-") else f"tiny-{kind}"
+        root, name, tok_spec = f"random:{tiny_family}", args.served_model_name or default_name, args.tokenizer or "byte"
     else:
         from torchinferno.checkpoint.auto import load_model_auto
 
         model_spec = model_spec or DEFAULT_MODEL
         model = load_model_auto(model_spec, device=args.device, dtype=args.dtype, cache_dir=args.cache_dir)
+        if args.model_kind and tiny_kind_family(args.model_kind) != model.family.name:
+            raise ConfigError(f"--model-kind {args.model_kind} does not match {model_spec}, a {model.family.name} "
+                              "checkpoint (leave --model-kind out to take the family from config.json)")
         root = str(model.checkpoint_dir)
         name = args.served_model_name or model_spec
         tok_spec = args.tokenizer or (root if (Path(root) / "tokenizer.json").exists() else "byte")
@@ -98,6 +119,21 @@ def build(args: argparse.Namespace):
     async_engine = AsyncEngine(engine)
     scfg = ServerConfig(model_name=name, root=root, max_model_len=engine.config.max_model_len or max_len, api_key=args.api_key)
     return create_app(async_engine, tokenizer, scfg), scfg, async_engine
+
+
+def _tiny_family(model_spec: str | None, model_kind: str | None) -> str | None:
+    """The family of the tiny random model to serve, or None to load the checkpoint ``model_spec``.
+
+    ``--model-kind K`` alone or with ``--model tiny`` -> K's family; ``--model tiny`` alone -> llama3;
+    a ``tiny-*`` kind next to a real checkpoint is a contradiction (error)."""
+    if model_spec == TINY_MODEL:
+        return tiny_kind_family(model_kind) if model_kind else "llama3"
+    if model_spec is None and model_kind:
+        return tiny_kind_family(model_kind)
+    if model_kind and model_kind.startswith("tiny-"):
+        raise ConfigError(f"--model-kind {model_kind} is a tiny random model, but a checkpoint was given ({model_spec}); "
+                          f"use --model {TINY_MODEL} for the random model")
+    return None
 
 
 def serve(args: argparse.Namespace) -> int:

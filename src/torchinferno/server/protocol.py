@@ -28,6 +28,24 @@ class BadRequest(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def as_openai_error(e: BaseException) -> BadRequest:
+    """The OpenAI error object for any failure: ``BadRequest`` as is, bad input (``TorchInfernoError``) 400,
+    the engine thread gone (``EngineDeadError``) 503, anything else (a bug) 500."""
+    from torchinferno.engine.async_engine import EngineDeadError
+    from torchinferno.errors import TorchInfernoError
+
+    if isinstance(e, BadRequest):
+        return e
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if isinstance(e, EngineDeadError):
+        return BadRequest(f"{msg}; the server cannot generate any more (restart it)", status=503,
+                          type_="server_error", code="engine_not_running")
+    if isinstance(e, TorchInfernoError):
+        return BadRequest(msg)
+    return BadRequest(f"internal server error ({type(e).__name__}: {msg})", status=500, type_="server_error",
+                      code="internal_error")
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: Optional[StrictBool] = False
