@@ -24,3 +24,9 @@ class TokenizerError(TorchInfernoError):
 
 class SamplingError(TorchInfernoError):
     """Invalid sampling parameters."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine stopped (shutdown, a failed step, or its process died); no more requests are served.
+
+    Not a ``TorchInfernoError``: no input caused it. Servers answer it with 503."""

@@ -1,15 +1,27 @@
-"""Failures never leave a plain-text body: a dead engine thread turns /health and every request into an
-OpenAI-shaped 503, an unexpected exception into an OpenAI-shaped 500 (counted), unknown routes into 404s."""
+"""Failures never leave a plain-text body: a dead engine (its thread with --engine-in-process, its core process
+otherwise) turns /health and every request into an OpenAI-shaped 503, an unexpected exception into an
+OpenAI-shaped 500 (counted), unknown routes into 404s."""
 
+import argparse
 import json
+import os
+import signal
+import time
 
 import pytest
 from fastapi.testclient import TestClient
 
-from torchinferno.cli.main import build_parser
-from torchinferno.server.launch import build
+from torchinferno.server.launch import add_server_args, build
 
 BODY = {"model": "tiny", "prompt": "hello", "max_tokens": 3}
+ARGS = ["--model-kind", "llama3", "--dtype", "float32", "--max-model-len", "64", "--served-model-name", "tiny",
+        "--max-num-seqs", "4"]
+
+
+def _app(extra: list[str]):
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    return build(p.parse_args([*ARGS, *extra]))
 
 
 def _assert_openai_error(r, status: int) -> dict:
@@ -22,9 +34,17 @@ def _assert_openai_error(r, status: int) -> dict:
 
 @pytest.fixture
 def app_engine():
-    args = build_parser().parse_args(["serve", "--model-kind", "llama3", "--dtype", "float32", "--max-model-len", "64",
-                                      "--served-model-name", "tiny", "--max-num-seqs", "4"])
-    app, _, engine = build(args)
+    """The in-process engine (its step can be monkeypatched to fail)."""
+    app, _, engine = _app(["--engine-in-process"])
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, engine
+    engine.shutdown()
+
+
+@pytest.fixture
+def app_core():
+    """The default layout: the engine core in its own process."""
+    app, _, engine = _app([])
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client, engine
     engine.shutdown()
@@ -96,3 +116,26 @@ def test_unexpected_exception_is_openai_500_and_counted(app_engine, monkeypatch)
 def test_unknown_routes_are_openai_errors(app_engine, method, path, status):
     client, _ = app_engine
     _assert_openai_error(getattr(client, method)(path), status)
+
+
+def test_killed_core_process_mid_stream_then_503_everywhere(app_core):
+    client, engine = app_core
+    assert client.get("/health").status_code == 200
+    with client.stream("POST", "/v1/completions",
+                       json={**BODY, "max_tokens": 50, "ignore_eos": True, "stream": True}) as r:
+        assert r.status_code == 200
+        events = []
+        for ln in r.iter_lines():
+            if not ln.startswith("data: "):
+                continue
+            events.append(ln[len("data: "):])
+            if len(events) == 3:
+                os.kill(engine.core.pid, signal.SIGKILL)
+    assert events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["code"] == "engine_not_running" and "exited" in err["message"]
+    deadline = time.time() + 10
+    while engine.is_running and time.time() < deadline:
+        time.sleep(0.05)
+    _assert_openai_error(client.get("/health"), 503)
+    _assert_openai_error(client.post("/v1/completions", json=BODY), 503)

@@ -15,8 +15,10 @@ def _engine_reference(tiny_server, prompt_ids, max_tokens):
     from torchinferno.core.sampling_params import SamplingParams
     from torchinferno.engine.generate import generate
 
-    model = tiny_server.engine.engine.model
-    tok = tiny_server.engine.engine.tokenizer
+    from torchinferno.engine.assembly import ModelSpec, build_model
+
+    model = build_model(ModelSpec(model_kind="llama3", dtype="float32"))  # the server's model, rebuilt here (seeded)
+    tok = tiny_server.engine.tokenizer
     return generate(model, [prompt_ids], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), tokenizer=tok)[0]
 
 
@@ -33,8 +35,8 @@ def test_completion_stream_equals_nonstream_equals_generate(client, tiny_server)
     assert full.choices[0].text == streamed
     assert full.choices[0].finish_reason == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
-    assert full.usage.prompt_tokens == len(tiny_server.engine.engine.tokenizer.encode("hello world"))
-    ref = _engine_reference(tiny_server, tiny_server.engine.engine.tokenizer.encode("hello world"), 12)
+    assert full.usage.prompt_tokens == len(tiny_server.engine.tokenizer.encode("hello world"))
+    ref = _engine_reference(tiny_server, tiny_server.engine.tokenizer.encode("hello world"), 12)
     assert ref.text == full.choices[0].text
 
 

@@ -20,8 +20,10 @@ def test_chat_and_completion_match_plain_generation(smol_server):
     from torchinferno.engine.generate import generate
 
     client = openai.OpenAI(base_url=smol_server.base + "/v1", api_key="x", max_retries=0)
-    model = smol_server.engine.engine.model
-    tok = smol_server.engine.engine.tokenizer
+    from torchinferno.engine.assembly import ModelSpec, build_model
+
+    model = build_model(ModelSpec(model="smollm2-135m-instruct", dtype="float32"))  # the server's model (in its core)
+    tok = smol_server.engine.tokenizer
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     chat = client.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, max_tokens=24, temperature=0)
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(

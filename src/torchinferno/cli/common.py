@@ -49,49 +49,20 @@ def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
 
 
 def check_device(device: str) -> None:
-    import torch
+    from torchinferno.engine.assembly import check_device as _check
 
-    from torchinferno.errors import ConfigError
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device} requested but CUDA is not available (valid here: cpu)")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise ConfigError(f"unknown device '{device}' (valid: cpu, cuda, cuda:N)")
+    _check(device)
 
 
 def load_model_and_tokenizer(a: argparse.Namespace):
-    """(model, tokenizer) from --model/--dtype/--device/--tokenizer/--cache-dir."""
-    from pathlib import Path
-
-    from torchinferno.checkpoint.auto import load_model_auto
-    from torchinferno.kernels.fp8_linear import quantize_model
+    """(model, tokenizer) from --model/--dtype/--device/--tokenizer/--cache-dir, through the shared assembly."""
+    from torchinferno.engine.assembly import ModelSpec, build_model, tokenizer_spec
     from torchinferno.text.tokenizer import load_tokenizer
 
-    check_device(a.device)
-    model = load_model_auto(a.model, device=a.device, dtype=a.dtype, variant=a.variant, cache_dir=a.cache_dir)
-    quantize_model(model, getattr(a, "quantization", "none"))
-    if not getattr(a, "no_prepack", False):
-        from torchinferno.kernels.cpu_linear import prepack_linears
-
-        prepack_linears(model)  # no-op unless the weights are bf16 on a CPU with oneDNN bf16
-    spec = a.tokenizer
-    if spec is None:
-        spec = str(model.checkpoint_dir) if (Path(model.checkpoint_dir) / "tokenizer.json").exists() else "byte"
-    return model, load_tokenizer(spec)
+    spec = ModelSpec(model=a.model, dtype=a.dtype, device=a.device, quantization=getattr(a, "quantization", "none"),
+                     prepack=not getattr(a, "no_prepack", False), cache_dir=a.cache_dir, variant=a.variant)
+    model = build_model(spec)
+    return model, load_tokenizer(tokenizer_spec(spec, a.tokenizer, model.checkpoint_dir))
 
 
-TINY_MODEL = "tiny"
-"""``--model tiny``: a tiny random model (of ``--model-kind``'s family, default llama3) instead of a checkpoint."""
-
-
-def tiny_kind_family(model_kind: str) -> str:
-    """The family name behind a ``--model-kind`` spelling: a family name or alias (``llama3``, ``deepseek``,
-    ``dsv4``, ...) or the original's ``tiny-<family>`` form (``tiny-llama``, ``tiny-llama3``,
-    ``tiny-deepseek``, ``tiny-dsv4``). Unknown names raise ``ConfigError`` listing the valid ones."""
-    from torchinferno.errors import ConfigError
-    from torchinferno.models.registry import get_family
-
-    try:
-        return get_family(model_kind.removeprefix("tiny-")).name
-    except ConfigError as e:
-        raise ConfigError(f"--model-kind {model_kind}: {e}; each also spelled tiny-<name>") from None
+from torchinferno.engine.assembly import TINY_MODEL, tiny_kind_family  # noqa: E402,F401  (re-exported for commands)

@@ -16,9 +16,25 @@ from torch import nn
 
 from torchinferno.errors import ConfigError
 
-__all__ = ["ModelSpec", "build_model", "check_device", "tokenizer_spec", "DEFAULT_MODEL"]
+__all__ = ["ModelSpec", "build_model", "check_device", "tokenizer_spec", "tiny_kind_family", "DEFAULT_MODEL",
+           "TINY_MODEL", "QUANTIZATIONS"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+TINY_MODEL = "tiny"
+"""``--model tiny``: a tiny random model (of ``--model-kind``'s family, default llama3) instead of a checkpoint."""
+QUANTIZATIONS = ("none", "fp8")
+
+
+def tiny_kind_family(model_kind: str) -> str:
+    """The family name behind a ``--model-kind`` spelling: a family name or alias (``llama3``, ``deepseek``,
+    ``dsv4``, ...) or the original's ``tiny-<family>`` form (``tiny-llama``, ``tiny-llama3``,
+    ``tiny-deepseek``, ``tiny-dsv4``). Unknown names raise ``ConfigError`` listing the valid ones."""
+    from torchinferno.models.registry import get_family
+
+    try:
+        return get_family(model_kind.removeprefix("tiny-")).name
+    except ConfigError as e:
+        raise ConfigError(f"--model-kind {model_kind}: {e}; each also spelled tiny-<name>") from None
 
 
 def check_device(device: str) -> None:
@@ -91,11 +107,12 @@ def build_model(spec: ModelSpec) -> nn.Module:
     return model
 
 
-def tokenizer_spec(spec: ModelSpec, tokenizer: str | None = None) -> str:
-    """``tokenizer`` when given; else the checkpoint's ``tokenizer.json``; else the byte tokenizer."""
+def tokenizer_spec(spec: ModelSpec, tokenizer: str | None = None, checkpoint_dir: str | Path | None = None) -> str:
+    """``tokenizer`` when given; else the checkpoint's ``tokenizer.json``; else the byte tokenizer.
+    ``checkpoint_dir``: the spec's resolved directory when the caller already has it."""
     if tokenizer is not None:
         return tokenizer
-    ckpt = spec.checkpoint_dir()
+    ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else spec.checkpoint_dir()
     if ckpt is not None and (ckpt / "tokenizer.json").exists():
         return str(ckpt)
     return "byte"

@@ -22,13 +22,9 @@ from typing import AsyncIterator
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.llm_engine import EngineStats, LLMEngine
 from torchinferno.engine.outputs import RequestOutput
-from torchinferno.errors import ConfigError
+from torchinferno.errors import ConfigError, EngineDeadError
 
 __all__ = ["AsyncEngine", "EngineDeadError"]
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped (shutdown, or a step raised); no more requests are served."""
 
 
 @dataclass
@@ -49,6 +45,8 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._stats = engine.stats()
+        self.on_dead = None  # called once, from the engine thread, with the reason when the loop dies
+        self.max_model_len = engine.max_model_len
         self._thread = threading.Thread(target=self._run, name="torchinferno-engine", daemon=True)
         self._thread.start()
 
@@ -60,6 +58,19 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """A snapshot published by the engine thread after each step (cheap; never blocks)."""
         return self._stats
+
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def describe(self) -> str:
+        return f"in-process engine thread: {self.engine.describe()}"
+
+    async def abort_all(self) -> None:
+        """Abort every request in flight (draining at shutdown)."""
+        with self._lock:
+            rids = list(self._streams)
+        for rid in rids:
+            self._cmds.put(("abort", rid))
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
@@ -162,6 +173,8 @@ class AsyncEngine:
                     self._deliver(out.request_id, out)
         except BaseException as e:  # a bug in a step: fail every stream instead of hanging them
             self._error = e
+            if self.on_dead is not None:
+                self.on_dead(f"the engine stopped: {e!r}")
         finally:
             err = EngineDeadError("the engine stopped" + (f": {self._error!r}" if self._error else ""))
             with self._lock:

@@ -40,13 +40,9 @@ from torchinferno.engine.core_types import (
 )
 from torchinferno.engine.output_processor import OutputProcessor
 from torchinferno.engine.outputs import RequestOutput
-from torchinferno.errors import ConfigError
+from torchinferno.errors import ConfigError, EngineDeadError
 
 __all__ = ["AsyncLLM", "EngineDeadError"]
-
-
-class EngineDeadError(RuntimeError):
-    """The engine stopped (shutdown, a failed step, or its process died); no more requests are served."""
 
 
 class AsyncLLM:
@@ -167,6 +163,11 @@ class AsyncLLM:
         q = self._queues.get(request_id)
         if q is not None:
             q.put_nowait(out)
+
+    async def abort_all(self) -> None:
+        """Abort every request in flight (draining at shutdown)."""
+        for rid in list(self._queues):
+            await self.abort(rid)
 
     async def call(self, method: str, *args):
         """Call one of the core's utility methods (``core_proc.UTILITY_METHODS``) and wait for the result."""

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchinferno import __version__
-from torchinferno.engine.async_engine import EngineDeadError
+from torchinferno.errors import EngineDeadError
 from torchinferno.errors import TorchInfernoError
 from torchinferno.server import completions
 from torchinferno.server.metrics import ServerMetrics
@@ -93,6 +93,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
     app = FastAPI(title="TorchInferno OpenAI-compatible server", version=__version__)
     metrics = ServerMetrics(cfg.model_name)
     app.state.engine, app.state.metrics, app.state.config = engine, metrics, cfg
+    app.state.draining = False  # set on SIGTERM (server.launch): new requests get 503
     ctx = completions.Context(engine, tokenizer, cfg.model_name, cfg.max_model_len, metrics)
 
     if cfg.api_key:
@@ -120,9 +121,18 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
             resp.headers[k] = v
         return resp
 
-    def check_engine() -> None:
+    def unavailable() -> BadRequest | None:
+        if app.state.draining:
+            return BadRequest("the server is shutting down", status=503, type_="service_unavailable",
+                              code="shutting_down")
         if not engine.is_running:
-            raise as_openai_error(EngineDeadError("the engine is not running"))
+            return as_openai_error(EngineDeadError("the engine is not running"))
+        return None
+
+    def check_engine() -> None:
+        err = unavailable()
+        if err is not None:
+            raise err
 
     def check_model(name: str | None) -> None:
         if name is not None and name not in (cfg.model_name, cfg.root):
@@ -131,8 +141,9 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if not engine.is_running:
-            return error_response(as_openai_error(EngineDeadError("the engine is not running")))
+        err = unavailable()
+        if err is not None:
+            return error_response(err)
         return Response(status_code=200)
 
     @app.get("/version")

@@ -22,11 +22,14 @@ class LiveServer:
     def __init__(self, argv: list[str], start_timeout: float = 60.0):
         import uvicorn
 
-        from torchinferno.cli.main import build_parser
-        from torchinferno.server.launch import build
+        import argparse
+
+        from torchinferno.server.launch import add_server_args, build
 
         self.port = free_port()
-        args = build_parser().parse_args(["serve", *argv, "--port", str(self.port)])
+        parser = argparse.ArgumentParser(prog="serve")
+        add_server_args(parser)
+        args = parser.parse_args([*argv, "--port", str(self.port)])
         self.app, self.config, self.engine = build(args)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -31,8 +31,7 @@ class BadRequest(Exception):
 def as_openai_error(e: BaseException) -> BadRequest:
     """The OpenAI error object for any failure: ``BadRequest`` as is, bad input (``TorchInfernoError``) 400,
     the engine thread gone (``EngineDeadError``) 503, anything else (a bug) 500."""
-    from torchinferno.engine.async_engine import EngineDeadError
-    from torchinferno.errors import TorchInfernoError
+    from torchinferno.errors import EngineDeadError, TorchInfernoError
 
     if isinstance(e, BadRequest):
         return e

@@ -1,0 +1,142 @@
+"""The flags of ``serve`` / ``openai-server`` / ``python -m torchinferno.openai_server`` and what they build.
+
+``add_server_args`` declares them; ``model_spec_from_args`` and ``engine_config_from_args`` turn them into
+the typed configs the engine takes (``engine.assembly.ModelSpec``, ``engine.config.EngineConfig``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from torchinferno.engine.assembly import DEFAULT_MODEL, QUANTIZATIONS, TINY_MODEL, ModelSpec, tiny_kind_family
+from torchinferno.errors import ConfigError
+
+__all__ = ["add_server_args", "model_spec_from_args", "engine_config_from_args", "served_name"]
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_pos", nargs="?", default=None, metavar="MODEL",
+                   help=f"registry name, HF dir, .gguf or hub id (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", default=None, help=f"same as MODEL; '{TINY_MODEL}' = a tiny random model of --model-kind's family")
+    p.add_argument("--model-kind", default=None,
+                   help="family (llama3, deepseek, dsv4, ... or the tiny-llama / tiny-deepseek / tiny-dsv4 spellings): "
+                        "without MODEL (or with --model tiny) serve a tiny random model of it; with a checkpoint, "
+                        "check that the checkpoint is of this family")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--tokenizer", default=None, help="byte | PATH (default: the checkpoint's tokenizer.json, else byte)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + completion (default: the model's context length, capped by the KV pool)")
+    p.add_argument("--cache-backend", default="paged", choices=["paged", "dense"],
+                   help="paged: block pool with prefix reuse; dense: one max-length block per sequence")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="KV pool size, e.g. 512MiB (default: on CUDA what --gpu-memory-utilization leaves after weights "
+                        "and activations; on CPU max-num-seqs full-length sequences, capped by the RAM available)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of the GPU's memory this server may use (weights + activations + KV pool); default 0.9")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="requests in one step (default: 256 on CUDA, 64 on CPU)")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="KV cache storage: auto (the model's dtype), bfloat16, float16, float32, fp8 / fp8_e4m3 "
+                        "(float8_e4m3fn, unscaled: half the bytes per decode step; GQA families) or fp8_e5m2")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens in one step (default: 8192 on CUDA, 512 on CPU)")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule and launch step k+1 before step k's tokens reach the host (overlaps host work "
+                        "with the device; same outputs)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
+                   help="how a multi-device model is split; one device (the only size supported yet) runs unsplit either way")
+    p.add_argument("--single-request-admission-wait-ms", type=float, default=None, metavar="MS",
+                   help="accepted for the original's command lines; no effect: the scheduler admits waiting requests "
+                        "at every step, never waiting for a batch to fill (what 0 asks for)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted for vLLM-style command lines; harmless: TorchInferno never runs code shipped with a "
+                        "checkpoint (models are built from our own family code)")
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights (for the CPU GEMV kernel)")
+    p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
+                   help="fp8: FP8-E4M3 weights and per-token activations (W8A8) for every linear but the head")
+    p.add_argument("--engine-in-process", action="store_true",
+                   help="run the engine loop in a thread of the server process instead of its own process "
+                        "(debugging and profiling only: HTTP and the engine then share one interpreter)")
+    p.add_argument("--shutdown-grace-period", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM: stop admitting, let in-flight requests finish for up to S seconds, then abort the "
+                        "rest (finish_reason 'abort') and exit 0")
+
+
+def _tiny_family(model_spec: str | None, model_kind: str | None) -> str | None:
+    """The family of the tiny random model to serve, or None to load the checkpoint ``model_spec``.
+
+    ``--model-kind K`` alone or with ``--model tiny`` -> K's family; ``--model tiny`` alone -> llama3;
+    a ``tiny-*`` kind next to a real checkpoint is a contradiction (error)."""
+    if model_spec == TINY_MODEL:
+        return tiny_kind_family(model_kind) if model_kind else "llama3"
+    if model_spec is None and model_kind:
+        return tiny_kind_family(model_kind)
+    if model_kind and model_kind.startswith("tiny-"):
+        raise ConfigError(f"--model-kind {model_kind} is a tiny random model, but a checkpoint was given ({model_spec}); "
+                          f"use --model {TINY_MODEL} for the random model")
+    return None
+
+
+def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The model to serve; a checkpoint's family is checked against ``--model-kind`` (from config.json only)."""
+    if args.tensor_parallel_size != 1:
+        raise ConfigError("--tensor-parallel-size > 1 is not supported yet (valid: 1)")
+    if args.single_request_admission_wait_ms:  # 0 is what we do anyway
+        print(f"note: --single-request-admission-wait-ms {args.single_request_admission_wait_ms:g} has no effect: "
+              "the scheduler admits waiting requests at every step", file=sys.stderr, flush=True)
+    given = args.model or args.model_pos
+    common = dict(dtype=args.dtype, device=args.device, quantization=args.quantization, prepack=not args.no_prepack,
+                  cache_dir=args.cache_dir)
+    family = _tiny_family(given, args.model_kind)
+    if family is not None:
+        return ModelSpec(model_kind=family, **common)
+    spec = ModelSpec(model=given or DEFAULT_MODEL, **common)
+    if args.model_kind:
+        from torchinferno.checkpoint.safetensors_io import read_config
+        from torchinferno.models.registry import family_for_hf_config
+
+        actual = family_for_hf_config(read_config(spec.checkpoint_dir())).name
+        if tiny_kind_family(args.model_kind) != actual:
+            raise ConfigError(f"--model-kind {args.model_kind} does not match {spec.model}, a {actual} "
+                              "checkpoint (leave --model-kind out to take the family from config.json)")
+    return spec
+
+
+def served_name(args: argparse.Namespace, spec: ModelSpec) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    if spec.model_kind is None:
+        return spec.model
+    given = args.model or args.model_pos
+    kind = args.model_kind or spec.model_kind
+    return TINY_MODEL if given == TINY_MODEL else kind if kind.startswith("tiny-") else f"tiny-{kind}"
+
+
+def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None):
+    """The engine's config. ``max_model_len`` is passed only when asked for (the engine caps the model's context
+    by the KV pool); the dense backend needs a length for its one-block-per-sequence layout."""
+    from torchinferno.engine.config import EngineConfig
+
+    max_len = args.max_model_len
+    block = args.block_size
+    if args.cache_backend == "dense":
+        max_len = max_len or min(model_max_len or 4096, 4096)
+        block = max_len
+    return EngineConfig(block_size=block, kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+                        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
+                        enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
+                        enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+                        kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization)
