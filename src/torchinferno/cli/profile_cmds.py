@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
+DEFAULT_MODEL_KIND = "dsv4"  # the README's default family for the offline workbench commands
+
 
 def _run_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     g = p.add_mutually_exclusive_group(required=required)
@@ -84,8 +86,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _source_or_model(p)
     p.set_defaults(func=cmd_profile_pattern)
 
-    p = sub.add_parser("trace-smoke", help="trace a tiny model's prefill with make_fx and check it")
-    p.add_argument("--model-kind", default="llama3")
+    p = sub.add_parser("trace-smoke", help="trace a tiny model's prefill with make_fx (default DSv4) and check it")
+    p.add_argument("--model-kind", default=DEFAULT_MODEL_KIND, help=f"family of the tiny model (default: {DEFAULT_MODEL_KIND})")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--fake", action="store_true", help="trace with FakeTensors (no compute)")
     p.add_argument("--print-graph", action="store_true")
     p.add_argument("--tokens", type=int, default=8)
@@ -188,17 +191,25 @@ def cmd_trace_smoke(a) -> int:
 
     import torch
 
-    from torchinferno.graph.capture import op_histogram
+    from torchinferno.cli.common import check_device
+    from torchinferno.errors import ConfigError
+    from torchinferno.graph.capture import module_path, op_histogram
     from torchinferno.graph.model_forward import prefill_forward, trace_prefill
     from torchinferno.testing import tiny_model
 
-    model = tiny_model(a.model_kind)
+    check_device(a.device)
+    if a.tokens < 1:
+        raise ConfigError(f"--tokens must be >= 1, got {a.tokens}")
+    model = tiny_model(a.model_kind, device=a.device)
     prompts = [[(7 * i + 3) % model.config.vocab_size for i in range(a.tokens)]]
     t0 = time.perf_counter()
     gm, inputs = trace_prefill(model, prompts, fake=a.fake)
     secs = time.perf_counter() - t0
-    out = {"family": model.family.name, "mode": "fake" if a.fake else "real", "tokens": a.tokens,
+    attn = "model.layers.0.self_attn"
+    out = {"family": model.family.name, "device": a.device, "mode": "fake" if a.fake else "real", "tokens": a.tokens,
            "nodes": len(gm.graph.nodes), "trace_s": round(secs, 3),
+           "attention_nodes": sum(1 for n in gm.graph.nodes if n.op == "call_function"
+                                  and (module_path(n) + ".").startswith(attn + ".")),
            "top_ops": dict(sorted(op_histogram(gm).items(), key=lambda kv: -kv[1])[:6])}
     if not a.fake:
         with torch.no_grad():
