@@ -1,8 +1,9 @@
 """Offline profiling / graph / promotion commands (thin: every command calls ``torchinferno.workbench``).
 
 ``profile-run``, ``profile-nodes``, ``profile-subgraph``, ``profile-region``, ``profile-pattern``,
-``trace-smoke``, ``candidate``, ``promote``, ``model-variants``, ``helion-candidate``,
-``helion-search-fx``, ``helion-search-region``, ``research-smoke``.
+``trace-smoke``, ``candidate``, ``promote``, ``model-variants``, ``research-smoke``; the Helion
+commands (``helion-candidate``, ``helion-search-fx``, ``helion-search-region``) live in
+``cli/helion_cmds.py`` and are registered from here.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("profile-pattern", help="reference vs pattern-replaced graph (comparison.json)")
     p.add_argument("out")
-    p.add_argument("--pattern", default="fused-rmsnorm-swiglu", help="fused-rmsnorm-swiglu (default) | swiglu")
+    p.add_argument("--pattern", default="fused-rmsnorm-swiglu", help="fused-rmsnorm-swiglu (default) | swiglu | rms-norm")
     p.add_argument("--hidden-size", type=int, default=None,
                    help="profile the pattern standalone at [--tokens, H] (no model; the README's GPU form)")
     p.add_argument("--intermediate-size", type=int, default=None, help="with --hidden-size: I of the gate/up projection (default H)")
@@ -138,16 +139,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_model_variants)
 
-    for name, what in (("helion-candidate", "a Helion kernel candidate for a pattern"),
-                       ("helion-search-fx", "search Helion configs for a graph partition"),
-                       ("helion-search-region", "search Helion configs for a module region")):
-        p = sub.add_parser(name, help=f"{what} (needs Helion)")
-        p.add_argument("out", nargs="?")
-        p.add_argument("--source-run", default=None)
-        p.add_argument("--pattern", default=None)
-        p.add_argument("--region", default=None)
-        p.add_argument("--nodes", nargs="*", default=None)
-        p.set_defaults(func=cmd_helion, helion_command=name)
+    from torchinferno.cli import helion_cmds  # helion-candidate / helion-search-fx / helion-search-region
+
+    helion_cmds.register(sub)
 
     p = sub.add_parser("research-smoke", help="run the registered research experiments and compare them")
     p.add_argument("--model-kind", default="llama3")
@@ -287,13 +281,6 @@ def cmd_model_variants(a) -> int:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-    return 0
-
-
-def cmd_helion(a) -> int:
-    from torchinferno.workbench.helion import helion_entry
-
-    helion_entry(a.helion_command, a.pattern or a.region or " ".join(a.nodes or []) or "the run")
     return 0
 
 

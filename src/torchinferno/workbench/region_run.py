@@ -21,7 +21,7 @@ from torch import nn
 
 from torchinferno.errors import ConfigError
 from torchinferno.workbench.artifacts import ArtifactDir
-from torchinferno.workbench.region_names import resolve_region  # noqa: F401  (re-exported: older import path)
+from torchinferno.workbench.region_names import resolve_region
 
 
 def capture_module_call(model: nn.Module, module: nn.Module, forward, args) -> tuple[tuple, dict, object]:
