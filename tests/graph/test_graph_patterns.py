@@ -64,5 +64,31 @@ def test_swiglu_pattern_and_unknown_name(traced_llama):
     assert apply_pattern(new, "swiglu")["replaced"] == model.config.num_hidden_layers
     with torch.no_grad():
         assert torch.allclose(new(*inputs.args), gm(*inputs.args), atol=1e-6)
-    with pytest.raises(ConfigError, match="valid: fused-rmsnorm-swiglu, swiglu"):
+    with pytest.raises(ConfigError, match="valid: fused-rmsnorm-swiglu, rms-norm, swiglu"):
         apply_pattern(new, "nope")
+
+
+def test_rms_norm_pattern_replaces_every_norm(traced_llama):
+    model, gm, inputs = traced_llama
+    new = copy.deepcopy(gm)
+    res = apply_pattern(new, "rms-norm")
+    assert res["replaced"] == 2 * model.config.num_hidden_layers + 1  # input + post-attention norms, final norm
+    assert sum(1 for n in new.graph.nodes if n.target is torch.ops.torchinferno.rms_norm.default) == res["replaced"]
+    with torch.no_grad():
+        assert torch.allclose(new(*inputs.args), gm(*inputs.args), atol=1e-5, rtol=0)
+
+
+def test_swiglu_pattern_matches_an_unprojected_gate_up_split():
+    """A gate/up pair that is an input (no GEMM before the split) is still a swiglu site."""
+    import torch.nn.functional as F
+
+    from torchinferno.graph.capture import trace_with_make_fx
+
+    def act(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    x = torch.randn(3, 16)
+    gm = trace_with_make_fx(act, (x,))
+    assert apply_pattern(gm, "swiglu")["replaced"] == 1
+    assert torch.allclose(gm(x), act(x), atol=1e-6)

@@ -26,5 +26,5 @@ def test_profile_run_from_checkpoint_dir_and_region_without_source_run(tmp_path,
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert main(["profile-region", str(tmp_path / "mlp"), "--model", str(ckpt), "--region", "model.layers.1.mlp",
                  "--iters", "2"]) == 0
-    info = json.loads((tmp_path / "mlp" / "region.json").read_text())
+    info = json.loads((tmp_path / "mlp" / "region_spec.json").read_text())
     assert info["module_class"] == "GatedMLP" and info["ok"] and info["full_graph_node_ids"]

@@ -68,7 +68,7 @@ def test_profile_subgraph_matches_full_graph_and_repro(llama_run, tmp_path, caps
     spec = json.loads((out / "subgraph_spec.json").read_text())
     assert spec["node_ids"] == [*range(42, 51), 60] and spec["max_abs_diff_vs_source"] <= 1e-6 and spec["ok"]
     assert spec["boundary_inputs"] and spec["outputs"]
-    for name in ("manifest.json", "subgraph.json", "subgraph.txt", "operator_profile.json", "chrome_trace.json",
+    for name in ("manifest.json", "subgraph_graph.json", "subgraph_graph.txt", "operator_profile.json", "chrome_trace.json",
                  "subgraph_tensors.pt", "subgraph_repro.py"):
         assert (out / name).exists(), name
     proc = _run_script(out / "subgraph_repro.py")
@@ -87,7 +87,7 @@ def test_profile_region_layer0_attention(llama_run, tmp_path, capsys):
     out = tmp_path / "region"
     assert main(["profile-region", str(out), "--source-run", str(llama_run), "--region", "model.layers.0.self_attn",
                  "--iters", "2"]) == 0
-    info = json.loads((out / "region.json").read_text())
+    info = json.loads((out / "region_spec.json").read_text())
     assert info["module_class"] == "Llama3Attention" and info["ok"]
     assert info["graph_max_abs_diff_vs_eager"] <= 1e-6 and info["slice_max_abs_diff_vs_source"] <= 1e-6
     graph = {n["id"]: n for n in json.loads((llama_run / "graph.json").read_text())["nodes"]}
@@ -95,9 +95,10 @@ def test_profile_region_layer0_attention(llama_run, tmp_path, capsys):
     for name in ("operator_profile.json", "chrome_trace.json", "region_graph.json", "region_repro.py"):
         assert (out / name).exists()
     capsys.readouterr()
-    assert main(["profile-region", str(tmp_path / "r2"), "--source-run", str(llama_run), "--region", "layers.0.attn"]) == 1
+    assert main(["profile-region", str(tmp_path / "r2"), "--source-run", str(llama_run), "--region", "model.layers.0.self_atn"]) == 1
     err = capsys.readouterr().err
-    assert "no module 'layers.0.attn'" in err and "model.layers.0.self_attn" in err and len(err.strip().splitlines()) == 1
+    assert "unknown region 'model.layers.0.self_atn'" in err and "model.layers.0.self_attn" in err and "layers.N.attn" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_profile_pattern_counts_and_numerics(llama_run, tmp_path):

@@ -1,8 +1,9 @@
 """Offline profiling / graph / promotion commands (thin: every command calls ``torchinferno.workbench``).
 
 ``profile-run``, ``profile-nodes``, ``profile-subgraph``, ``profile-region``, ``profile-pattern``,
-``trace-smoke``, ``candidate``, ``promote``, ``model-variants``, ``helion-candidate``,
-``helion-search-fx``, ``helion-search-region``, ``research-smoke``.
+``trace-smoke``, ``candidate``, ``promote``, ``model-variants``, ``research-smoke``; the Helion
+commands (``helion-candidate``, ``helion-search-fx``, ``helion-search-region``) live in
+``cli/helion_cmds.py`` and are registered from here.
 """
 
 from __future__ import annotations
@@ -10,39 +11,56 @@ from __future__ import annotations
 import argparse
 import json
 
+DEFAULT_MODEL_KIND = "dsv4"  # the README's default family for the offline workbench commands
 
-def _run_args(p: argparse.ArgumentParser, required: bool = True) -> None:
-    g = p.add_mutually_exclusive_group(required=required)
-    g.add_argument("--model-kind", default=None, help="family of a tiny random model (llama3, deepseek, ...)")
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--model-kind", default=None,
+                   help=f"family of a tiny random model (dsv4, deepseek, llama3; default {DEFAULT_MODEL_KIND} when no --model)")
     g.add_argument("--model", default=None, help="checkpoint: registry name, HF dir, .gguf or hub id")
     p.add_argument("--size", default="debug", help="named size of --model-kind (default: debug)")
     p.add_argument("--variant", default=None, help="model variant (default: the family's default)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cpu, or the source run's device)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--prompt-tokens", type=int, default=8)
+    p.add_argument("--prompt-tokens", "--tokens", dest="prompt_tokens", type=int, default=8,
+                   help="prompt length per row (--tokens is the same flag)")
     p.add_argument("--new-tokens", type=int, default=8)
     p.add_argument("--cache-backend", default="dense", choices=["dense", "paged"])
     p.add_argument("--seed", type=int, default=0)
 
 
 def _source_or_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source-run", default=None, help="a profile-run directory to re-trace (else give model flags)")
-    _run_args(p, required=False)
+    p.add_argument("--source-run", default=None,
+                   help=f"a profile-run directory to re-trace (else model flags; default a tiny {DEFAULT_MODEL_KIND})")
+    _run_args(p)
     p.add_argument("--iters", type=int, default=20)
 
 
-def _config(a):
-    from torchinferno.errors import ConfigError
+def _run_config(a):
+    """The RunConfig of model flags; a tiny ``DEFAULT_MODEL_KIND`` model when neither --model-kind nor --model."""
     from torchinferno.workbench.run_config import RunConfig
+
+    if not (a.model_kind or a.model):
+        a.model_kind = DEFAULT_MODEL_KIND
+    if a.device is None:
+        a.device = "cpu"
+    return RunConfig.from_args(a)
+
+
+def _config(a):
+    """None for --source-run (re-trace that run), else the model flags' RunConfig (default: tiny DSv4)."""
+    from torchinferno.cli.common import check_device
+    from torchinferno.errors import ConfigError
 
     if a.source_run is not None:
         if a.model_kind or a.model:
             raise ConfigError("give either --source-run or --model-kind/--model, not both")
+        if a.device is not None:
+            check_device(a.device)
         return None
-    if not (a.model_kind or a.model):
-        raise ConfigError("give --source-run DIR or --model-kind K / --model M")
-    return RunConfig.from_args(a)
+    return _run_config(a)
 
 
 def _done(manifest: dict, out: str) -> int:
@@ -72,20 +90,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iters", type=int, default=20)
     p.set_defaults(func=cmd_profile_subgraph)
 
-    p = sub.add_parser("profile-region", help="profile one module (e.g. model.layers.0.self_attn)")
+    p = sub.add_parser("profile-region", help="profile one module (layers.0.attn, layers.1.moe, forward, a module path)")
     p.add_argument("out")
-    p.add_argument("--region", required=True)
+    p.add_argument("--region", required=True,
+                   help="forward | attention | layers.N[.attn|.mlp|.moe] | a module path such as model.layers.0.self_attn")
     _source_or_model(p)
     p.set_defaults(func=cmd_profile_region)
 
     p = sub.add_parser("profile-pattern", help="reference vs pattern-replaced graph (comparison.json)")
     p.add_argument("out")
-    p.add_argument("--pattern", required=True, help="fused-rmsnorm-swiglu | swiglu")
+    p.add_argument("--pattern", default="fused-rmsnorm-swiglu", help="fused-rmsnorm-swiglu (default) | swiglu | rms-norm")
+    p.add_argument("--hidden-size", type=int, default=None,
+                   help="profile the pattern standalone at [--tokens, H] (no model; the README's GPU form)")
+    p.add_argument("--intermediate-size", type=int, default=None, help="with --hidden-size: I of the gate/up projection (default H)")
     _source_or_model(p)
     p.set_defaults(func=cmd_profile_pattern)
 
-    p = sub.add_parser("trace-smoke", help="trace a tiny model's prefill with make_fx and check it")
-    p.add_argument("--model-kind", default="llama3")
+    p = sub.add_parser("trace-smoke", help="trace a tiny model's prefill with make_fx (default DSv4) and check it")
+    p.add_argument("--model-kind", default=DEFAULT_MODEL_KIND, help=f"family of the tiny model (default: {DEFAULT_MODEL_KIND})")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--fake", action="store_true", help="trace with FakeTensors (no compute)")
     p.add_argument("--print-graph", action="store_true")
     p.add_argument("--tokens", type=int, default=8)
@@ -116,16 +139,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--json", action="store_true")
         p.set_defaults(func=cmd_model_variants)
 
-    for name, what in (("helion-candidate", "a Helion kernel candidate for a pattern"),
-                       ("helion-search-fx", "search Helion configs for a graph partition"),
-                       ("helion-search-region", "search Helion configs for a module region")):
-        p = sub.add_parser(name, help=f"{what} (needs Helion)")
-        p.add_argument("out", nargs="?")
-        p.add_argument("--source-run", default=None)
-        p.add_argument("--pattern", default=None)
-        p.add_argument("--region", default=None)
-        p.add_argument("--nodes", nargs="*", default=None)
-        p.set_defaults(func=cmd_helion, helion_command=name)
+    from torchinferno.cli import helion_cmds  # helion-candidate / helion-search-fx / helion-search-region
+
+    helion_cmds.register(sub)
 
     p = sub.add_parser("research-smoke", help="run the registered research experiments and compare them")
     p.add_argument("--model-kind", default="llama3")
@@ -138,9 +154,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_profile_run(a) -> int:
     from torchinferno.workbench.profile_run import profile_run
-    from torchinferno.workbench.run_config import RunConfig
 
-    return _done(profile_run(a.dir, RunConfig.from_args(a), trace_graph=not a.no_graph), a.dir)
+    return _done(profile_run(a.dir, _run_config(a), trace_graph=not a.no_graph), a.dir)
 
 
 def cmd_profile_nodes(a) -> int:
@@ -174,13 +189,25 @@ def cmd_profile_subgraph(a) -> int:
 def cmd_profile_region(a) -> int:
     from torchinferno.workbench.region_run import profile_region
 
-    return _done(profile_region(a.out, a.region, a.source_run, _config(a), iters=a.iters), a.out)
+    cfg = _config(a)
+    return _done(profile_region(a.out, a.region, a.source_run, cfg, iters=a.iters, device=a.device if cfg is None else None), a.out)
 
 
 def cmd_profile_pattern(a) -> int:
     from torchinferno.workbench.pattern_run import profile_pattern
 
-    return _done(profile_pattern(a.out, a.pattern, a.source_run, _config(a), iters=a.iters), a.out)
+    if a.hidden_size is not None:
+        from torchinferno.errors import ConfigError
+        from torchinferno.workbench.pattern_block import PatternShape
+
+        if a.source_run or a.model_kind or a.model:
+            raise ConfigError("--hidden-size profiles the pattern standalone; do not combine it with --source-run/--model-kind/--model")
+        shape = PatternShape(hidden_size=a.hidden_size, tokens=a.prompt_tokens, intermediate_size=a.intermediate_size,
+                             dtype=a.dtype, device=a.device or "cpu", seed=a.seed)
+        return _done(profile_pattern(a.out, a.pattern, iters=a.iters, shape=shape), a.out)
+    cfg = _config(a)
+    return _done(profile_pattern(a.out, a.pattern, a.source_run, cfg, iters=a.iters, device=a.device if cfg is None else None),
+                 a.out)
 
 
 def cmd_trace_smoke(a) -> int:
@@ -188,17 +215,25 @@ def cmd_trace_smoke(a) -> int:
 
     import torch
 
-    from torchinferno.graph.capture import op_histogram
+    from torchinferno.cli.common import check_device
+    from torchinferno.errors import ConfigError
+    from torchinferno.graph.capture import module_path, op_histogram
     from torchinferno.graph.model_forward import prefill_forward, trace_prefill
     from torchinferno.testing import tiny_model
 
-    model = tiny_model(a.model_kind)
+    check_device(a.device)
+    if a.tokens < 1:
+        raise ConfigError(f"--tokens must be >= 1, got {a.tokens}")
+    model = tiny_model(a.model_kind, device=a.device)
     prompts = [[(7 * i + 3) % model.config.vocab_size for i in range(a.tokens)]]
     t0 = time.perf_counter()
     gm, inputs = trace_prefill(model, prompts, fake=a.fake)
     secs = time.perf_counter() - t0
-    out = {"family": model.family.name, "mode": "fake" if a.fake else "real", "tokens": a.tokens,
+    attn = "model.layers.0.self_attn"
+    out = {"family": model.family.name, "device": a.device, "mode": "fake" if a.fake else "real", "tokens": a.tokens,
            "nodes": len(gm.graph.nodes), "trace_s": round(secs, 3),
+           "attention_nodes": sum(1 for n in gm.graph.nodes if n.op == "call_function"
+                                  and (module_path(n) + ".").startswith(attn + ".")),
            "top_ops": dict(sorted(op_histogram(gm).items(), key=lambda kv: -kv[1])[:6])}
     if not a.fake:
         with torch.no_grad():
@@ -246,13 +281,6 @@ def cmd_model_variants(a) -> int:
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip())
     for row in cells:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
-    return 0
-
-
-def cmd_helion(a) -> int:
-    from torchinferno.workbench.helion import helion_entry
-
-    helion_entry(a.helion_command, a.pattern or a.region or " ".join(a.nodes or []) or "the run")
     return 0
 
 

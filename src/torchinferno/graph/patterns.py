@@ -10,7 +10,9 @@ Library (``PATTERNS``), each replacing with a ``torch.ops.torchinferno`` op:
 
 * ``fused-rmsnorm-swiglu``: residual add + RMSNorm + merged gate/up projection + SwiGLU
   -> ``fused_rmsnorm_swiglu`` (one match per decoder layer with a dense gated MLP);
-* ``swiglu``: ``silu(gate) * up`` over a split of the gate/up projection -> ``swiglu_activation``.
+* ``swiglu``: ``silu(gate) * up`` over a split of the gate/up projection -> ``swiglu_activation``;
+* ``rms-norm``: one RMSNorm (any formulation in ``NORMS``) -> ``rms_norm`` (every norm site of the
+  graph whose normalized value does not escape otherwise, e.g. MLA's ``q_a_layernorm``).
 
 Patterns are instantiated from the target graph (``PatternSpec.instantiate(gm)``): the eps
 literals and projection sizes are read off the graph, and every RMSNorm formulation the model
@@ -180,9 +182,20 @@ def _fused_instances(gm: fx.GraphModule) -> list[PatternInstance]:
     return out
 
 
+def _half_split_sites(gm: fx.GraphModule) -> list[tuple[int, torch.dtype]]:
+    """(I, dtype) of every ``split(t, I, -1)`` of a ``[.., 2I]`` tensor (a gate/up pair, projected or not)."""
+    sites = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.split.Tensor and isinstance(n.args[0], fx.Node):
+            val = n.args[0].meta.get("val")
+            if isinstance(val, torch.Tensor) and isinstance(n.args[1], int) and val.shape[-1] == 2 * n.args[1]:
+                sites.add((int(n.args[1]), val.dtype))
+    return sorted(sites, key=str)
+
+
 def _swiglu_instances(gm: fx.GraphModule) -> list[PatternInstance]:
     out = []
-    for _d, inter, dtype in _mlp_sites(gm):
+    for inter, dtype in _half_split_sites(gm):
         def pattern(gate_up):
             gate, up = gate_up.chunk(2, dim=-1)
             return F.silu(gate) * up
@@ -191,6 +204,51 @@ def _swiglu_instances(gm: fx.GraphModule) -> list[PatternInstance]:
             return torch.ops.torchinferno.swiglu_activation.default(gate_up)
 
         out.append(PatternInstance(f"I={inter}", pattern, replacement, (torch.randn(4, 2 * inter, dtype=dtype),)))
+    return out
+
+
+def _norm_sites(gm: fx.GraphModule) -> list[tuple[int, int, torch.dtype]]:
+    """(D, rank, dtype) of every tensor normalized over its last dim: inputs of ``mean.dim`` (the
+    decomposed forms) and of ``native_layer_norm`` (the pair form normalizes ``[h, -h]``: D = n / 2)."""
+    sites = set()
+    float_dtypes = {v.dtype for n in gm.graph.nodes for v in [n.meta.get("val")]
+                    if n.op in ("placeholder", "get_attr") and isinstance(v, torch.Tensor) and v.is_floating_point()}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not n.args or not isinstance(n.args[0], fx.Node):
+            continue
+        val = n.args[0].meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() < 1:
+            continue
+        if n.target is torch.ops.aten.mean.dim:
+            dims = {int(val.shape[-1])}
+        elif n.target is torch.ops.aten.native_layer_norm.default and len(n.args[1]) == 1:
+            dims = {int(n.args[1][0]), *([int(n.args[1][0]) // 2] if n.args[1][0] % 2 == 0 else [])}
+        else:
+            continue
+        for d in dims:
+            for dtype in float_dtypes | {val.dtype}:
+                sites.add((d, val.dim(), dtype))
+    return sorted(sites, key=str)
+
+
+def _norm_pair_fns(norm: Callable, eps: float) -> tuple[Callable, Callable]:
+    def pattern(h, w):
+        return norm(h, w, eps)
+
+    def replacement(h, w):
+        return torch.ops.torchinferno.rms_norm.default(h, w, eps)
+
+    return pattern, replacement
+
+
+def _rms_instances(gm: fx.GraphModule) -> list[PatternInstance]:
+    out = []
+    for d, rank, dtype in _norm_sites(gm):
+        ex = (torch.randn(*([2] * (rank - 1)), d, dtype=dtype), torch.rand(d, dtype=dtype))
+        for eps in _eps_literals(gm):
+            for norm_name, norm in NORMS.items():
+                pattern, replacement = _norm_pair_fns(norm, eps)
+                out.append(PatternInstance(f"{norm_name}/D={d}/rank={rank}/{dtype}/eps={eps:g}", pattern, replacement, ex))
     return out
 
 
@@ -207,6 +265,8 @@ PATTERNS: dict[str, PatternSpec] = {
         "fused-rmsnorm-swiglu", "residual add + RMSNorm + gate/up projection + SwiGLU -> one custom op",
         _fused_instances, "torchinferno.fused_rmsnorm_swiglu"),
     "swiglu": PatternSpec("swiglu", "silu(gate) * up -> one custom op", _swiglu_instances, "torchinferno.swiglu_activation"),
+    "rms-norm": PatternSpec("rms-norm", "one RMSNorm (any formulation the families use) -> one custom op", _rms_instances,
+                            "torchinferno.rms_norm"),
 }
 
 

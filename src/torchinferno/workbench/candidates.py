@@ -7,7 +7,14 @@ A *partition* is what gets replaced: ``{"kind": "pattern", "pattern": "fused-rms
 * ``custom-op``     -- the pattern's sites become ``torch.ops.torchinferno`` custom ops;
 * ``torch-rewrite`` -- the same sites become plain torch reference code (no custom op);
 * ``torch-compile`` -- ``torch.compile`` of the graph (scope: the whole graph; ``--backend``);
-* ``triton`` / ``helion`` -- only when installed and on CUDA (a one-line error otherwise).
+* ``helion``        -- the pattern's sites become the custom ops, whose calls are then pointed at
+  Helion kernels (``kernels/helion_ops.py`` via ``helion_templates.helion_replacements``); needs
+  Helion and CUDA (a one-line error otherwise);
+* ``triton``        -- not a provider of its own yet (the custom ops already dispatch to Triton on CUDA).
+
+``evaluate_graph_candidate`` is the one measurement every provider's candidate goes through
+(correctness vs the reference graph, median times vs every baseline, speedup vs the best);
+``promotion.gate`` turns its result into the accept/reject verdict.
 
 What a candidate becomes at runtime (``runtime_form``; ``promotion.promote`` stores it): runtime
 never traces or compiles (SPEC section 0), so only providers with a runtime ops module are
@@ -41,12 +48,21 @@ PROVIDERS = ("custom-op", "torch-rewrite", "torch-compile", "triton", "helion")
 def provider_available(name: str, device: str) -> tuple[bool, str]:
     if name not in PROVIDERS:
         raise ConfigError(f"unknown provider '{name}' (valid: {', '.join(PROVIDERS)})")
-    if name in ("triton", "helion"):
+    if name == "helion":
+        from torchinferno.workbench.helion import HELION_MISSING, helion_available
+
+        if not helion_available():
+            return False, HELION_MISSING
+        if not device.startswith("cuda"):
+            return False, "helion candidates need --device cuda (Helion generates CUDA kernels)"
+        return True, ""
+    if name == "triton":
         if importlib.util.find_spec(name) is None:
             return False, f"{name} is not installed (pip install {name})"
         if not device.startswith("cuda"):
             return False, f"{name} candidates need --device cuda"
-        return False, f"{name} is installed but no {name} kernel is registered for this partition yet"
+        return False, ("triton is not a separate provider yet: the custom-op provider's ops already run Triton kernels "
+                       "on CUDA (use --provider custom-op)")
     return True, ""
 
 
@@ -90,12 +106,13 @@ def parse_partition(pattern: str | None) -> dict:
     return {"kind": "pattern", "pattern": pattern}
 
 
-def build_candidate(gm, partition: dict, provider: str, backend: str = "inductor") -> tuple[Callable, dict]:
+def build_candidate(gm, partition: dict, provider: str, backend: str = "inductor",
+                    autotune_effort: str = "quick") -> tuple[Callable, dict]:
     """(candidate callable over the graph inputs, provider details) for ``partition`` of ``gm``."""
     from torchinferno.graph.passes import replace_call_function_targets
     from torchinferno.graph.patterns import apply_pattern
 
-    if provider in ("custom-op", "torch-rewrite"):
+    if provider in ("custom-op", "torch-rewrite", "helion"):
         if partition["kind"] != "pattern":
             raise ConfigError(f"provider {provider} replaces pattern sites: give --pattern (valid partitions: pattern)")
         new = copy.deepcopy(gm)
@@ -110,6 +127,12 @@ def build_candidate(gm, partition: dict, provider: str, backend: str = "inductor
             mapping = {op: ref for op, ref in custom_ops.OPS.values()}
             details["rewired_to_reference"] = replace_call_function_targets(new, mapping)
             details["op"] = "torchinferno.kernels.reference (plain torch)"
+        if provider == "helion":
+            from torchinferno.workbench.helion_templates import helion_replacements
+
+            details["rewired_to_helion"] = replace_call_function_targets(new, helion_replacements(autotune_effort))
+            details["op"] = "torchinferno.kernels.helion_ops (Helion-generated Triton)"
+            details["autotune_effort"] = autotune_effort
         return new, details
     if provider == "torch-compile":
         from torchinferno.graph.compile import compile_forward
@@ -119,27 +142,41 @@ def build_candidate(gm, partition: dict, provider: str, backend: str = "inductor
     raise ConfigError(f"provider {provider} cannot build a candidate here")
 
 
-def _evaluate(run, partition: dict, provider: str, backend: str, iters: int, tolerance: float | None) -> dict:
+def evaluate_graph_candidate(ref, args, partition: dict, provider: str, iters: int, tolerance: float,
+                             baselines: dict[str, Callable] | None = None, backend: str = "inductor",
+                             autotune_effort: str = "quick") -> dict:
+    """Build ``provider``'s candidate for ``partition`` of the graph ``ref``, check and time it.
+
+    Correctness: max abs error of ``candidate(*args)`` vs ``ref(*args)`` against ``tolerance``.
+    Speed: median us of the candidate and of every baseline (``ref`` itself as
+    ``reference-graph``, plus ``baselines``), speedup vs the fastest baseline. The first
+    candidate call happens before any timing (compiles/tunes there, e.g. Helion autotuning).
+    """
     from torchinferno.graph.compile import time_callable
-    from torchinferno.graph.model_forward import prefill_forward
     from torchinferno.graph.subgraph import max_abs_diff
+
+    cand, details = build_candidate(ref, partition, provider, backend, autotune_effort)
+    with torch.no_grad():
+        err = max_abs_diff([cand(*args)], [ref(*args)])
+    times = {"reference-graph": time_callable(ref, args, iters)}
+    times.update({name: time_callable(fn, args, iters) for name, fn in (baselines or {}).items()})
+    cand_us = time_callable(cand, args, iters)
+    best = min(times, key=times.get)
+    return {"candidate": cand, "details": details, "max_abs_error": err, "tolerance": tolerance, "passed": err <= tolerance,
+            "baselines_us": {k: round(v, 3) for k, v in times.items()}, "candidate_us": round(cand_us, 3),
+            "best_baseline": best, "speedup_vs_best_baseline": round(times[best] / cand_us, 4) if cand_us > 0 else 0.0}
+
+
+def _evaluate(run, partition: dict, provider: str, backend: str, iters: int, tolerance: float | None) -> dict:
+    from torchinferno.graph.model_forward import prefill_forward
     from torchinferno.workbench.subgraph_run import tolerance_for
 
     ok, why = provider_available(provider, run.config.device)
     if not ok:
         raise ConfigError(why)
-    args = run.inputs.args
-    cand, details = build_candidate(run.gm, partition, provider, backend)
     tol = tolerance if tolerance is not None else tolerance_for(next(run.model.parameters()).dtype)
-    with torch.no_grad():
-        err = max_abs_diff([cand(*args)], [run.gm(*args)])
-    baselines = {"reference-graph": time_callable(run.gm, args, iters),
-                 "eager-forward": time_callable(prefill_forward(run.model, run.inputs), args, iters)}
-    cand_us = time_callable(cand, args, iters)
-    best = min(baselines, key=baselines.get)
-    return {"details": details, "max_abs_error": err, "tolerance": tol, "passed": err <= tol,
-            "baselines_us": {k: round(v, 3) for k, v in baselines.items()}, "candidate_us": round(cand_us, 3),
-            "best_baseline": best, "speedup_vs_best_baseline": round(baselines[best] / cand_us, 4) if cand_us > 0 else 0.0}
+    return evaluate_graph_candidate(run.gm, run.inputs.args, partition, provider, iters, tol,
+                                    {"eager-forward": prefill_forward(run.model, run.inputs)}, backend)
 
 
 def check_candidate(run_config: dict, input_ids: list[list[int]], partition: dict, provider: str, backend: str,
@@ -164,9 +201,11 @@ def run_candidate(out_dir: str | Path, provider: str, pattern: str | None = None
     from torchinferno.workbench.repro_templates import call_repro
 
     partition = parse_partition(pattern)
-    provider_available(provider, "cpu")  # unknown provider names fail here, before any model work
-    if provider in ("triton", "helion") and importlib.util.find_spec(provider) is None:
-        raise ConfigError(provider_available(provider, "cpu")[1])  # fail before any model work
+    provider_available(provider, "cpu")  # unknown provider names raise here
+    if provider in ("triton", "helion"):  # missing, or unusable on the given device: fail before any model work
+        ok, why = provider_available(provider, cfg.device if cfg is not None else "cuda")
+        if not ok:
+            raise ConfigError(why)
     run = retrace_run(source_run) if source_run is not None else trace_config(cfg)
     r = _evaluate(run, partition, provider, backend, iters, tolerance)
     out = ArtifactDir(out_dir, "candidate")

@@ -21,13 +21,15 @@ from torchinferno.workbench.artifacts import ArtifactDir, load_run_dir
 from torchinferno.workbench.run_config import RunConfig, build_model
 
 
-def write_graph_artifacts(out: ArtifactDir, gm: fx.GraphModule, extra: dict | None = None, stem: str = "graph") -> dict:
+def write_graph_artifacts(out: ArtifactDir, gm: fx.GraphModule, extra: dict | None = None, stem: str = "graph",
+                          what: str = "one prefill forward") -> dict:
+    """``<stem>.json`` (node records), ``<stem>.txt`` (table) and ``<stem>_module.py`` (standalone source)."""
     data = graph_json(gm, extra)
-    out.json(f"{stem}.json", data, "every ATen node of one prefill forward: stable id, op, target, shapes/dtypes, users, module")
+    out.json(f"{stem}.json", data, f"every ATen node of {what}: stable id, op, target, shapes/dtypes, users, module")
     out.text(f"{stem}.txt", graph_table(data["nodes"]), "the node table (id, op, target, shape, module) for reading and grep")
-    header = ('"""Generated ATen graph of one prefill forward (make_fx). Node names match graph.json.\n\n'
+    header = (f'"""Generated ATen graph of {what} (make_fx). Node names match {stem}.json.\n\n'
               "Constants (weights) are passed to ``Graph(constants)`` by attribute name; ``profile-subgraph``\n"
-              'cuts runnable pieces of this graph with their inputs recorded."""\n\n')
+              'cuts runnable pieces of a run\'s graph with their inputs recorded."""\n\n')
     out.python(f"{stem}_module.py", header + module_source(gm, "Graph"), "the graph as Python source (torch.ops.aten calls)")
     return data
 

@@ -98,9 +98,19 @@ def reset_memory(device: str) -> None:
 
 
 def memory_profile(device: str, extra: dict | None = None) -> dict:
-    """Allocator stats on CUDA; peak (ru_maxrss) and current RSS on CPU. ``extra``: model/KV bytes."""
-    out: dict[str, Any] = {"device": device, **(extra or {})}
-    if device.startswith("cuda"):
+    """Allocator stats on CUDA; peak (ru_maxrss) and current RSS on CPU. ``extra``: model/KV bytes.
+
+    ``measured`` says which: on a CPU run there is no allocator to ask, so only process RSS is
+    recorded (``cuda`` is absent) and the numbers include torch itself, not only the workload.
+    """
+    cuda = device.startswith("cuda")
+    out: dict[str, Any] = {
+        "device": device,
+        "measured": ("CUDA caching-allocator statistics (peak since reset) + process RSS" if cuda else
+                     "process RSS only: CUDA allocator statistics are unavailable on a CPU run"),
+        **(extra or {}),
+    }
+    if cuda:
         torch.cuda.synchronize()
         stats = torch.cuda.memory_stats()
         out["cuda"] = {

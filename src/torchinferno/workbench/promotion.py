@@ -75,6 +75,23 @@ def all_variants(family: str, registry: str | Path | None = None) -> dict[str, V
     return out
 
 
+def gate(correctness: dict, benchmark: dict, threshold: float = DEFAULT_THRESHOLD) -> tuple[bool, str]:
+    """The gate every provider's candidate goes through: ``(passed, one-line reason)``.
+
+    Passed iff ``correctness["passed"]`` and ``benchmark["speedup_vs_best_baseline"] >= 1 + threshold``
+    (the best baseline is the fastest of the candidate's baselines, e.g. the reference graph).
+    ``promote`` adds the runtime-form check on top; offline searches (Helion) record this verdict.
+    """
+    if not correctness.get("passed"):
+        return False, f"max abs error {correctness.get('max_abs_error')} exceeds tolerance {correctness.get('tolerance')}"
+    need = 1.0 + threshold
+    speed = float(benchmark.get("speedup_vs_best_baseline") or 0.0)
+    best = benchmark.get("best_baseline")
+    if speed < need:
+        return False, f"{speed:.3f}x vs best baseline '{best}' is below the required {need:.3f}x (threshold {threshold})"
+    return True, f"{speed:.3f}x vs best baseline '{best}' meets the required {need:.3f}x (threshold {threshold})"
+
+
 def promote(candidate_dir: str | Path, name: str | None = None, threshold: float = DEFAULT_THRESHOLD,
             registry: str | Path | None = None, parent: str | None = None) -> dict:
     """Promote the candidate in ``candidate_dir`` if correct and faster; returns the stored record."""
@@ -88,13 +105,10 @@ def promote(candidate_dir: str | Path, name: str | None = None, threshold: float
     if not part.get("family"):
         raise ConfigError(f"{d}/partition.json names no model family; cannot promote into a variant registry")
     family = get_family(part["family"]).name
-    if not corr.get("passed"):
-        raise ConfigError(f"not promoted: max abs error {corr.get('max_abs_error')} exceeds tolerance {corr.get('tolerance')}")
-    need = 1.0 + threshold
+    passed, why = gate(corr, bench, threshold)
+    if not passed:
+        raise ConfigError(f"not promoted: {why}")
     speed = float(bench.get("speedup_vs_best_baseline") or 0.0)
-    if speed < need:
-        raise ConfigError(f"not promoted: {speed:.3f}x vs best baseline '{bench.get('best_baseline')}' is below the "
-                          f"required {need:.3f}x (threshold {threshold})")
     from torchinferno.workbench.candidates import runtime_form
 
     runtime = runtime_form(family, prov["provider"], part)

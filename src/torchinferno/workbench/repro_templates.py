@@ -2,7 +2,8 @@
 
 Every script is standalone: run with ``python <script>`` from any directory, it rebuilds what it
 needs, compares with the recorded result and exits 0 on a match (1 otherwise), printing one JSON
-line. Run repros need the ``torchinferno`` package (found via the recorded source dir when it is
+line. Every script takes ``--device cpu|cuda|cuda:N`` (default: the recorded device); asking for
+CUDA on a host without it prints one ``error:`` line and exits 1 instead of running elsewhere. Run repros need the ``torchinferno`` package (found via the recorded source dir when it is
 not installed); graph repros need only ``torch`` (+ TorchInferno's custom ops when the graph
 calls ``torch.ops.torchinferno.*``).
 """
@@ -23,16 +24,35 @@ except ImportError:  # not installed: use the source tree this repro was generat
     sys.path.insert(0, {_SRC!r})
 '''
 
+_DEVICE = '''
+
+def device_flag(argv, recorded):
+    """The --device to run on (default ``recorded``); CUDA asked for without CUDA: one line, exit 1."""
+    import argparse
+
+    import torch
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default=recorded, help="cpu | cuda | cuda:N (default: %(default)s)")
+    p.add_argument("--iters", type=int, default=0, help="also time N runs (graph repros)")
+    a = p.parse_args(argv)
+    if not (a.device == "cpu" or a.device.startswith("cuda")):
+        sys.exit(f"error: unknown device '{{a.device}}' (valid: cpu, cuda, cuda:N)")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"error: --device {{a.device}} requested but CUDA is not available (valid here: cpu)")
+    return a
+'''
+
 _RUN = '''#!/usr/bin/env python
 """Repro of a TorchInferno profile-run (generated). Rebuilds the model, regenerates the tokens.
 
-    python repro.py    # prints {{"match": true, ...}} and exits 0 when they equal output.json's
+    python repro.py [--device cuda]   # prints {{"match": true, ...}}; exit 0 when they equal output.json's
 """
 
 import json
 import sys
 
-{guard}
+{guard}{device}
 RUN_CONFIG = {config}
 INPUT_IDS = {input_ids}
 EXPECTED_TOKEN_IDS = {expected}
@@ -69,6 +89,7 @@ def generate(model):
 
 
 def main() -> int:
+    RUN_CONFIG["device"] = device_flag(sys.argv[1:], RUN_CONFIG["device"]).device
     tokens = generate(build_model())
     ok = tokens == EXPECTED_TOKEN_IDS
     print(json.dumps({{"match": ok, "token_ids": tokens}}))
@@ -81,7 +102,7 @@ if __name__ == "__main__":
 
 
 def run_repro(config: dict, input_ids: list[list[int]], expected: list[list[int]]) -> str:
-    return _RUN.format(guard=_IMPORT_GUARD, config=repr(config), input_ids=json.dumps(input_ids),
+    return _RUN.format(guard=_IMPORT_GUARD, device=_DEVICE.format(), config=repr(config), input_ids=json.dumps(input_ids),
                        expected=json.dumps(expected), block_size=PAGED_BLOCK_SIZE)
 
 
@@ -89,7 +110,10 @@ _GRAPH = '''#!/usr/bin/env python
 """{title} (generated). Runs the standalone graph below on the recorded inputs in
 ``{tensors}`` and compares with the recorded outputs.
 
-    python {script} [--iters N]   # prints one JSON line; exit 0 when max_abs_diff <= tolerance
+    python {script} [--iters N] [--device cuda]   # one JSON line; exit 0 when max_abs_diff <= tolerance
+
+``--device`` moves constants and inputs there and makes the graph's own allocations (spelled
+``device(type=...)`` in the code below) follow it.
 """
 
 import json
@@ -101,7 +125,8 @@ from pathlib import Path
 {module}
 
 TOLERANCE = {tol!r}
-
+RECORDED_DEVICE = {recorded!r}
+{device}
 
 def _flat(v):
     if isinstance(v, (list, tuple)):
@@ -109,25 +134,42 @@ def _flat(v):
     return [v]
 
 
+def _to(v, dev):
+    if isinstance(v, torch.Tensor):
+        return v.to(dev)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to(x, dev) for x in v)
+    if isinstance(v, dict):
+        return {{k: _to(x, dev) for k, x in v.items()}}
+    return v
+
+
 def main() -> int:
-    iters = int(sys.argv[sys.argv.index("--iters") + 1]) if "--iters" in sys.argv else 0
-    data = torch.load(Path(__file__).resolve().parent / "{tensors}", weights_only=False)
-    mod = {cls}(data["constants"])
+    args = device_flag(sys.argv[1:], RECORDED_DEVICE)
+    dev, iters = torch.device(args.device), args.iters
+    globals()["device"] = lambda *a, **k: dev  # the graph's allocations follow --device
+    data = torch.load(Path(__file__).resolve().parent / "{tensors}", weights_only=False, map_location="cpu")
+    mod = {cls}(_to(data["constants"], dev))
+    inputs = _to(data["inputs"], dev)
     with torch.no_grad():
-        out = mod(*data["inputs"])
+        out = mod(*inputs)
         diff = 0.0
         outs = list(out) if isinstance(out, (list, tuple)) else [out]
         for a, e in zip(_flat(outs), _flat(list(data["expected"])), strict=True):
             if isinstance(a, torch.Tensor) and a.numel():
-                diff = max(diff, float((a.double() - e.double()).abs().max()))
+                diff = max(diff, float((a.double().cpu() - e.double()).abs().max()))
         t = None
         if iters:
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(iters):
-                mod(*data["inputs"])
+                mod(*inputs)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
             t = (time.perf_counter() - t0) / iters * 1e6
     ok = diff <= TOLERANCE
-    print(json.dumps({{"max_abs_diff": diff, "tolerance": TOLERANCE, "ok": ok, "mean_us": t}}))
+    print(json.dumps({{"max_abs_diff": diff, "tolerance": TOLERANCE, "ok": ok, "mean_us": t, "device": str(dev)}}))
     return 0 if ok else 1
 
 
@@ -136,26 +178,33 @@ if __name__ == "__main__":
 '''
 
 
-def graph_repro(module_source: str, cls: str, script: str, tensors: str, title: str, tol: float) -> str:
+def graph_repro(module_source: str, cls: str, script: str, tensors: str, title: str, tol: float,
+                recorded_device: str = "cpu") -> str:
     guard = _IMPORT_GUARD if "torchinferno" in module_source else ""
-    return _GRAPH.format(title=title, tensors=tensors, script=script, guard=guard, module=module_source, tol=tol, cls=cls)
+    return _GRAPH.format(title=title, tensors=tensors, script=script, guard=guard, module=module_source, tol=tol, cls=cls,
+                         recorded=recorded_device, device=_DEVICE.format())
 
 
 _CALL = '''#!/usr/bin/env python
 """{title} (generated). Re-runs the experiment through TorchInferno's workbench API with the
 recorded arguments and checks the recorded verdict.
 
-    python {script}
+    python {script} [--device cuda]   # --device reruns on that device (rebuilds there)
 """
 
 import json
 import sys
 
-{guard}
+{guard}{device}
 ARGS = {args}
 
 
 def main() -> int:
+    recorded = next((ARGS[k]["device"] for k in ("run_config", "shape") if k in ARGS), "cpu")
+    dev = device_flag(sys.argv[1:], recorded).device
+    for key in ("run_config", "shape"):  # where the recorded device lives
+        if key in ARGS:
+            ARGS[key]["device"] = dev
     from {module} import {func}
 
     result = {func}(**ARGS)
@@ -170,4 +219,5 @@ if __name__ == "__main__":
 
 def call_repro(title: str, script: str, module: str, func: str, args: dict) -> str:
     """A repro that calls ``module.func(**args)`` and exits on its ``ok`` field."""
-    return _CALL.format(title=title, script=script, guard=_IMPORT_GUARD, args=repr(args), module=module, func=func)
+    return _CALL.format(title=title, script=script, guard=_IMPORT_GUARD, device=_DEVICE.format(), args=repr(args),
+                        module=module, func=func)

@@ -10,6 +10,13 @@ Expert compute is grouped by expert: the (token, slot) pairs are sorted by exper
 expert that received tokens runs one GEMM pair over its contiguous slice (a Python loop over
 *experts*, never over tokens). Weights use the fused 3-D layout ``gate_up [E, 2I, D]`` (gate rows
 first) and ``down [E, D, I]``, the layout transformers keeps in memory.
+
+Fake tracing (``make_fx`` with FakeTensors, no data): the per-expert token counts are data, so the
+grouped loop cannot be traced. Under fake tensors (and only there) ``grouped_expert_mlp`` takes a
+routing-independent form: every expert runs over all tokens and its output is scaled by the
+token's combine weight for that expert (0 when not routed there). The result is the same sum,
+so the traced graph is a correct program for any routing; eager and real-tensor traces are
+unchanged (they never take this branch).
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ def grouped_expert_mlp(
     act_and_mul: Callable[[torch.Tensor], torch.Tensor],  # [N, 2I] -> [N, I]
 ) -> torch.Tensor:  # [T, D]
     """Sum over each token's experts of ``weight * down(act(gate) * up)``, grouped by expert."""
+    if _is_fake(x) and not torch.compiler.is_compiling():
+        return _all_experts_mlp(x, expert_ids, weights, gate_up, down, act_and_mul)
     T, K = expert_ids.shape
     flat = expert_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # pairs sorted by expert id
@@ -72,6 +81,26 @@ def grouped_expert_mlp(
         y = F.linear(h, down[e])
         out.index_add_(0, token_of[seg], y.float() * w_sorted[seg, None])
         start += n
+    return out.to(x.dtype)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
+def _all_experts_mlp(x, expert_ids, weights, gate_up, down, act_and_mul) -> torch.Tensor:  # [T, D]
+    """Routing-independent form of ``grouped_expert_mlp`` (no host sync: fake-traceable).
+
+    Runs every expert over all ``T`` tokens (E times the routed FLOPs) and weights each output
+    by the token's combine weight for that expert, accumulated in expert order like the grouped loop.
+    """
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    for e in range(gate_up.shape[0]):
+        w_e = (weights * (expert_ids == e)).sum(-1)  # [T] fp32, 0 where expert e is not routed
+        y = F.linear(act_and_mul(F.linear(x, gate_up[e])), down[e])  # [T, D]
+        out = out + y.float() * w_e[:, None]
     return out.to(x.dtype)
 
 
