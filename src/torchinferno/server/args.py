@@ -23,6 +23,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="family (llama3, deepseek, dsv4, ... or the tiny-llama / tiny-deepseek / tiny-dsv4 spellings): "
                         "without MODEL (or with --model tiny) serve a tiny random model of it; with a checkpoint, "
                         "check that the checkpoint is of this family")
+    p.add_argument("--model-size", default="debug",
+                   help="named size of the --model-kind random model (e.g. llama3-8b: full-size random weights for "
+                        "benchmarks without a checkpoint; default debug)")
     p.add_argument("--served-model-name", default=None)
     p.add_argument("--tokenizer", default=None, help="byte | PATH (default: the checkpoint's tokenizer.json, else byte)")
     p.add_argument("--device", default="cpu")
@@ -102,7 +105,7 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
                   cache_dir=args.cache_dir)
     family = _tiny_family(given, args.model_kind)
     if family is not None:
-        return ModelSpec(model_kind=family, **common)
+        return ModelSpec(model_kind=family, size=args.model_size, **common)
     spec = ModelSpec(model=given or DEFAULT_MODEL, **common)
     if args.model_kind:
         from torchinferno.checkpoint.safetensors_io import read_config
