@@ -4,9 +4,9 @@ Phase 1, offline: one ``LLM`` over a random model of ``--model-kind/--model-size
 shape, bf16), defaults only (plus ``--offline-extra`` engine kwargs); for each concurrency C it generates
 ``N(C)`` random-token prompts in waves of C (equal lengths + ignore_eos: every wave is a batch of C for
 its whole life) and reports output tok/s; at C=1 also the per-token step time. Then the same engine
-flags with async scheduling at C=1 and C=64 (A/B).
+with async scheduling off at C=1 and C=64 (A/B: on is the CUDA default).
 Phase 2, online: ``torchinferno serve`` (engine core in its own process) as a subprocess with the same
-model and default flags (plus ``--serve-extra``), then ``bench-serve`` (streaming /v1/completions,
+model and default flags (and once per ``--serve-variants`` entry), then ``bench-serve`` (streaming /v1/completions,
 ignore_eos) at each C with ``N(C)`` prompts: output tok/s, TTFT p50/p99, ITL p50.
 
 Prints one table and writes everything to ``--json-output``. Run on the device machine from the repo root:
@@ -54,7 +54,7 @@ def offline(args, counts: dict[int, int]) -> dict:
         return {"concurrency": c, "prompts": n, "seconds": dt, "output_tok_s": toks / dt,
                 "ms_per_token_per_seq": dt / (n // c) / args.output_len * 1e3}
 
-    for name, kw in (("defaults", {}), ("async", {"async_scheduling": True})):
+    for name, kw in (("defaults", {}), ("sync", {"async_scheduling": False})):
         gc.collect()
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
         t = time.perf_counter()
@@ -76,13 +76,13 @@ def offline(args, counts: dict[int, int]) -> dict:
     return out
 
 
-def online(args, counts: dict[int, int]) -> list[dict]:
+def online(args, counts: dict[int, int], extra: str) -> list[dict]:
     from torchinferno.bench.local_server import LocalServer, free_port
     from torchinferno.bench.serve_client import ServeBenchConfig, run_serve_bench
 
     port = free_port()
     argv = ["torchinferno", "serve", "--model-kind", args.model_kind, "--model-size", args.model_size,
-            "--device", args.device, "--dtype", args.dtype, "--port", str(port), *shlex.split(args.serve_extra)]
+            "--device", args.device, "--dtype", args.dtype, "--port", str(port), *shlex.split(extra)]
     rows = []
     t = time.perf_counter()
     with LocalServer(argv, port, log_path=args.server_log, startup_timeout_s=args.startup_timeout) as s:
@@ -92,11 +92,11 @@ def online(args, counts: dict[int, int]) -> list[dict]:
                                    output_len=args.output_len, max_concurrency=c, ignore_eos=True, seed=c,
                                    disable_tqdm=True, num_warmups=min(2, c), prompt_format="tokens").validate()
             r = run_serve_bench(cfg, log=lambda *_: None)
-            row = {"concurrency": c, "prompts": counts[c], "output_tok_s": r["output_throughput"],
+            row = {"flags": extra, "concurrency": c, "prompts": counts[c], "output_tok_s": r["output_throughput"],
                    "ttft_p50_ms": r["median_ttft_ms"], "ttft_p99_ms": r["p99_ttft_ms"], "itl_p50_ms": r["median_itl_ms"],
                    "tpot_p50_ms": r["median_tpot_ms"], "completed": r["completed"]}
             rows.append(row)
-            print(f"[serve] C={c:4d}: {row['output_tok_s']:9.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:.0f} ms "
+            print(f"[serve {extra or 'defaults'}] C={c:4d}: {row['output_tok_s']:9.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:.0f} ms "
                   f"p99 {row['ttft_p99_ms']:.0f} ms  ITL p50 {row['itl_p50_ms']:.2f} ms  ({row['completed']}/{counts[c]})",
                   flush=True)
     return rows
@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--waves", type=int, default=4, help="prompts per concurrency = waves x C (at least 8)")
     p.add_argument("--offline-extra", type=json.loads, default={}, help='LLM engine kwargs as JSON, e.g. {"max_num_seqs": 256}')
-    p.add_argument("--serve-extra", default="", help="extra serve flags")
+    p.add_argument("--serve-variants", nargs="+", default=[""],
+                   help="one server run per entry, each a string of extra serve flags ('' = defaults)")
     p.add_argument("--phases", default="offline,online")
     p.add_argument("--server-log", default="/tmp/serve_vs_offline_server.log")
     p.add_argument("--startup-timeout", type=float, default=300.0)
@@ -124,13 +125,13 @@ def main(argv=None) -> int:
     if "offline" in args.phases:
         res["offline"] = offline(args, counts)
     if "online" in args.phases:
-        res["online"] = online(args, counts)
+        res["online"] = [row for extra in args.serve_variants for row in online(args, counts, extra)]
     if "offline" in res and "online" in res:
         base = {r["concurrency"]: r for r in res["offline"]["defaults"]}
-        print("\nC     serve tok/s   LLM.generate tok/s   ratio   serve TTFT p99   serve ITL p50 / offline step")
+        print("\nserve flags        C     serve tok/s   LLM.generate tok/s   ratio   serve TTFT p99   serve ITL p50 / offline step")
         for r in res["online"]:
             b = base[r["concurrency"]]
-            print(f"{r['concurrency']:<5d} {r['output_tok_s']:11.1f}   {b['output_tok_s']:18.1f}   "
+            print(f"{r['flags'] or 'defaults':18s} {r['concurrency']:<5d} {r['output_tok_s']:11.1f}   {b['output_tok_s']:18.1f}   "
                   f"{r['output_tok_s'] / b['output_tok_s']:5.2f}   {r['ttft_p99_ms']:12.0f} ms   "
                   f"{r['itl_p50_ms']:.2f} / {b['ms_per_token_per_seq']:.2f} ms")
     if args.json_output:

@@ -45,19 +45,20 @@ def randomize_(module: torch.nn.Module, correction_bias: float | None = None) ->
     return module
 
 
-def wide_byte_tokenizer():
-    """A ``ByteTokenizer`` for the tiny models' 320-token vocab: ids 259..319 (beyond the bytes and
-    the three specials) decode to bytes 0x40.., so every sampled id has text (stop-string tests)."""
+def wide_byte_tokenizer(vocab_size: int = 320):
+    """A ``ByteTokenizer`` for a random model's whole vocabulary (default: the tiny models' 320): ids from 259
+    (beyond the bytes and the three specials) decode to the printable bytes 0x40..0x7e in turn, so every
+    sampled id has text (stop-string tests; serving benchmarks of full-size random models)."""
     from torchinferno.text.byte_tokenizer import ByteTokenizer
 
     class WideByteTokenizer(ByteTokenizer):
         @property
         def vocab_size(self) -> int:
-            return 320
+            return vocab_size
 
         def decode(self, ids, skip_special_tokens=True):
             ids = [int(i) for i in ids]
-            return super().decode([i - 259 + 0x40 if i >= 259 else i for i in ids], skip_special_tokens)
+            return super().decode([(i - 259) % 63 + 0x40 if i >= 259 else i for i in ids], skip_special_tokens)
 
         def is_special(self, token_id):
             return int(token_id) in (256, 257, 258)

@@ -345,7 +345,10 @@ def test_async_engine_thread_serves_an_async_scheduling_engine(tiny_llama):
 def test_config_and_flags(capsys):
     with pytest.raises(ConfigError, match="async_scheduling"):
         EngineConfig(async_scheduling="yes")
-    assert EngineConfig().async_scheduling is False
+    assert EngineConfig().async_scheduling is None  # the device decides: on for CUDA, off on CPU
+    assert EngineConfig().for_device("cpu").async_scheduling is False
+    assert EngineConfig().for_device("cuda").async_scheduling is True
+    assert EngineConfig(async_scheduling=False).for_device("cuda").async_scheduling is False
     from torchinferno.cli.main import main
 
     assert main(["serve-smoke", "--num-requests", "3", "--max-tokens", "4", "--async-scheduling"]) == 0
@@ -358,7 +361,9 @@ def test_config_and_flags(capsys):
 
     p = argparse.ArgumentParser()
     add_server_args(p)
-    assert p.parse_args(["--async-scheduling"]).async_scheduling and not p.parse_args([]).async_scheduling
+    assert p.parse_args(["--async-scheduling"]).async_scheduling is True
+    assert p.parse_args(["--no-async-scheduling"]).async_scheduling is False
+    assert p.parse_args([]).async_scheduling is None
 
 
 # ------------------------------------------------------------------------------ CUDA

@@ -72,7 +72,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_logprobs: int = 20
     enforce_eager: bool = False
-    async_scheduling: bool = False
+    async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
 
     def __post_init__(self) -> None:
         if self.kv_cache_memory is not None:
@@ -88,14 +88,18 @@ class EngineConfig:
             raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ConfigError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
-        if not isinstance(self.async_scheduling, bool):
-            raise ConfigError(f"async_scheduling must be True or False, got {self.async_scheduling!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ConfigError(f"async_scheduling must be True, False or None (the device's default), "
+                              f"got {self.async_scheduling!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
 
     def for_device(self, device: torch.device | str) -> "EngineConfig":
-        """A copy whose unset step limits take ``device``'s defaults (``CPU_DEFAULTS`` / ``CUDA_DEFAULTS``)."""
-        defaults = CUDA_DEFAULTS if torch.device(device).type == "cuda" else CPU_DEFAULTS
+        """A copy whose unset step limits take ``device``'s defaults (``CPU_DEFAULTS`` / ``CUDA_DEFAULTS``) and
+        whose unset ``async_scheduling`` is on for CUDA (H200, 8B: 4.3 vs 5.4 ms per batch-1 token, 7.0 vs
+        8.1 ms per batch-64 step; benchmarks/RESULTS.md) and off on CPU (no device to overlap with)."""
+        cuda = torch.device(device).type == "cuda"
+        defaults = {**(CUDA_DEFAULTS if cuda else CPU_DEFAULTS), "async_scheduling": cuda}
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})

@@ -52,9 +52,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
-    p.add_argument("--async-scheduling", action="store_true",
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step k+1 before step k's tokens reach the host (overlaps host work "
-                        "with the device; same outputs)")
+                        "with the device; same outputs). Default: on for CUDA, off on CPU")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],

@@ -47,7 +47,10 @@ def build(args: argparse.Namespace):
     check_device(args.device)
     spec = model_spec_from_args(args)
     root = str(spec.checkpoint_dir()) if spec.model is not None else f"random:{spec.model_kind}"
-    tokenizer = load_tokenizer(tokenizer_spec(spec, args.tokenizer, None if spec.model is None else root))
+    if spec.model_kind is not None and args.tokenizer is None:
+        tokenizer = _random_model_tokenizer(spec)
+    else:
+        tokenizer = load_tokenizer(tokenizer_spec(spec, args.tokenizer, None if spec.model is None else root))
     cfg = engine_config_from_args(args, _model_context_len(spec))
     if args.engine_in_process:
         engine = _in_process_engine(spec, cfg, tokenizer)
@@ -60,6 +63,15 @@ def build(args: argparse.Namespace):
     print(f"engine: {engine.describe()}", file=sys.stderr, flush=True)
     scfg = ServerConfig(model_name=served_name(args, spec), root=root, max_model_len=max_len, api_key=args.api_key)
     return create_app(engine, tokenizer, scfg), scfg, engine
+
+
+def _random_model_tokenizer(spec):
+    """Bytes in; every id of the random model's vocabulary decodes to text (``testing.wide_byte_tokenizer``),
+    so a full-size random model streams visible text like a real one."""
+    from torchinferno.models.registry import get_family
+    from torchinferno.testing import wide_byte_tokenizer
+
+    return wide_byte_tokenizer(get_family(spec.model_kind).size(spec.size).vocab_size)
 
 
 def _in_process_engine(spec, cfg, tokenizer):
