@@ -36,7 +36,8 @@ def offline(args, counts: dict[int, int]) -> dict:
     from torchinferno.engine.assembly import ModelSpec, build_model
     from torchinferno.engine.llm import LLM
 
-    spec = ModelSpec(model_kind=args.model_kind, size=args.model_size, dtype=args.dtype, device=args.device)
+    spec = (ModelSpec(model=args.model, dtype=args.dtype, device=args.device) if args.model else
+            ModelSpec(model_kind=args.model_kind, size=args.model_size, dtype=args.dtype, device=args.device))
     t0 = time.perf_counter()
     model = build_model(spec)
     print(f"model built in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -58,7 +59,7 @@ def offline(args, counts: dict[int, int]) -> dict:
         gc.collect()
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
         t = time.perf_counter()
-        llm = LLM(model, tokenizer="byte", **kw, **args.offline_extra)
+        llm = LLM(model, tokenizer=None if args.model else "byte", **kw, **args.offline_extra)
         print(f"[offline {name}] engine ready in {time.perf_counter() - t:.1f} s: {llm.engine.describe()}", flush=True)
         cs = args.concurrency if name == "defaults" else [c for c in (1, 64) if c in counts]
         rows = []
@@ -81,8 +82,8 @@ def online(args, counts: dict[int, int], extra: str) -> list[dict]:
     from torchinferno.bench.serve_client import ServeBenchConfig, run_serve_bench
 
     port = free_port()
-    argv = ["torchinferno", "serve", "--model-kind", args.model_kind, "--model-size", args.model_size,
-            "--device", args.device, "--dtype", args.dtype, "--port", str(port), *shlex.split(extra)]
+    which = [args.model] if args.model else ["--model-kind", args.model_kind, "--model-size", args.model_size]
+    argv = ["torchinferno", "serve", *which, "--device", args.device, "--dtype", args.dtype, "--port", str(port), *shlex.split(extra)]
     rows = []
     t = time.perf_counter()
     with LocalServer(argv, port, log_path=args.server_log, startup_timeout_s=args.startup_timeout) as s:
@@ -104,6 +105,7 @@ def online(args, counts: dict[int, int], extra: str) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="a checkpoint (registry name, HF dir, ...) instead of a random model")
     p.add_argument("--model-kind", default="llama3")
     p.add_argument("--model-size", default="llama3-8b")
     p.add_argument("--device", default="cuda")
