@@ -46,13 +46,13 @@ def _available_ram() -> int | None:
 
 
 @torch.inference_mode()
-def _profile_peak_activation_bytes(model: nn.Module, num_tokens: int, num_seqs: int) -> int:
-    """Peak bytes a forward of ``num_tokens`` tokens (in ``num_seqs`` sequences, no KV cache) + its logits
-    allocate beyond what was allocated before it."""
+def _profile_peak_activation_bytes(model: nn.Module, num_tokens: int, num_seqs: int, max_len: int) -> int:
+    """Peak bytes a forward of ``num_tokens`` tokens (in ``num_seqs`` sequences of at most ``max_len`` tokens,
+    no KV cache) + its logits allocate beyond what was allocated before it."""
     from torchinferno.models.common.attention_metadata import build_attention_metadata
 
     device = next(model.parameters()).device
-    num_seqs = max(1, min(num_seqs, num_tokens))
+    num_seqs = max(1, min(max(num_seqs, -(-num_tokens // max_len)), num_tokens))
     lens = [num_tokens // num_seqs + (1 if i < num_tokens % num_seqs else 0) for i in range(num_seqs)]
     lens = [n for n in lens if n > 0]
     torch.cuda.synchronize(device)
@@ -87,7 +87,7 @@ def plan_kv_cache(model: nn.Module, spec: KVSpec, dtype: torch.dtype, config: En
         return KVPlan(n, f"kv_cache_memory {config.kv_cache_memory / 2**20:.0f} MiB")
     if device.type == "cuda":
         weights = torch.cuda.memory_allocated(device)
-        activations = _profile_peak_activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs)
+        activations = _profile_peak_activation_bytes(model, config.max_num_batched_tokens, config.max_num_seqs, want_len)
         free, total = torch.cuda.mem_get_info(device)
         outside_torch = (total - free) - torch.cuda.memory_reserved(device)
         reserve = 0 if config.enforce_eager else CUDA_GRAPH_RESERVE_BYTES
