@@ -39,3 +39,24 @@ def cuda_tiny_llama(cuda_dev):
     from torchinferno.models.common.attention_triton import TritonPagedAttention
 
     return tiny_model("llama3", device=cuda_dev, attention_backend=TritonPagedAttention)
+
+
+@pytest.fixture(autouse=True)
+def _small_cuda_kv_pools(monkeypatch):
+    """CUDA tests keep several engines alive at once; the default pool takes what --gpu-memory-utilization
+    leaves of the whole device, so the second engine would find none. Here an engine that did not size its
+    pool gets 1 GiB (the sizing rule itself is exercised by benchmarks/serve_vs_offline.py on the H200)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    from dataclasses import replace
+
+    from torchinferno.engine import executor, kv_sizing
+
+    def plan(model, spec, dtype, config, want_len, device):
+        if torch.device(device).type == "cuda" and config.num_gpu_blocks is None and config.kv_cache_memory is None:
+            config = replace(config, kv_cache_memory=1024**3)
+        return kv_sizing.plan_kv_cache(model, spec, dtype, config, want_len, device)
+
+    monkeypatch.setattr(executor, "plan_kv_cache", plan)
+    yield
