@@ -96,7 +96,7 @@ def plan_kv_cache(model: nn.Module, spec: KVSpec, dtype: torch.dtype, config: En
         if n < 1:
             raise ConfigError(
                 f"no memory left for the KV cache: {config.gpu_memory_utilization:.2f} x {total / 2**30:.1f} GiB minus "
-                f"weights {weights / 2**30:.2f} GiB, activations {activations / 2**30:.2f} GiB and "
+                f"{weights / 2**30:.2f} GiB already allocated (weights, other engines), activations {activations / 2**30:.2f} GiB and "
                 f"{max(0, outside_torch) / 2**30:.2f} GiB outside PyTorch; raise --gpu-memory-utilization or lower "
                 "--max-num-batched-tokens")
         return KVPlan(n, f"{config.gpu_memory_utilization:.2f} of {total / 2**30:.0f} GiB after weights "
