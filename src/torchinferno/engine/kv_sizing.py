@@ -45,6 +45,13 @@ def _available_ram() -> int | None:
         return None
 
 
+def profile_lengths(num_tokens: int, num_seqs: int, max_len: int) -> list[int]:
+    """Sequence lengths of the profiling step: ``num_tokens`` in at least ``num_seqs`` sequences, none longer
+    than ``max_len`` (positions past the context would index past the rope tables)."""
+    n = max(1, min(max(num_seqs, -(-num_tokens // max_len)), num_tokens))
+    return [num_tokens // n + (1 if i < num_tokens % n else 0) for i in range(n)]
+
+
 @torch.inference_mode()
 def _profile_peak_activation_bytes(model: nn.Module, num_tokens: int, num_seqs: int, max_len: int) -> int:
     """Peak bytes a forward of ``num_tokens`` tokens (in ``num_seqs`` sequences of at most ``max_len`` tokens,
@@ -52,9 +59,7 @@ def _profile_peak_activation_bytes(model: nn.Module, num_tokens: int, num_seqs: 
     from torchinferno.models.common.attention_metadata import build_attention_metadata
 
     device = next(model.parameters()).device
-    num_seqs = max(1, min(max(num_seqs, -(-num_tokens // max_len)), num_tokens))
-    lens = [num_tokens // num_seqs + (1 if i < num_tokens % num_seqs else 0) for i in range(num_seqs)]
-    lens = [n for n in lens if n > 0]
+    lens = profile_lengths(num_tokens, num_seqs, max_len)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
