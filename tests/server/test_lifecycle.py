@@ -1,0 +1,76 @@
+"""The server process as a supervisor sees it: SIGTERM drains (finish within the grace period, abort the rest, exit
+0); a killed engine core ends in-flight streams with an error event and the server exits 1. Real subprocesses."""
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from torchinferno.bench.local_server import LocalServer, free_port, torchinferno_serve_argv
+
+LONG = {"model": "tiny-llama3", "prompt": "hi", "max_tokens": 240, "ignore_eos": True, "stream": True}
+
+
+def _server(grace: float) -> LocalServer:
+    port = free_port()
+    argv = torchinferno_serve_argv(None, "llama3", port, dtype="float32",
+                                   extra=["--max-model-len", "256", "--shutdown-grace-period", str(grace)])
+    return LocalServer(argv, port, startup_timeout_s=120)
+
+
+def _stream_then(server: LocalServer, act, body=LONG) -> list[str]:
+    """Stream one long request; call ``act()`` after the second data line; return every data payload."""
+    events = []
+    with httpx.stream("POST", server.base_url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for ln in r.iter_lines():
+            if ln.startswith("data: "):
+                events.append(ln[len("data: "):])
+                if len(events) == 2:
+                    act()
+    return events
+
+
+def _engine_core_pid(server_pid: int) -> int:
+    """The server's spawned engine-core child (not multiprocessing's resource tracker)."""
+    with open(f"/proc/{server_pid}/task/{server_pid}/children") as f:
+        for pid in f.read().split():
+            with open(f"/proc/{pid}/cmdline", "rb") as c:
+                cmd = c.read().replace(b"\0", b" ")
+            if b"spawn_main" in cmd:
+                return int(pid)
+    raise AssertionError("no engine-core child process")
+
+
+def _exit_code(server: LocalServer, timeout_s: float = 30) -> int:
+    deadline = time.time() + timeout_s
+    while server.proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    return server.proc.poll()
+
+
+@pytest.mark.parametrize("grace,reason", [(0.0, "abort"), (60.0, "length")])
+def test_sigterm_drains_then_exits_zero(grace, reason):
+    s = _server(grace).start()
+    try:
+        events = _stream_then(s, lambda: os.kill(s.proc.pid, signal.SIGTERM))
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])
+        assert last["choices"][0]["finish_reason"] == reason
+        assert _exit_code(s) == 0
+    finally:
+        s.stop()
+
+
+def test_killed_engine_core_ends_streams_and_exits_one():
+    s = _server(30).start()
+    try:
+        core_pid = _engine_core_pid(s.proc.pid)
+        events = _stream_then(s, lambda: os.kill(core_pid, signal.SIGKILL))
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "engine_not_running"
+        assert _exit_code(s) == 1
+    finally:
+        s.stop()
