@@ -88,24 +88,15 @@ class _Backend:
 
             self.model, self.tokenizer, self.vocab = None, ByteTokenizer(), 256
         else:
-            from torchinferno.checkpoint.auto import resolve_dtype
-            from torchinferno.cli.common import check_device
+            from torchinferno.engine.assembly import DEFAULT_MODEL, ModelSpec, build_model, tokenizer_spec
             from torchinferno.text.tokenizer import load_tokenizer
 
-            check_device(cfg.device)
             if cfg.model_kind and not cfg.model:
-                from torchinferno.testing import tiny_model
-
-                self.model = tiny_model(cfg.model_kind, dtype=resolve_dtype(cfg.dtype), device=cfg.device)
-                self.tokenizer = load_tokenizer("byte")
+                spec = ModelSpec(model_kind=cfg.model_kind, dtype=cfg.dtype, device=cfg.device)
             else:
-                from pathlib import Path
-
-                from torchinferno.checkpoint.auto import load_model_auto
-
-                self.model = load_model_auto(cfg.model or "smollm2-135m-instruct", device=cfg.device, dtype=cfg.dtype)
-                root = Path(self.model.checkpoint_dir)
-                self.tokenizer = load_tokenizer(str(root) if (root / "tokenizer.json").exists() else "byte")
+                spec = ModelSpec(model=cfg.model or DEFAULT_MODEL, dtype=cfg.dtype, device=cfg.device)
+            self.model = build_model(spec)
+            self.tokenizer = load_tokenizer(tokenizer_spec(spec, None, getattr(self.model, "checkpoint_dir", None)))
             self.vocab = min(self.model.config.vocab_size, 10000)
             self.max_model_len = min(self.max_model_len, self.model.config.max_position_embeddings)
 

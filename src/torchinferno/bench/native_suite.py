@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchinferno.bench.stats import LATENCY_PERCENTILES
@@ -151,19 +151,12 @@ def _random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int
 
 
 def _build_model(cfg: NativeSuiteConfig):
-    from torchinferno.checkpoint.auto import resolve_dtype
-    from torchinferno.cli.common import check_device
+    from torchinferno.engine.assembly import ModelSpec, build_model
 
     device = cfg.devices[0]
-    check_device(device)
     if cfg.model_kind and not cfg.model:
-        from torchinferno.testing import tiny_model
-
-        return tiny_model(cfg.model_kind, dtype=resolve_dtype(cfg.dtype), device=device), "byte"
-    from torchinferno.checkpoint.auto import load_model_auto
-
-    model = load_model_auto(cfg.model, device=device, dtype=cfg.dtype)
-    return model, None
+        return build_model(ModelSpec(model_kind=cfg.model_kind, dtype=cfg.dtype, device=device)), "byte"
+    return build_model(ModelSpec(model=cfg.model, dtype=cfg.dtype, device=device)), None
 
 
 def latency_bench(llm, batch_size: int, input_len: int, output_len: int, num_iters: int, num_iters_warmup: int,
@@ -206,11 +199,10 @@ def throughput_bench(llm, num_prompts: int, input_len: int, output_len: int, see
 
 def _run_serve_argv(argv: list[str]) -> dict:
     """Execute a planned ``torchinferno bench-serve`` argv in-process; returns the result dict."""
+    from torchinferno.bench.serve_args import bench_serve_parser, serve_config_from_args
     from torchinferno.bench.serve_client import run_serve_bench
-    from torchinferno.cli.bench_suite_cmds import serve_config_from_args
-    from torchinferno.cli.main import build_parser
 
-    a = build_parser().parse_args(argv[1:])
+    a = bench_serve_parser().parse_args(argv[2:])  # argv: torchinferno bench-serve ...
     cfg = serve_config_from_args(a, a.base_url)
     cfg.disable_tqdm = False
     res = run_serve_bench(cfg, log=lambda *_: None)

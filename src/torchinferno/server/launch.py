@@ -22,7 +22,7 @@ import sys
 
 from torchinferno.server.args import add_server_args, engine_config_from_args, model_spec_from_args, served_name
 
-__all__ = ["add_server_args", "build", "serve", "DrainingServer"]
+__all__ = ["add_server_args", "build", "serve"]
 
 
 def _model_context_len(spec) -> int | None:
