@@ -58,6 +58,11 @@ class EngineConfig:
     and launches step k+1 before step k's sampled tokens reach the host (the runner feeds them to
     step k+1 on the device), then processes step k's results while step k+1 runs. Outputs are
     the same as the synchronous engine's; each output is reported one ``step()`` later.
+
+    ``batch_invariant=True``: a request's tokens and logprobs are bitwise the same alone or in any batch
+    (``kernels.batch_invariant`` is applied to the model; a prompt is always prefilled whole, so chunked
+    prefill and prefix caching are off). CPU only for now. A request preempted under KV pressure is
+    recomputed in one prefill and is then not guaranteed the same numbers.
     """
 
     block_size: int = 16
@@ -73,8 +78,12 @@ class EngineConfig:
     max_logprobs: int = 20
     enforce_eager: bool = False
     async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
+        if self.batch_invariant:
+            self.enable_chunked_prefill = False
+            self.enable_prefix_caching = False
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.kv_cache_dtype = parse_kv_cache_dtype(self.kv_cache_dtype)

@@ -44,6 +44,10 @@ class Worker:
         family = getattr(model, "family", None)
         if family is None:
             raise ConfigError("model has no .family (build it through a ModelFamily or load_model_auto)")
+        if config.batch_invariant:
+            from torchinferno.kernels.batch_invariant import make_batch_invariant
+
+            make_batch_invariant(model)  # before the runner: it must not capture a batch-dependent fast path
         param = next(model.parameters())
         self.model = model
         self.device = param.device
@@ -147,4 +151,5 @@ class UniprocExecutor(Executor):
                 f"{self.worker.kv_plan.reason}), max_model_len={self.max_model_len}, device={self.device}, "
                 f"max_num_seqs={self.config.max_num_seqs}, max_num_batched_tokens={self.config.max_num_batched_tokens}, "
                 f"runner={'cuda-graphs' if self.runner.uses_cuda_graphs else 'eager'}"
-                f"{', async scheduling' if self.config.async_scheduling else ''}")
+                f"{', async scheduling' if self.config.async_scheduling else ''}"
+                f"{', batch-invariant' if self.config.batch_invariant else ''}")

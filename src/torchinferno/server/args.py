@@ -55,6 +55,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step k+1 before step k's tokens reach the host (overlaps host work "
                         "with the device; same outputs). Default: on for CUDA, off on CPU")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="a request's tokens and logprobs are bitwise the same whatever else is batched with it "
+                        "(greedy and seeded; CPU only for now; slower; turns off chunked prefill and prefix caching)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
@@ -142,4 +145,5 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
                         enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
                         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
-                        kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization)
+                        kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                        batch_invariant=args.batch_invariant)

@@ -48,6 +48,8 @@ class TorchAttention(torch.nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.scale = scale
+        # Set by kernels.batch_invariant: decode one sequence at a time (prefill is per sequence already).
+        self.batch_invariant = False
 
     @staticmethod
     def compute_dtype(q: torch.Tensor) -> torch.dtype:
@@ -64,6 +66,8 @@ class TorchAttention(torch.nn.Module):
             )
             return o.transpose(0, 1).to(q.dtype)
         if kv_cache is not None and meta.query_lens_list and meta.is_decode:  # an empty batch has no decode
+            if self.batch_invariant:
+                return self._decode_each(q, k, v, kv_cache, meta, gqa, cdt)
             return self._decode(q, k, v, kv_cache, meta, gqa, cdt)
         if kv_cache is not None:
             k_cache, v_cache = kv_cache
@@ -94,6 +98,22 @@ class TorchAttention(torch.nn.Module):
                 enable_gqa=gqa,
             )
             out[s:e] = o[0].transpose(0, 1).to(q.dtype)
+        return out
+
+    def _decode_each(self, q, k, v, kv_cache, meta: AttentionMetadata, gqa: bool, cdt: torch.dtype):
+        """Batch-invariant decode: write every new K/V, then attend each sequence alone (no padding mask)."""
+        k_cache, v_cache = kv_cache
+        write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
+        write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
+        B, H, D = q.shape
+        out = q.new_empty(B, H, v.shape[-1])
+        for b, length in enumerate(meta.seq_lens_list):
+            bt = meta.block_tables[b : b + 1]
+            kb = gather_kv(k_cache, bt, length).transpose(1, 2).to(cdt)  # [1, Hkv, L, D]
+            vb = gather_kv(v_cache, bt, length).transpose(1, 2).to(cdt)
+            o = F.scaled_dot_product_attention(q[b : b + 1].view(1, H, 1, D).to(cdt), kb, vb, scale=self.scale,
+                                               enable_gqa=gqa)
+            out[b] = o.view(H, -1).to(q.dtype)
         return out
 
     def _decode(self, q, k, v, kv_cache, meta: AttentionMetadata, gqa: bool, cdt: torch.dtype):

@@ -98,8 +98,12 @@ class RoutedExperts(nn.Module):
         nn.init.normal_(self.gate_up_proj, std=0.02)
         nn.init.normal_(self.down_proj, std=0.02)
         self.ops = ops
+        self.row_tile: int | None = None  # set by kernels.batch_invariant
 
     def forward(self, x, ids, weights):
+        if self.row_tile is not None:
+            return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj,
+                                               self.ops.silu_and_mul, row_tile=self.row_tile)
         return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj, self.ops.silu_and_mul)
 
 

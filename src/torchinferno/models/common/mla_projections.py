@@ -42,6 +42,7 @@ class MLAProjections(nn.Module):
         self.nope_dim, self.rope_dim, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.rope_interleave = cfg.rope_interleave
         self.scale = cfg.softmax_scale
+        self.batch_invariant = False  # set by kernels.batch_invariant: decode one sequence at a time
         qk = self.num_heads * cfg.qk_head_dim
         if cfg.q_lora_rank is None:
             self.q_proj = nn.Linear(cfg.hidden_size, qk, bias=False)
@@ -72,3 +73,15 @@ class MLAProjections(nn.Module):
         q_pe = self.ops.rope(q_pe, cos, sin, self.rope_interleave)
         k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
         return q_latent, q_nope, q_pe, torch.cat([c_kv, k_pe], dim=-1)
+
+    def each_decode_row(self, fn, meta, *rows):
+        """Batch-invariant decode: ``fn(*row_slices, row_meta)`` for each sequence alone, concatenated (a row
+        entry may be None or a NamedTuple of tensors, sliced field by field)."""
+        def one(t, b):
+            if t is None:
+                return None
+            if isinstance(t, tuple):
+                return type(t)(*(one(f, b) for f in t))
+            return t[b : b + 1]
+
+        return torch.cat([fn(*(one(t, b) for t in rows), meta.decode_row(b)) for b in range(meta.num_seqs)])

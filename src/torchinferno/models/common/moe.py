@@ -60,8 +60,14 @@ def grouped_expert_mlp(
     gate_up: torch.Tensor,  # [E, 2I, D]
     down: torch.Tensor,  # [E, D, I]
     act_and_mul: Callable[[torch.Tensor], torch.Tensor],  # [N, 2I] -> [N, I]
+    row_tile: int | None = None,
 ) -> torch.Tensor:  # [T, D]
-    """Sum over each token's experts of ``weight * down(act(gate) * up)``, grouped by expert."""
+    """Sum over each token's experts of ``weight * down(act(gate) * up)``, grouped by expert.
+
+    ``row_tile``: run each expert's GEMMs on fixed row tiles (``kernels.batch_invariant``: a token's result
+    then does not depend on how many other tokens chose the same expert)."""
+    from torchinferno.kernels.batch_invariant import tiled_linear
+
     if _is_fake(x) and not torch.compiler.is_compiling():
         return _all_experts_mlp(x, expert_ids, weights, gate_up, down, act_and_mul)
     T, K = expert_ids.shape
@@ -77,8 +83,8 @@ def grouped_expert_mlp(
         if n == 0:
             continue
         seg = slice(start, start + n)
-        h = act_and_mul(F.linear(xs[seg], gate_up[e]))
-        y = F.linear(h, down[e])
+        h = act_and_mul(tiled_linear(xs[seg], gate_up[e], row_tile))
+        y = tiled_linear(h, down[e], row_tile)
         out.index_add_(0, token_of[seg], y.float() * w_sorted[seg, None])
         start += n
     return out.to(x.dtype)

@@ -114,7 +114,11 @@ class DeepSeekMLA(MLAProjections):
             if idx is not None:
                 write_kv(kv_cache[1], idx.k, meta.slot_mapping)
         if kv_cache is not None and meta is not None and meta.is_decode and self.absorb_decode:
-            o = self._decode_absorbed(q_nope, q_pe, idx, kv_cache, meta)
+            if self.batch_invariant:
+                o = self.each_decode_row(lambda qn, qp, ix, m: self._decode_absorbed(qn, qp, ix, kv_cache, m),
+                                         meta, q_nope, q_pe, idx)
+            else:
+                o = self._decode_absorbed(q_nope, q_pe, idx, kv_cache, meta)
         else:
             o = self._expanded(q_nope, q_pe, latent, idx, kv_cache, meta)
         return self.o_proj(o.reshape(T, H * self.v_dim))

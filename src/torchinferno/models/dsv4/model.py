@@ -43,7 +43,11 @@ class LatentAttention(MLAProjections):
         if kv_cache is not None and meta is not None:
             write_kv(kv_cache[0], latent, meta.slot_mapping)
             if meta.is_decode and self.absorb_decode:
-                o = self._decode_absorbed(q_nope, q_pe, kv_cache[0], meta)
+                if self.batch_invariant:
+                    o = self.each_decode_row(lambda qn, qp, m: self._decode_absorbed(qn, qp, kv_cache[0], m),
+                                             meta, q_nope, q_pe)
+                else:
+                    o = self._decode_absorbed(q_nope, q_pe, kv_cache[0], meta)
                 return self.o_proj(o.reshape(T, H * self.v_dim))
         o = self._expanded(q_nope, q_pe, latent, kv_cache, meta)
         return self.o_proj(o.reshape(T, H * self.v_dim))
