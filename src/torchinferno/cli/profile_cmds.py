@@ -106,6 +106,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     _source_or_model(p)
     p.set_defaults(func=cmd_profile_pattern)
 
+    p = sub.add_parser("profile-timeslice",
+                       help="measure a representative workload, replay it on N time-sliced virtual GPUs sharing one device")
+    p.add_argument("dir")
+    _run_args(p)
+    p.add_argument("--virtual-gpus", type=int, default=8)
+    p.add_argument("--time-slice-us", type=float, default=1000.0, help="quantum of device time per slice")
+    p.add_argument("--context-switch-us", type=float, default=25.0, help="cost of switching the device between ranks")
+    p.add_argument("--profile-scale", type=float, default=1.0,
+                   help="inflate the measured workload to a larger target shape (x this factor)")
+    p.add_argument("--rank-work-scale", type=float, nargs="*", default=None, metavar="S",
+                   help="per-rank multipliers of the work (one per virtual GPU; default all 1)")
+    p.add_argument("--iters", type=int, default=3, help="timed runs of the workload (median)")
+    p.set_defaults(func=cmd_profile_timeslice)
+
     p = sub.add_parser("trace-smoke", help="trace a tiny model's prefill with make_fx (default DSv4) and check it")
     p.add_argument("--model-kind", default=DEFAULT_MODEL_KIND, help=f"family of the tiny model (default: {DEFAULT_MODEL_KIND})")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
@@ -156,6 +170,15 @@ def cmd_profile_run(a) -> int:
     from torchinferno.workbench.profile_run import profile_run
 
     return _done(profile_run(a.dir, _run_config(a), trace_graph=not a.no_graph), a.dir)
+
+
+def cmd_profile_timeslice(a) -> int:
+    from torchinferno.workbench.timeslice import TimesliceConfig, profile_timeslice
+
+    cfg = _run_config(a)
+    ts = TimesliceConfig(a.virtual_gpus, a.time_slice_us, a.context_switch_us, a.profile_scale,
+                         tuple(a.rank_work_scale or ()))
+    return _done(profile_timeslice(a.dir, cfg, ts, iters=a.iters), a.dir)
 
 
 def cmd_profile_nodes(a) -> int:

@@ -221,3 +221,51 @@ def call_repro(title: str, script: str, module: str, func: str, args: dict) -> s
     """A repro that calls ``module.func(**args)`` and exits on its ``ok`` field."""
     return _CALL.format(title=title, script=script, guard=_IMPORT_GUARD, device=_DEVICE.format(), args=repr(args),
                         module=module, func=func)
+
+
+_TIMESLICE = '''#!/usr/bin/env python
+"""Repro of a TorchInferno profile-timeslice (generated): replays the time-sliced schedule of the recorded
+per-rank work and checks the makespan. Needs only the standard library.
+
+    python timeslice_repro.py [--time-slice-us US] [--context-switch-us US]   # other values: a what-if replay
+"""
+
+import argparse
+import json
+import sys
+from collections import deque
+
+WORK_US = {work}
+TIME_SLICE_US = {slice_us}
+CONTEXT_SWITCH_US = {switch_us}
+EXPECTED_MAKESPAN_US = {makespan}
+
+{replay}
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--time-slice-us", type=float, default=TIME_SLICE_US)
+    p.add_argument("--context-switch-us", type=float, default=CONTEXT_SWITCH_US)
+    a = p.parse_args()
+    _, summary = replay_timeslice(WORK_US, a.time_slice_us, a.context_switch_us)
+    same = (a.time_slice_us, a.context_switch_us) == (TIME_SLICE_US, CONTEXT_SWITCH_US)
+    match = abs(summary["makespan_us"] - EXPECTED_MAKESPAN_US) <= 1e-6 * max(1.0, EXPECTED_MAKESPAN_US)
+    print(json.dumps({{"match": match if same else None, "makespan_us": summary["makespan_us"],
+                      "device_busy_fraction": summary["device_busy_fraction"]}}))
+    return 0 if match or not same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def timeslice_repro(work_us: list[float], ts, makespan_us: float) -> str:
+    """A standalone script replaying the time-sliced schedule (the replay function's own source is embedded)."""
+    import inspect
+
+    from torchinferno.workbench.timeslice import replay_timeslice
+
+    return _TIMESLICE.format(work=repr(list(work_us)), slice_us=repr(ts.time_slice_us),
+                             switch_us=repr(ts.context_switch_us), makespan=repr(makespan_us),
+                             replay=inspect.getsource(replay_timeslice))
