@@ -120,6 +120,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iters", type=int, default=3, help="timed runs of the workload (median)")
     p.set_defaults(func=cmd_profile_timeslice)
 
+    p = sub.add_parser("profile-offload",
+                       help="decoder-layer weights in host memory, staged to the device per use; movement vs compute")
+    p.add_argument("dir")
+    _run_args(p)
+    p.add_argument("--checkpoint", dest="model", default=None, help="same as --model (the original's spelling)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--activation-offload", action="store_true",
+                   help="also move each layer's output to host memory and back")
+    p.set_defaults(func=cmd_profile_offload)
+
     p = sub.add_parser("trace-smoke", help="trace a tiny model's prefill with make_fx (default DSv4) and check it")
     p.add_argument("--model-kind", default=DEFAULT_MODEL_KIND, help=f"family of the tiny model (default: {DEFAULT_MODEL_KIND})")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
@@ -179,6 +190,13 @@ def cmd_profile_timeslice(a) -> int:
     ts = TimesliceConfig(a.virtual_gpus, a.time_slice_us, a.context_switch_us, a.profile_scale,
                          tuple(a.rank_work_scale or ()))
     return _done(profile_timeslice(a.dir, cfg, ts, iters=a.iters), a.dir)
+
+
+def cmd_profile_offload(a) -> int:
+    from torchinferno.workbench.offload import OffloadConfig, profile_offload
+
+    cfg = _run_config(a)
+    return _done(profile_offload(a.dir, cfg, OffloadConfig(a.warmup, a.iters, a.activation_offload)), a.dir)
 
 
 def cmd_profile_nodes(a) -> int:
