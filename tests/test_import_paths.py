@@ -39,6 +39,7 @@ PATHS = [
     ("torchinferno.runtime.prefix", "PrefixRouter", "torchinferno.engine.router", "PrefixRouter"),
     ("torchinferno.runtime.prefix", "hash_token_blocks", "torchinferno.cache.block_pool", "hash_token_blocks"),
     ("torchinferno.runtime.prefix_cache", "BlockPool", "torchinferno.cache.block_pool", "BlockPool"),
+    ("torchinferno.runtime.offload", "LayerOffloader", "torchinferno.workbench.offload", "LayerOffloader"),
 ]
 
 
@@ -55,7 +56,7 @@ def test_all_lists_only_real_names(mod):
 
 
 @pytest.mark.parametrize("missing", ["simulation", "scheduler", "traffic", "disagg", "disaggregated", "fake_dist",
-                                     "offload", "flex", "options"])
+                                     "flex", "options"])
 def test_runtime_paths_without_an_implementation_do_not_exist(missing):
     with pytest.raises(ImportError):
         importlib.import_module(f"torchinferno.runtime.{missing}")
