@@ -53,8 +53,9 @@ class AsyncLLM:
     """
 
     def __init__(self, model: ModelSpec, engine_config: EngineConfig, tokenizer, warmup: bool | None = None,
-                 start_timeout_s: float = 1800.0):
-        cfg = CoreProcessConfig(model, engine_config, tuple(getattr(tokenizer, "eos_token_ids", ()) or ()), warmup)
+                 start_timeout_s: float = 1800.0, step_log: str | None = None):
+        cfg = CoreProcessConfig(model, engine_config, tuple(getattr(tokenizer, "eos_token_ids", ()) or ()), warmup,
+                                step_log)
         self.core = EngineCoreProcess(cfg, start_timeout_s)
         info = self.core.info
         self.info = info
@@ -117,7 +118,8 @@ class AsyncLLM:
         """Stream ``RequestOutput``s of one request; the last one has ``finished=True``.
 
         Validation errors (``TorchInfernoError``) are raised on the first iteration, before the
-        request is sent to the core.
+        request is sent to the core. A consumer that falls behind the core gets the outputs it missed merged
+        into one (``RequestOutput.merged_with``): fewer, larger deltas, nothing lost.
         """
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt_token_ids]
@@ -131,12 +133,19 @@ class AsyncLLM:
         self.outputs.add_request(request_id, prompt, params)
         self.core.send(EngineCoreRequest(request_id, prompt, params, time.monotonic()))
         finished = False
+        pending = None
         try:
             while True:
-                item = await queue.get()
+                item, pending = (pending, None) if pending is not None else (await queue.get(), None)
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                while not item.finished and not queue.empty():  # behind: merge the backlog into one delta
+                    nxt = queue.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        pending = nxt
+                        break
+                    item = item.merged_with(nxt)
                 finished = item.finished
                 yield item
                 if finished:

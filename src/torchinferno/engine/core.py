@@ -30,6 +30,7 @@ from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from torchinferno.engine.request import Request, RequestStatus
 from torchinferno.engine.scheduler import Scheduler
 from torchinferno.engine.step_handle import StepHandle
+from torchinferno.engine.step_log import StepShape, step_shape
 from torchinferno.errors import ConfigError, SamplingError
 
 __all__ = ["EngineCore", "EngineStats", "RequestLimits", "validate_request"]
@@ -112,6 +113,8 @@ class EngineCore:
         self._max_seqs = self._max_tokens = 0
         self._computed_tokens = self._gen_tokens = 0
         self._finished = self._aborted = 0
+        self.record_shapes = False  # set by the step log: keep ``last_shape`` of each scheduled batch
+        self.last_shape: StepShape | None = None
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -166,6 +169,8 @@ class EngineCore:
             # Nothing in flight can free blocks either: its requests are running, finished or preempted.
             raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next waiting request")
         self._steps += 1
+        if self.record_shapes:
+            self.last_shape = step_shape(sched, self.scheduler.num_running, self.scheduler.num_waiting)
         if sched.scheduled:
             num_tokens = sched.total_num_tokens
             self._max_seqs = max(self._max_seqs, sched.num_seqs)

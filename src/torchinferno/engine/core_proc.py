@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 
 from torchinferno.engine.assembly import ModelSpec
@@ -44,6 +45,7 @@ class CoreProcessConfig:
     engine: EngineConfig
     extra_eos_token_ids: tuple[int, ...] = ()  # the tokenizer's end-of-sequence ids
     warmup: bool | None = None
+    step_log: str | None = None  # JSONL path: one line per step (engine.step_log)
     addresses: CoreAddresses = field(default_factory=lambda: CoreAddresses("", ""))
 
 
@@ -126,6 +128,13 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
             return False
         return True
 
+    log = None
+    if cfg.step_log:
+        from torchinferno.engine.step_log import StepLog
+
+        log = StepLog(cfg.step_log)
+        core.record_shapes = True
+    clock = time.perf_counter
     status = 0
     try:
         running = True
@@ -146,7 +155,13 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
             if not running:
                 break
             if core.has_unfinished():
-                outs = core.step()
+                if log is None:
+                    outs = core.step()
+                else:
+                    core.last_shape = None
+                    t0 = clock()
+                    outs = core.step()
+                    log.record(t0, clock(), core.last_shape, len(outs))
                 outbox.send(enc.encode(EngineCoreOutputs(outs, core.stats().as_list())))
             elif got:
                 outbox.send(enc.encode(EngineCoreOutputs([], core.stats().as_list())))
@@ -160,6 +175,8 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
 
         traceback.print_exc()
     finally:
+        if log is not None:
+            log.close()
         inbox.close(0)
         outbox.close()
         ctx.term()

@@ -7,6 +7,7 @@ side could move to another process.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from torchinferno.core.sampling_params import SamplingParams
@@ -104,3 +105,13 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when requested
     num_cached_tokens: int = 0
     prompt_token_ids: list[int] | None = None
+
+    def merged_with(self, later: "RequestOutput") -> "RequestOutput":
+        """One output equal to streaming ``self`` then ``later`` (the same request, consecutive steps).
+
+        Deltas (new ids, text, logprobs) concatenate; totals and the finish verdict are ``later``'s.
+        Used when a consumer fell behind: it gets one bigger delta instead of a backlog of small ones.
+        """
+        lps = None if self.logprobs is None and later.logprobs is None else (self.logprobs or []) + (later.logprobs or [])
+        return dataclasses.replace(later, new_token_ids=self.new_token_ids + later.new_token_ids,
+                                   text_delta=self.text_delta + later.text_delta, logprobs=lps)

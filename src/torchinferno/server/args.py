@@ -76,6 +76,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-in-process", action="store_true",
                    help="run the engine loop in a thread of the server process instead of its own process "
                         "(debugging and profiling only: HTTP and the engine then share one interpreter)")
+    p.add_argument("--step-log", default=None, metavar="FILE",
+                   help="write one JSON line per engine step (time, duration, batch shape, queues) to FILE: for "
+                        "diagnosing a server and calibrating the simulator")
     p.add_argument("--shutdown-grace-period", type=float, default=30.0, metavar="S",
                    help="on SIGTERM: stop admitting, let in-flight requests finish for up to S seconds, then abort the "
                         "rest (finish_reason 'abort') and exit 0")

@@ -8,6 +8,7 @@ OpenAI chunks; the usage chunk (``choices: []``) comes last when ``stream_option
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import time
@@ -117,7 +118,7 @@ class Context:
                 ch.itls.append(now - ch.t_last)
             ch.t_last = now
         ch.text += out.text_delta
-        ch.token_ids = list(out.token_ids)
+        ch.token_ids = out.token_ids  # already a snapshot (RequestTextState.make_output)
         if out.logprobs:
             ch.logprobs.extend(zip(out.new_token_ids, out.logprobs))
         if out.finished:
@@ -135,6 +136,16 @@ class Context:
 
     async def _events(self, runs):
         """Yield (choice, RequestOutput) from all choices as they arrive."""
+        if len(runs) == 1:  # the common case: read the one stream directly (no pump task, no second queue)
+            ch, params = runs[0]
+            try:
+                async with contextlib.aclosing(self.engine.generate(ch.request_id, ch.prompt_ids, params)) as outs:
+                    async for out in outs:
+                        self._record(ch, out)
+                        yield ch, out
+            finally:
+                await self._abort_all(runs)
+            return
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(ch, params):

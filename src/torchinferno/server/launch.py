@@ -20,6 +20,7 @@ import asyncio
 import signal
 import sys
 
+from torchinferno.errors import ConfigError
 from torchinferno.server.args import add_server_args, engine_config_from_args, model_spec_from_args, served_name
 
 __all__ = ["add_server_args", "build", "serve"]
@@ -53,12 +54,14 @@ def build(args: argparse.Namespace):
         tokenizer = load_tokenizer(tokenizer_spec(spec, args.tokenizer, None if spec.model is None else root))
     cfg = engine_config_from_args(args, _model_context_len(spec))
     if args.engine_in_process:
+        if args.step_log:
+            raise ConfigError("--step-log needs the engine-core process (leave out --engine-in-process)")
         engine = _in_process_engine(spec, cfg, tokenizer)
         max_len = engine.engine.max_model_len
     else:
         from torchinferno.engine.async_llm import AsyncLLM
 
-        engine = AsyncLLM(spec, cfg, tokenizer)
+        engine = AsyncLLM(spec, cfg, tokenizer, step_log=args.step_log)
         max_len = engine.max_model_len
     print(f"engine: {engine.describe()}", file=sys.stderr, flush=True)
     scfg = ServerConfig(model_name=served_name(args, spec), root=root, max_model_len=max_len, api_key=args.api_key)
