@@ -16,6 +16,7 @@ and exits with status 1, so the API side can fail every in-flight request at onc
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -94,6 +95,11 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
         ready_conn.close()
         raise SystemExit(1) from None
     core = engine.core
+    # Everything built so far (model, block pool, warm-up leftovers) lives as long as the process: move it out of
+    # the collector's generations, or each full collection walks it: 70-160 ms pauses about once a second at
+    # batch 64-256 in an H200 step log.
+    gc.collect()
+    gc.freeze()
     info = CoreInfo(core.max_model_len, core.vocab_size, sorted(core.eos_token_ids), core.pool.num_blocks,
                     core.pool.block_size, core.config.max_logprobs, core.describe(), os.getpid())
 

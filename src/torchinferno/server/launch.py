@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import signal
 import sys
 
@@ -145,6 +146,8 @@ def serve(args: argparse.Namespace) -> int:
     server = _make_server_class()(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level),
                                   app, engine, args.shutdown_grace_period)
     engine.on_dead = server.engine_died
+    gc.collect()  # the app, tokenizer and (in-process) engine live as long as the server: keep them out of
+    gc.freeze()  # every full collection (see engine/core_proc.py)
     print(f"serving '{cfg.model_name}' on http://{args.host}:{args.port} (max_model_len {cfg.max_model_len})", flush=True)
     try:
         server.run()

@@ -101,7 +101,7 @@ def _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes per step (see prefill_attention)
 def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
                    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                    stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,

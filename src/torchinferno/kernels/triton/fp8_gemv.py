@@ -20,7 +20,7 @@ import triton.language as tl
 MAX_ROWS = 16  # the MMA's row tile: inputs of up to 16 rows share one pass over the weight
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # M = tokens in the step: no recompile per step shape
 def _fp8_skinny_dot_kernel(XQ, XS, W, WS, Y, M, N, K, stride_x, stride_wn, stride_y, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # The same sum on FP8 tensor cores: x_q [M (padded to 16), BK] @ W_q^T [BK, BN] tiles into fp32.

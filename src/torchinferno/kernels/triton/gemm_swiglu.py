@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # M = tokens in the step: no recompile per step shape
 def _mm_swiglu_kernel(A, W, Y, M, N, K, up_offset, stride_am, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # grouped tile order: GROUP_M row tiles share each weight tile while it is in L2

@@ -35,7 +35,10 @@ from torchinferno.kernels.triton import next_pow2
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# The per-step integers (where the prefills start, how many sequences, the block table's width) are not
+# specialized: Triton would otherwise compile a new variant whenever one of them is or stops being 1 or a multiple
+# of 16, ~0.5-0.8 s each on the request path (H200 step log: 27 such stalls in one bench-serve run).
+@triton.jit(do_not_specialize=["first_seq", "num_seqs", "q_base", "stride_bt"])
 def _prefill_kernel(Q, KC, VC, OUT, QSL, SEQ, BT, qk_scale, first_seq, num_seqs, q_base,
                     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                     stride_ot, stride_oh, stride_bt,
