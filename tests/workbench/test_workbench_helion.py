@@ -186,7 +186,9 @@ def test_helion_provider_end_to_end_in_reference_mode(tmp_path, monkeypatch):
     recs = read_decisions(tmp_path / "d.jsonl")
     assert len(recs) == 3 and all(r["correctness"]["passed"] and r["provider"] == "helion" for r in recs)
     assert all(r["provider_details"]["rewired_to_helion"] == 1 and r["kernels"] for r in recs)
-    assert (tmp_path / "out" / "helion_2_swiglu_swiglu.py").exists() and s["evaluated"] == 3
+    files = [k["file"] for r in recs for k in r["kernels"]]
+    assert files and all((tmp_path / "out" / f).exists() for f in files) and s["evaluated"] == 3
+    assert any(f.endswith("_swiglu_swiglu_activation.py") for f in files)  # helion_{window}_{pattern}_{kernel}.py
 
 
 needs_gpu_helion = pytest.mark.skipif(not (HAS_HELION and torch.cuda.is_available()), reason="needs helion and CUDA")
