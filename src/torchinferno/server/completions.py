@@ -26,6 +26,9 @@ from torchinferno.server.protocol import (
 )
 
 
+MAX_CHOICES = 256  # default cap on prompts x n of one request (--max-choices-per-request)
+
+
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
     bad = [t for t in ids if t < 0 or t >= vocab_size]
     if bad:
@@ -51,8 +54,9 @@ class _Choice:
 
 
 class Context:
-    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, metrics):
+    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, metrics, max_choices: int = MAX_CHOICES):
         self.engine, self.tok, self.model_name, self.max_model_len, self.metrics = engine, tokenizer, model_name, max_model_len, metrics
+        self.max_choices = max_choices
 
     # ---- prompt building and limits -------------------------------------------------------
     def _limits(self, prompt_ids: list[int], max_tokens: int | None) -> int:
@@ -98,6 +102,9 @@ class Context:
 
     # ---- running choices --------------------------------------------------------------------
     def _start(self, base_id: str, prompts: list[list[int]], params, n: int) -> list[tuple[_Choice, object]]:
+        if len(prompts) * n > self.max_choices:
+            raise BadRequest(f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; at most {self.max_choices} "
+                             "per request (--max-choices-per-request)", "n")
         runs = []
         for pi, ids in enumerate(prompts):
             for k in range(n):
@@ -126,8 +133,13 @@ class Context:
                                          now - ch.t_start, len(ch.prompt_ids), len(ch.token_ids), ch.finish_reason)
 
     async def _abort_all(self, runs) -> None:
+        """Abort every unfinished choice; each is counted as finished with reason ``abort``."""
+        now = time.perf_counter()
         for ch, _ in runs:
             if ch.finish_reason is None:
+                ch.finish_reason = "abort"
+                self.metrics.observe_request(None if ch.t_first is None else ch.t_first - ch.t_start, ch.itls,
+                                             now - ch.t_start, len(ch.prompt_ids), len(ch.token_ids), "abort")
                 try:
                     await self.engine.abort(ch.request_id)
                 except Exception:  # pragma: no cover - abort is best effort on teardown
