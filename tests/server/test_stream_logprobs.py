@@ -68,3 +68,35 @@ def test_bytes_are_the_tokens_own_bytes(tiny_server):
             for t in e["top_logprobs"]:
                 assert "\ufffd".encode() != bytes(t["bytes"])
     assert seen_partial, "the sampled tokens included bytes of multi-byte characters"
+
+
+def test_echo_logprobs_include_the_prompt_with_offsets(tiny_server):
+    prompt = "hello world, hi"
+    body = _body(8, prompt=prompt, echo=True, logprobs=3)
+    full = httpx.post(tiny_server.base + "/v1/completions", json=body, timeout=60).json()
+    ch, usage = full["choices"][0], full["usage"]
+    lp = ch["logprobs"]
+    assert len(lp["tokens"]) == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert all(v is not None for v in lp["token_logprobs"][1:])
+    assert ch["text"].startswith(prompt)
+    for tok, off in zip(lp["tokens"][: usage["prompt_tokens"]], lp["text_offset"]):
+        if tok != "<bos>":
+            assert ch["text"][off : off + len(tok)] == tok
+    assert lp["text_offset"][usage["prompt_tokens"]] == len(prompt)  # the first generated token follows the echo
+
+    # The prompt's last entry is what the model predicts after the prompt minus its last token.
+    ids = tiny_server.app.state.tokenizer.encode(prompt)
+    nxt = httpx.post(tiny_server.base + "/v1/completions", timeout=60,
+                     json={"model": "tiny", "prompt": ids[:-1], "max_tokens": 1, "temperature": 0, "logprobs": 3}).json()
+    want = nxt["choices"][0]["logprobs"]["top_logprobs"][0]
+    got = lp["top_logprobs"][len(ids) - 1]
+    assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 1e-4 for k in want)
+
+    chunks = _sse(tiny_server.base, "/v1/completions", {**body, "stream": True})
+    streamed = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in chunks:
+        for k, acc in streamed.items():
+            acc.extend(c["choices"][0]["logprobs"][k])
+    assert "".join(c["choices"][0]["text"] for c in chunks) == ch["text"]
+    assert streamed == lp

@@ -28,6 +28,9 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    # Logprobs of the prompt's tokens 1.. (each given the tokens before it) with this many alternatives;
+    # such a request never reuses cached prefix blocks (their logits are not computed).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -43,6 +43,10 @@ class ScheduledRequest:
     sample: bool
     sampling_params: SamplingParams
     arrival_index: int = -1  # Request.arrival_index of the scheduled request
+    # prompt_logprobs requests: logprobs of these prompt tokens are computed at the chunk's positions
+    # prompt_logprob_start.. (absolute positions; target i is the prompt token at prompt_logprob_start + i + 1)
+    prompt_logprob_start: int = 0
+    prompt_logprob_targets: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -82,6 +86,7 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)  # of prompt tokens, this step's
 
 
 @dataclass
@@ -104,3 +109,4 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when requested
     num_cached_tokens: int = 0
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens 1.. (first output, when requested)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from torchinferno.server.logprobs import LogprobFormatter, entries_of_output
+from torchinferno.server.logprobs import LogprobFormatter, entries_of_output, prompt_entries, shifted
 from torchinferno.server.protocol import (
     BadRequest,
     ChatCompletionRequest,
@@ -51,6 +51,8 @@ class _Choice:
     finish_reason: str | None = None
     logprobs: list = field(default_factory=list)  # LogprobEntry per generated token, in order
     sent_logprobs: int = 0  # a stream has sent logprobs[:sent_logprobs]
+    prompt_logprobs: list | None = None  # TokenLogprob of prompt tokens 1.. (echo + logprobs)
+    echo_sent: bool = False
     t_start: float = 0.0
     t_first: float | None = None
     t_last: float | None = None
@@ -128,6 +130,8 @@ class Context:
             elif ch.t_last is not None:
                 ch.itls.append(now - ch.t_last)
             ch.t_last = now
+        if out.prompt_logprobs is not None:
+            ch.prompt_logprobs = out.prompt_logprobs
         if out.logprobs:
             ch.logprobs.extend(entries_of_output(out.new_token_ids, out.logprobs, len(ch.text), out.text_delta,
                                                  self.fmt.piece))
@@ -234,6 +238,8 @@ class Context:
         limits = [self._limits(p, req.max_tokens) for p in prompts]
         # OpenAI's completions default is 16 new tokens (clamped to what the context allows).
         params.max_tokens = req.max_tokens if req.max_tokens is not None else min(16, min(limits))
+        if req.echo and req.logprobs is not None:
+            params.prompt_logprobs = req.logprobs
         runs = self._start(rid, prompts, params, req.n)
         created = int(time.time())
         if req.stream:
@@ -242,12 +248,17 @@ class Context:
         await self._collect(runs, request)
         choices = []
         for ch, _ in runs:
-            text = (self.tok.decode(ch.prompt_ids) if req.echo else "") + ch.text
-            choices.append({"index": ch.index, "text": text,
-                            "logprobs": self.fmt.completion(ch.logprobs, len(text) - len(ch.text)) if req.logprobs is not None else None,
-                            "finish_reason": ch.finish_reason})
+            echo = self.tok.decode(ch.prompt_ids) if req.echo else ""
+            lp = None
+            if req.logprobs is not None:
+                lp = self.fmt.completion(self._echo_entries(ch, echo) + shifted(ch.logprobs, len(echo)) if req.echo
+                                         else ch.logprobs)
+            choices.append({"index": ch.index, "text": echo + ch.text, "logprobs": lp, "finish_reason": ch.finish_reason})
         return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                              "choices": choices, "usage": self._usage(runs)})
+
+    def _echo_entries(self, ch: _Choice, echo: str) -> list:
+        return prompt_entries(ch.prompt_ids, ch.prompt_logprobs, self.tok, len(echo))
 
     def _stream(self, runs, rid: str, created: int, include_usage: bool, chat: bool, want_logprobs: bool, echo=None):
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -262,7 +273,7 @@ class Context:
             if chat:
                 yield chunk([{"index": ch.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None} for ch, _ in runs])
-            elif echo is not None:
+            elif echo is not None and not want_logprobs:  # with logprobs, the echo rides on the first chunk
                 yield chunk([{"index": ch.index, "text": echo[ch.prompt_index], "logprobs": None, "finish_reason": None}
                              for ch, _ in runs])
             try:
@@ -276,9 +287,14 @@ class Context:
                              "logprobs": self.fmt.chat(entries) if want_logprobs else None,
                              "finish_reason": out.finish_reason if out.finished else None}
                     else:
-                        shift = len(echo[ch.prompt_index]) if echo is not None else 0
-                        c = {"index": ch.index, "text": out.text_delta,
-                             "logprobs": self.fmt.completion(entries, shift) if want_logprobs else None,
+                        text = out.text_delta
+                        if echo is not None and want_logprobs:
+                            e = echo[ch.prompt_index]
+                            entries = shifted(entries, len(e))
+                            if not ch.echo_sent:
+                                ch.echo_sent, text, entries = True, e + text, self._echo_entries(ch, e) + entries
+                        c = {"index": ch.index, "text": text,
+                             "logprobs": self.fmt.completion(entries) if want_logprobs else None,
                              "finish_reason": out.finish_reason if out.finished else None}
                     yield chunk([c])
             except Exception as e:  # the 200 is already sent: end the stream with an OpenAI error event

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["LogprobEntry", "LogprobFormatter", "entries_of_output"]
+__all__ = ["LogprobEntry", "LogprobFormatter", "entries_of_output", "prompt_entries", "shifted"]
 
 NEG_INF_LOGPROB = -9999.0
 
@@ -82,3 +82,26 @@ class LogprobFormatter:
                         {self.piece(a): _finite(b) for a, b in zip(e.top_token_ids, e.top_logprobs)})
             offsets.append(e.text_offset + shift)
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def prompt_entries(prompt_ids: list[int], prompt_logprobs, tokenizer, text_len: int) -> list[LogprobEntry]:
+    """Entries of an echoed prompt: the first token has no logprob (``None``), token ``i >= 1`` has
+    ``prompt_logprobs[i - 1]``. ``text_offset`` counts the characters of the echoed text (special tokens
+    contribute none, as ``decode`` skips them) before each token, capped at ``text_len``."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    chars, out = 0, []
+    lps = [None, *(prompt_logprobs or [])]
+    for i, tid in enumerate(prompt_ids):
+        lp = lps[i] if i < len(lps) else None
+        out.append(LogprobEntry(tid, None if lp is None else lp.logprob, [] if lp is None else list(lp.top_token_ids),
+                                [] if lp is None else list(lp.top_logprobs), min(chars, text_len)))
+        if not tokenizer.is_special(tid):
+            chars += len(dec.decode(tokenizer.token_bytes(tid)))
+    return out
+
+
+def shifted(entries: list[LogprobEntry], shift: int) -> list[LogprobEntry]:
+    """``entries`` with ``shift`` added to every ``text_offset`` (generated tokens after an echoed prompt)."""
+    return [LogprobEntry(e.token_id, e.logprob, e.top_token_ids, e.top_logprobs, e.text_offset + shift) for e in entries]
