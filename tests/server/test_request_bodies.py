@@ -152,3 +152,16 @@ def test_decode_json_object_errors_are_bad_requests():
     for raw in [b"\xff", b"{", b"[]", b"[" * 10_000, b'{"a": 1' + b"0" * 30 + b"}", b'{"a": NaN}']:
         with pytest.raises(BadRequest):
             decode_json_object(raw)
+
+
+def test_kv_cache_memory_alone_leaves_max_model_len_to_the_pool():
+    import argparse
+
+    from torchinferno.server.args import add_server_args, engine_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    cfg = engine_config_from_args(p.parse_args(["smollm2-135m-instruct", "--kv-cache-memory", "32MiB"]), 8192)
+    assert cfg.max_model_len is None  # the engine caps the model's context by the pool (issue 18, item 6)
+    cfg = engine_config_from_args(p.parse_args(["x", "--max-model-len", "512"]), 8192)
+    assert cfg.max_model_len == 512
