@@ -63,4 +63,8 @@ def wide_byte_tokenizer(vocab_size: int = 320):
         def is_special(self, token_id):
             return int(token_id) in (256, 257, 258)
 
+        def token_bytes(self, token_id):
+            i = int(token_id)
+            return super().token_bytes(i) if i < 259 else bytes([(i - 259) % 63 + 0x40])
+
     return WideByteTokenizer()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from torchinferno.errors import SamplingError
@@ -27,6 +28,9 @@ class SamplingParams:
     ignore_eos: bool = False
     n: int = 1
     logprobs: int | None = None
+    # Logprobs of the prompt's tokens 1.. (each given the tokens before it) with this many alternatives;
+    # such a request never reuses cached prefix blocks (their logits are not computed).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -46,6 +50,10 @@ class SamplingParams:
             raise bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if max_tokens_limit is not None and self.max_tokens > max_tokens_limit:
             raise bad(f"max_tokens={self.max_tokens} exceeds the limit {max_tokens_limit}")
+        for name in ("temperature", "top_p", "min_p"):
+            v = getattr(self, name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise bad(f"{name} must be a finite number, got {v!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             raise bad(f"temperature must be >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or (self.top_k < -1):

@@ -26,7 +26,7 @@ from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.core_types import EngineCoreOutput, EngineCoreRequest
 from torchinferno.engine.executor import Executor
-from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprob
 from torchinferno.engine.request import Request, RequestStatus
 from torchinferno.engine.scheduler import Scheduler
 from torchinferno.engine.step_handle import StepHandle
@@ -86,6 +86,8 @@ def validate_request(limits: RequestLimits, prompt_token_ids: list[int], params:
         raise SamplingError("n > 1 is not supported by the engine; submit n requests")
     if params.logprobs is not None and not (0 <= params.logprobs <= limits.max_logprobs):
         raise SamplingError(f"logprobs must be in [0, {limits.max_logprobs}], got {params.logprobs}")
+    if params.prompt_logprobs is not None and not (0 <= params.prompt_logprobs <= limits.max_logprobs):
+        raise SamplingError(f"prompt_logprobs must be in [0, {limits.max_logprobs}], got {params.prompt_logprobs}")
     if not prompt_token_ids:
         raise ConfigError("empty prompt: at least one token is required")
     if limits.vocab_size is not None and any(not 0 <= int(t) < limits.vocab_size for t in prompt_token_ids):
@@ -115,6 +117,8 @@ class EngineCore:
         self._finished = self._aborted = 0
         self.record_shapes = False  # set by the step log: keep ``last_shape`` of each scheduled batch
         self.last_shape: StepShape | None = None
+        # Prompt logprobs computed so far, sent with the request's first output (prompt_logprobs requests only).
+        self._prompt_lps: dict[str, list[TokenLogprob]] = {}
 
     # ------------------------------------------------------------------ requests
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -132,6 +136,7 @@ class EngineCore:
         st = RequestStatus.FINISHED_ABORTED if status == "abort" else RequestStatus.FINISHED_STOPPED
         n = 0
         for rid in request_ids:
+            self._prompt_lps.pop(rid, None)
             if self.scheduler.finish_request(rid, st) is not None:
                 n += 1
         if st is RequestStatus.FINISHED_ABORTED:
@@ -182,6 +187,8 @@ class EngineCore:
         """Apply one step's sampled tokens to the scheduler; one output per request that sampled."""
         outputs = []
         lps = runner_out.logprobs
+        for rid, plps in runner_out.prompt_logprobs.items():
+            self._prompt_lps.setdefault(rid, []).extend(plps)
         for res in self.scheduler.update_from_output(sched, runner_out):
             req = res.request
             self._gen_tokens += len(res.new_token_ids)
@@ -191,8 +198,11 @@ class EngineCore:
                 stop_reason = req.stop_reason if req.status is RequestStatus.FINISHED_STOPPED else None
                 self._finished += 1
             lp = [lps[req.request_id]] if req.sampling_params.logprobs is not None else None
+            plp = None
+            if req.sampling_params.prompt_logprobs is not None and req.num_output_tokens == len(res.new_token_ids):
+                plp = self._prompt_lps.pop(req.request_id, [])  # complete: the prompt's last chunk sampled
             outputs.append(EngineCoreOutput(req.request_id, res.new_token_ids, reason, stop_reason,
-                                            req.num_cached_tokens, lp))
+                                            req.num_cached_tokens, lp, plp))
         return outputs
 
     # ------------------------------------------------------------------ introspection

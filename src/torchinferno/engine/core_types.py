@@ -34,7 +34,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
     ``finish_reason`` is ``"stop"`` (a stop token: ``stop_reason`` is its id), ``"length"``,
     ``"abort"``, or ``None`` while the request runs. ``logprobs[i]`` belongs to
-    ``new_token_ids[i]`` (present only when the request asked for logprobs).
+    ``new_token_ids[i]`` (present only when the request asked for logprobs). ``prompt_logprobs[i]`` belongs to
+    prompt token ``i + 1``; only in a ``prompt_logprobs`` request's first output.
     """
 
     request_id: str
@@ -43,6 +44,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | None = None
     num_cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):

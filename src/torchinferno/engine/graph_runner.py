@@ -98,7 +98,8 @@ class CudaGraphModelRunner(ModelRunner):
             return False
         for s in reqs:
             p = s.sampling_params
-            if len(s.token_ids) != 1 or not s.sample or p.seed is not None or p.logprobs is not None:
+            if (len(s.token_ids) != 1 or not s.sample or p.seed is not None or p.logprobs is not None
+                    or s.prompt_logprob_targets):
                 return False
         return True
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from torchinferno.cache.kv_cache import PagedKVCache
 from torchinferno.engine.input_batch import InputBatch, StepInputs
-from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from torchinferno.engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput, TokenLogprob
 from torchinferno.engine.step_handle import LogprobRows, StepHandle
 from torchinferno.text.sampling import compute_logprobs, make_generator, sample, values_to_device
 
@@ -97,12 +97,33 @@ class ModelRunner:
         step = self._prepare(reqs)
         hidden = self.model(step.input_ids, step.positions, self.kv_cache.tensors, step.attention_metadata())  # [T, D]
         self.num_forward_calls += 1
+        prompt_lps = self._prompt_logprobs(reqs, hidden) if any(s.prompt_logprob_targets for s in reqs) else {}
         if not step.sample_rows:
-            return self._sampled_nothing()
-        # Every row samples its only token (pure decode): no gather needed.
-        sel = hidden if step.num_tokens == len(step.sample_rows) else hidden[step.sample_indices]
-        logits = self.model.compute_logits(sel)  # [N, D] -> [N, V] fp32
-        return self._sample(reqs, step.sample_rows, logits)
+            handle = self._sampled_nothing()
+        else:
+            # Every row samples its only token (pure decode): no gather needed.
+            sel = hidden if step.num_tokens == len(step.sample_rows) else hidden[step.sample_indices]
+            logits = self.model.compute_logits(sel)  # [N, D] -> [N, V] fp32
+            handle = self._sample(reqs, step.sample_rows, logits)
+        handle.prompt_logprobs = prompt_lps
+        return handle
+
+    def _prompt_logprobs(self, reqs: list[ScheduledRequest], hidden: torch.Tensor) -> dict[str, list[TokenLogprob]]:
+        """Logprobs of prompt tokens at the positions ``prompt_logprob_targets`` asks for (``hidden [T, D]``,
+        requests flattened in order). Synchronous: a rare path (echo + logprobs), not worth a pinned copy."""
+        out: dict[str, list[TokenLogprob]] = {}
+        offset = 0
+        for s in reqs:
+            targets = s.prompt_logprob_targets
+            if targets:
+                first = offset + s.prompt_logprob_start - s.num_computed_tokens  # flat row of the first position
+                logits = self.model.compute_logits(hidden[first : first + len(targets)])  # [M, V] fp32
+                k = s.sampling_params.prompt_logprobs
+                tgt = torch.tensor(targets, dtype=torch.long, device=logits.device)
+                chosen, top_ids, top_lp = (t.tolist() for t in compute_logprobs(logits, tgt, k))
+                out[s.request_id] = [TokenLogprob(t, c, i, v) for t, c, i, v in zip(targets, chosen, top_ids, top_lp)]
+            offset += s.num_tokens
+        return out
 
     def _prepare(self, reqs: list[ScheduledRequest]) -> StepInputs:
         """Step inputs with placeholder tokens replaced by the previous step's samples (on device)."""

@@ -53,7 +53,8 @@ class RequestTextState:
             self.seq.finish_reason = "abort"
 
     def make_output(self, new_token_ids: list[int], delta: str, num_cached_tokens: int = 0,
-                    logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+                    logprobs: list[TokenLogprob] | None = None,
+                    prompt_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         seq = self.seq
         # Positional (field order of RequestOutput): this runs once per request per step.
         return RequestOutput(
@@ -70,6 +71,7 @@ class RequestTextState:
             logprobs,
             num_cached_tokens,
             self.prompt_token_ids,
+            prompt_logprobs,
         )
 
 
@@ -121,7 +123,7 @@ class OutputProcessor:
             reason = state.finish_reason
             if reason is not None and o.finish_reason is None:
                 stopped.append(o.request_id)
-            results.append(state.make_output(toks, delta, o.num_cached_tokens, o.logprobs))
+            results.append(state.make_output(toks, delta, o.num_cached_tokens, o.logprobs, o.prompt_logprobs))
             if reason is not None:
                 del states[o.request_id]
         return results, stopped

@@ -44,6 +44,10 @@ class ScheduledRequest:
     sample: bool
     sampling_params: SamplingParams
     arrival_index: int = -1  # Request.arrival_index of the scheduled request
+    # prompt_logprobs requests: logprobs of these prompt tokens are computed at the chunk's positions
+    # prompt_logprob_start.. (absolute positions; target i is the prompt token at prompt_logprob_start + i + 1)
+    prompt_logprob_start: int = 0
+    prompt_logprob_targets: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -83,6 +87,7 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logprobs: dict[str, TokenLogprob] = field(default_factory=dict)
+    prompt_logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)  # of prompt tokens, this step's
 
 
 @dataclass
@@ -105,13 +110,17 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None  # for new_token_ids, when requested
     num_cached_tokens: int = 0
     prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # prompt tokens 1.. (first output, when requested)
 
     def merged_with(self, later: "RequestOutput") -> "RequestOutput":
         """One output equal to streaming ``self`` then ``later`` (the same request, consecutive steps).
 
-        Deltas (new ids, text, logprobs) concatenate; totals and the finish verdict are ``later``'s.
+        Deltas (new ids, text, logprobs) concatenate; totals and the finish verdict are ``later``'s;
+        prompt logprobs (sent with a request's first output only) are kept from whichever carries them.
         Used when a consumer fell behind: it gets one bigger delta instead of a backlog of small ones.
         """
         lps = None if self.logprobs is None and later.logprobs is None else (self.logprobs or []) + (later.logprobs or [])
         return dataclasses.replace(later, new_token_ids=self.new_token_ids + later.new_token_ids,
-                                   text_delta=self.text_delta + later.text_delta, logprobs=lps)
+                                   text_delta=self.text_delta + later.text_delta, logprobs=lps,
+                                   prompt_logprobs=self.prompt_logprobs if self.prompt_logprobs is not None
+                                   else later.prompt_logprobs)

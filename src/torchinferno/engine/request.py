@@ -64,6 +64,7 @@ class Request:
     num_preemptions: int = 0
     stop_reason: int | str | None = None
     arrival_index: int = 0  # FCFS order assigned by the scheduler (ties of arrival_time)
+    num_prompt_logprobs: int = 0  # prompt positions whose logprobs were scheduled (kept across preemption)
 
     @property
     def all_token_ids(self) -> list[int]:

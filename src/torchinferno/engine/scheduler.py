@@ -208,7 +208,7 @@ class Scheduler:
                 raise RuntimeError(f"request {req.request_id!r} would be admitted with a token in flight "
                                    "(more than one step in flight?)")
             hit: list[int] = []
-            if self.pool.enable_prefix_caching:
+            if self.pool.enable_prefix_caching and req.sampling_params.prompt_logprobs is None:
                 # Always recompute at least the last token, so never reuse the block holding it.
                 max_hit = (req.num_tokens - 1) // self.block_size
                 self._ensure_hashes(req, max_hit * self.block_size)
@@ -255,6 +255,13 @@ class Scheduler:
         req.num_computed_tokens = stop
         if sample:
             req.num_inflight += 1
+        plp_start, plp_targets = 0, None
+        if req.sampling_params.prompt_logprobs is not None:
+            # Position p predicts prompt token p + 1: positions max(start, done) .. min(stop, P - 1) - 1.
+            lo, hi = max(start, req.num_prompt_logprobs), min(stop, req.num_prompt_tokens - 1)
+            if hi > lo:
+                plp_start, plp_targets = lo, req.prompt_token_ids[lo + 1 : hi + 1]
+                req.num_prompt_logprobs = hi
         # Positional (field order of ScheduledRequest): this runs once per request per step.
         return ScheduledRequest(
             req.request_id,
@@ -265,6 +272,8 @@ class Scheduler:
             sample,
             req.sampling_params,
             req.arrival_index,
+            plp_start,
+            plp_targets,
         )
 
     # ------------------------------------------------------------------ results

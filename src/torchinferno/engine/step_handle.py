@@ -51,6 +51,7 @@ class StepHandle:
     def __init__(self, request_ids: list[str] | None = None, tokens: torch.Tensor | None = None,
                  logprobs: LogprobRows | None = None):
         self.request_ids = request_ids or []
+        self.prompt_logprobs: dict[str, list[TokenLogprob]] = {}  # host values, set by the runner after launch
         self._out: ModelRunnerOutput | None = None
         self._event = None
         self._lp = logprobs
@@ -77,6 +78,7 @@ class StepHandle:
 
     def result(self) -> ModelRunnerOutput:
         if self._out is not None:
+            self._out.prompt_logprobs = self.prompt_logprobs
             return self._out
         if self._event is not None:
             self._event.synchronize()
@@ -87,6 +89,7 @@ class StepHandle:
             chosen, top_ids, top_lp = (t.tolist() for t in self._host[1:])
             for m, (j, k) in enumerate(zip(lp.rows, lp.ks)):
                 out.logprobs[self.request_ids[j]] = TokenLogprob(tokens[j], chosen[m], top_ids[m][:k], top_lp[m][:k])
+        out.prompt_logprobs = self.prompt_logprobs
         self._out = out
         self._host, self._lp = [], None
         return out

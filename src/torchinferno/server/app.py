@@ -12,7 +12,8 @@ answers 503 too, so a supervisor can restart the server), 500 for anything unexp
 
 from __future__ import annotations
 
-import json
+import hmac
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from torchinferno import __version__
 from torchinferno.errors import EngineDeadError
 from torchinferno.errors import TorchInfernoError
 from torchinferno.server import completions
+from torchinferno.server.body import MAX_BODY_BYTES, ErrorMiddleware, read_json_body
 from torchinferno.server.metrics import ServerMetrics
 from torchinferno.server.protocol import (
     BadRequest,
@@ -44,6 +46,12 @@ class ServerConfig:
     root: str
     max_model_len: int
     api_key: str | None = None
+    max_request_body_bytes: int = MAX_BODY_BYTES
+    max_choices_per_request: int = completions.MAX_CHOICES
+
+    def public_root(self) -> str:
+        """What ``/v1/models`` shows as ``root``: never an absolute local path (the cache layout is private)."""
+        return self.model_name if os.path.isabs(self.root) else self.root
 
 
 def error_response(e: BadRequest) -> JSONResponse:
@@ -51,17 +59,7 @@ def error_response(e: BadRequest) -> JSONResponse:
 
 
 async def parse_body(request: Request, schema: type[BaseModel]) -> BaseModel:
-    raw = await request.body()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadRequest("request body is not valid UTF-8") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadRequest(f"malformed JSON body: {e.msg} at position {e.pos}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
+    data = await read_json_body(request, request.app.state.config.max_request_body_bytes)
     try:
         return schema.model_validate(data)
     except ValidationError as e:
@@ -71,15 +69,19 @@ async def parse_body(request: Request, schema: type[BaseModel]) -> BaseModel:
 
 
 class ApiKeyMiddleware:
-    """Pure ASGI (not BaseHTTPMiddleware, which hides client disconnects from handlers)."""
+    """Every route but ``/health`` (the supervisor's probe) needs ``Authorization: Bearer KEY``: the API, tokenize,
+    metrics, version, docs and the OpenAPI schema. Pure ASGI (not BaseHTTPMiddleware, which hides client
+    disconnects from handlers)."""
+
+    OPEN = frozenset({"/health"})
 
     def __init__(self, app, api_key: str, on_reject=None):
         self.app, self.expected, self.on_reject = app, f"Bearer {api_key}".encode(), on_reject
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"] not in self.OPEN:
             auth = dict(scope.get("headers") or []).get(b"authorization", b"")
-            if auth != self.expected:
+            if not hmac.compare_digest(auth, self.expected):
                 if self.on_reject:
                     self.on_reject()
                 e = BadRequest("missing or invalid API key", status=401, type_="authentication_error", code="invalid_api_key")
@@ -92,10 +94,13 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
     """Build the app. ``engine`` is an ``AsyncEngine``; ``tokenizer`` a ``text.Tokenizer``."""
     app = FastAPI(title="TorchInferno OpenAI-compatible server", version=__version__)
     metrics = ServerMetrics(cfg.model_name)
-    app.state.engine, app.state.metrics, app.state.config = engine, metrics, cfg
+    app.state.engine, app.state.metrics, app.state.config, app.state.tokenizer = engine, metrics, cfg, tokenizer
     app.state.draining = False  # set on SIGTERM (server.launch): new requests get 503
-    ctx = completions.Context(engine, tokenizer, cfg.model_name, cfg.max_model_len, metrics)
+    ctx = completions.Context(engine, tokenizer, cfg.model_name, cfg.max_model_len, metrics,
+                              max_choices=cfg.max_choices_per_request)
 
+    # Added last = outermost: the key is checked first; a bug anywhere inside becomes a counted JSON 500.
+    app.add_middleware(ErrorMiddleware, on_error=lambda e: metrics.bad_requests.labels(cfg.model_name, "500").inc())
     if cfg.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=cfg.api_key, on_reject=lambda: metrics.bad_requests.labels(cfg.model_name, "401").inc())
 
@@ -105,8 +110,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
         return error_response(e)
 
     @app.exception_handler(TorchInfernoError)  # bad input -> 400
-    @app.exception_handler(EngineDeadError)  # the engine thread stopped -> 503
-    @app.exception_handler(Exception)  # a bug -> 500 (Starlette still logs the traceback)
+    @app.exception_handler(EngineDeadError)  # the engine thread stopped -> 503; a bug -> ErrorMiddleware's 500
     async def openai_error(_: Request, e: Exception):
         err = as_openai_error(e)
         metrics.bad_requests.labels(cfg.model_name, str(err.status)).inc()
@@ -135,7 +139,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
             raise err
 
     def check_model(name: str | None) -> None:
-        if name is not None and name not in (cfg.model_name, cfg.root):
+        if name is not None and name not in (cfg.model_name, cfg.public_root()):
             raise BadRequest(f"The model '{name}' does not exist (served: '{cfg.model_name}')", "model", status=404,
                              type_="NotFoundError", code="model_not_found")
 
@@ -154,7 +158,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
     async def models() -> dict:
         return {"object": "list", "data": [{
             "id": cfg.model_name, "object": "model", "created": int(time.time()), "owned_by": "torchinferno",
-            "root": cfg.root, "parent": None, "max_model_len": cfg.max_model_len,
+            "root": cfg.public_root(), "parent": None, "max_model_len": cfg.max_model_len,
         }]}
 
     @app.get("/metrics")

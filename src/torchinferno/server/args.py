@@ -58,7 +58,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-invariant", action="store_true",
                    help="a request's tokens and logprobs are bitwise the same whatever else is batched with it "
                         "(greedy and seeded; CPU only for now; slower; turns off chunked prefill and prefix caching)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--max-request-body-bytes", type=int, default=16 * 1024 * 1024, metavar="N",
+                   help="larger request bodies get 413 (default 16 MiB)")
+    p.add_argument("--max-choices-per-request", type=int, default=256, metavar="N",
+                   help="at most N engine requests (prompts x n) from one HTTP request; more get 400 (default 256)")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
                    help="how a multi-device model is split; one device (the only size supported yet) runs unsplit either way")

@@ -3,6 +3,8 @@
 Each choice is one engine request (``{id}-{k}``). Streaming merges the choices' deltas into
 OpenAI chunks; the usage chunk (``choices: []``) comes last when ``stream_options.include_usage``;
 ``data: [DONE]`` ends the stream. Leaving the stream (client disconnect) aborts every choice.
+Logprobs: every generated token has one entry, streamed or not (``server.logprobs``); a token without
+text of its own rides on the next chunk that has text, or on the final chunk.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from torchinferno.server.logprobs import LogprobFormatter, entries_of_output, prompt_entries, shifted
 from torchinferno.server.protocol import (
     BadRequest,
     ChatCompletionRequest,
@@ -25,6 +28,9 @@ from torchinferno.server.protocol import (
     check_text,
     sampling_params,
 )
+
+
+MAX_CHOICES = 256  # default cap on prompts x n of one request (--max-choices-per-request)
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -44,7 +50,10 @@ class _Choice:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    logprobs: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)  # LogprobEntry per generated token, in order
+    sent_logprobs: int = 0  # a stream has sent logprobs[:sent_logprobs]
+    prompt_logprobs: list | None = None  # TokenLogprob of prompt tokens 1.. (echo + logprobs)
+    echo_sent: bool = False
     t_start: float = 0.0
     t_first: float | None = None
     t_last: float | None = None
@@ -52,8 +61,10 @@ class _Choice:
 
 
 class Context:
-    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, metrics):
+    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, metrics, max_choices: int = MAX_CHOICES):
         self.engine, self.tok, self.model_name, self.max_model_len, self.metrics = engine, tokenizer, model_name, max_model_len, metrics
+        self.max_choices = max_choices
+        self.fmt = LogprobFormatter(tokenizer)
 
     # ---- prompt building and limits -------------------------------------------------------
     def _limits(self, prompt_ids: list[int], max_tokens: int | None) -> int:
@@ -99,6 +110,9 @@ class Context:
 
     # ---- running choices --------------------------------------------------------------------
     def _start(self, base_id: str, prompts: list[list[int]], params, n: int) -> list[tuple[_Choice, object]]:
+        if len(prompts) * n > self.max_choices:
+            raise BadRequest(f"{len(prompts)} prompts x n={n} is {len(prompts) * n} choices; at most {self.max_choices} "
+                             "per request (--max-choices-per-request)", "n")
         runs = []
         for pi, ids in enumerate(prompts):
             for k in range(n):
@@ -117,18 +131,26 @@ class Context:
             elif ch.t_last is not None:
                 ch.itls.append(now - ch.t_last)
             ch.t_last = now
+        if out.prompt_logprobs is not None:
+            ch.prompt_logprobs = out.prompt_logprobs
+        if out.logprobs:
+            ch.logprobs.extend(entries_of_output(out.new_token_ids, out.logprobs, len(ch.text), out.text_delta,
+                                                 self.fmt.piece))
         ch.text += out.text_delta
         ch.token_ids = out.token_ids  # already a snapshot (RequestTextState.make_output)
-        if out.logprobs:
-            ch.logprobs.extend(zip(out.new_token_ids, out.logprobs))
         if out.finished:
             ch.finish_reason = out.finish_reason
             self.metrics.observe_request(None if ch.t_first is None else ch.t_first - ch.t_start, ch.itls,
                                          now - ch.t_start, len(ch.prompt_ids), len(ch.token_ids), ch.finish_reason)
 
     async def _abort_all(self, runs) -> None:
+        """Abort every unfinished choice; each is counted as finished with reason ``abort``."""
+        now = time.perf_counter()
         for ch, _ in runs:
             if ch.finish_reason is None:
+                ch.finish_reason = "abort"
+                self.metrics.observe_request(None if ch.t_first is None else ch.t_first - ch.t_start, ch.itls,
+                                             now - ch.t_start, len(ch.prompt_ids), len(ch.token_ids), "abort")
                 try:
                     await self.engine.abort(ch.request_id)
                 except Exception:  # pragma: no cover - abort is best effort on teardown
@@ -200,31 +222,6 @@ class Context:
         completion = sum(len(ch.token_ids) for ch, _ in runs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def _piece(self, tid: int) -> str:
-        return self.tok.decode([tid], skip_special_tokens=False)
-
-    def _chat_logprobs(self, pairs) -> dict:
-        content = []
-        for tid, lp in pairs:
-            tok = self._piece(tid)
-            content.append({
-                "token": tok, "logprob": lp.logprob, "bytes": list(tok.encode("utf-8", "replace")),
-                "top_logprobs": [{"token": self._piece(t), "logprob": v, "bytes": list(self._piece(t).encode("utf-8", "replace"))}
-                                 for t, v in zip(lp.top_token_ids, lp.top_logprobs)],
-            })
-        return {"content": content}
-
-    def _completion_logprobs(self, pairs, offset0: int = 0) -> dict:
-        tokens, lps, tops, offsets, off = [], [], [], [], offset0
-        for tid, lp in pairs:
-            t = self._piece(tid)
-            tokens.append(t)
-            lps.append(lp.logprob)
-            tops.append({self._piece(a): b for a, b in zip(lp.top_token_ids, lp.top_logprobs)})
-            offsets.append(off)
-            off += len(t)
-        return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
-
     # ---- endpoints --------------------------------------------------------------------------
     async def chat(self, req: ChatCompletionRequest, request: Request, rid: str):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -240,7 +237,7 @@ class Context:
         choices = [{
             "index": ch.index,
             "message": {"role": "assistant", "content": ch.text},
-            "logprobs": self._chat_logprobs(ch.logprobs) if logprobs is not None else None,
+            "logprobs": self.fmt.chat(ch.logprobs) if logprobs is not None else None,
             "finish_reason": ch.finish_reason,
         } for ch, _ in runs]
         return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": self.model_name,
@@ -252,6 +249,8 @@ class Context:
         limits = [self._limits(p, req.max_tokens) for p in prompts]
         # OpenAI's completions default is 16 new tokens (clamped to what the context allows).
         params.max_tokens = req.max_tokens if req.max_tokens is not None else min(16, min(limits))
+        if req.echo and req.logprobs is not None:
+            params.prompt_logprobs = req.logprobs
         runs = self._start(rid, prompts, params, req.n)
         created = int(time.time())
         if req.stream:
@@ -260,12 +259,17 @@ class Context:
         await self._collect(runs, request)
         choices = []
         for ch, _ in runs:
-            text = (self.tok.decode(ch.prompt_ids) if req.echo else "") + ch.text
-            choices.append({"index": ch.index, "text": text,
-                            "logprobs": self._completion_logprobs(ch.logprobs) if req.logprobs is not None else None,
-                            "finish_reason": ch.finish_reason})
+            echo = self.tok.decode(ch.prompt_ids) if req.echo else ""
+            lp = None
+            if req.logprobs is not None:
+                lp = self.fmt.completion(self._echo_entries(ch, echo) + shifted(ch.logprobs, len(echo)) if req.echo
+                                         else ch.logprobs)
+            choices.append({"index": ch.index, "text": echo + ch.text, "logprobs": lp, "finish_reason": ch.finish_reason})
         return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
                              "choices": choices, "usage": self._usage(runs)})
+
+    def _echo_entries(self, ch: _Choice, echo: str) -> list:
+        return prompt_entries(ch.prompt_ids, ch.prompt_logprobs, self.tok, len(echo))
 
     def _stream(self, runs, rid: str, created: int, include_usage: bool, chat: bool, want_logprobs: bool, echo=None):
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -280,21 +284,28 @@ class Context:
             if chat:
                 yield chunk([{"index": ch.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                               "finish_reason": None} for ch, _ in runs])
-            elif echo is not None:
+            elif echo is not None and not want_logprobs:  # with logprobs, the echo rides on the first chunk
                 yield chunk([{"index": ch.index, "text": echo[ch.prompt_index], "logprobs": None, "finish_reason": None}
                              for ch, _ in runs])
             try:
                 async for ch, out in self._events(runs):
+                    # An output without text holds its logprob entries back for the next chunk (module docstring).
                     if not out.text_delta and not out.finished:
                         continue
-                    pairs = list(zip(out.new_token_ids, out.logprobs or [])) if want_logprobs else []
+                    entries, ch.sent_logprobs = ch.logprobs[ch.sent_logprobs:], len(ch.logprobs)
                     if chat:
                         c = {"index": ch.index, "delta": {"content": out.text_delta} if out.text_delta else {},
-                             "logprobs": self._chat_logprobs(pairs) if want_logprobs else None,
+                             "logprobs": self.fmt.chat(entries) if want_logprobs else None,
                              "finish_reason": out.finish_reason if out.finished else None}
                     else:
-                        c = {"index": ch.index, "text": out.text_delta,
-                             "logprobs": self._completion_logprobs(pairs) if want_logprobs else None,
+                        text = out.text_delta
+                        if echo is not None and want_logprobs:
+                            e = echo[ch.prompt_index]
+                            entries = shifted(entries, len(e))
+                            if not ch.echo_sent:
+                                ch.echo_sent, text, entries = True, e + text, self._echo_entries(ch, e) + entries
+                        c = {"index": ch.index, "text": text,
+                             "logprobs": self.fmt.completion(entries) if want_logprobs else None,
                              "finish_reason": out.finish_reason if out.finished else None}
                     yield chunk([c])
             except Exception as e:  # the 200 is already sent: end the stream with an OpenAI error event

@@ -65,7 +65,9 @@ def build(args: argparse.Namespace):
         engine = AsyncLLM(spec, cfg, tokenizer, step_log=args.step_log)
         max_len = engine.max_model_len
     print(f"engine: {engine.describe()}", file=sys.stderr, flush=True)
-    scfg = ServerConfig(model_name=served_name(args, spec), root=root, max_model_len=max_len, api_key=args.api_key)
+    scfg = ServerConfig(model_name=served_name(args, spec), root=root, max_model_len=max_len, api_key=args.api_key,
+                        max_request_body_bytes=args.max_request_body_bytes,
+                        max_choices_per_request=args.max_choices_per_request)
     return create_app(engine, tokenizer, scfg), scfg, engine
 
 

@@ -7,6 +7,7 @@ as ``vllm bench serve`` send vendor extensions.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
@@ -139,7 +140,14 @@ def check_text(value: Any, param: str) -> None:
 
 
 def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
-    """Map and validate OpenAI fields -> SamplingParams (raises BadRequest naming the field)."""
+    """Map and validate OpenAI fields -> SamplingParams (raises BadRequest naming the field). Every float
+    field must be finite (the body decoder rejects NaN/Infinity already; this holds for any caller)."""
+    for name in ("temperature", "top_p", "min_p"):
+        v = getattr(req, name)
+        if v is not None and not math.isfinite(v):
+            raise BadRequest(f"{name} must be a finite number, got {v}", name)
+    if req.stream_options is not None and not req.stream:
+        raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
     if req.n < 1 or req.n > MAX_N:
         raise BadRequest(f"n must be between 1 and {MAX_N}, got {req.n}", "n")
     if max_tokens is not None and max_tokens < 1:

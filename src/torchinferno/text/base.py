@@ -71,6 +71,15 @@ class Tokenizer(ABC):
     def is_special(self, token_id: int) -> bool:
         """Whether ``decode(..., skip_special_tokens=True)`` drops this id."""
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes this one token contributes to the text (the logprobs ``bytes`` field).
+
+        Unlike ``decode([id]).encode()``, a token holding part of a UTF-8 character gives its own bytes,
+        not U+FFFD's; the concatenated ``token_bytes`` of a sequence's tokens decode to its text. This
+        default is only right for tokens that decode to whole characters; byte-level tokenizers override it.
+        """
+        return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
+
     @property
     def unstable_token_ids(self) -> frozenset[int]:
         """Ids whose decoded text can change with the tokens that follow them.

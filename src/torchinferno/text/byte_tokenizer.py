@@ -98,3 +98,7 @@ class ByteTokenizer(Tokenizer):
 
     def is_special(self, token_id: int) -> bool:
         return int(token_id) >= 256
+
+    def token_bytes(self, token_id: int) -> bytes:
+        (i,) = self._check_ids([token_id])
+        return bytes([i]) if i < 256 else self._special_to_text[i].encode("utf-8")

@@ -19,6 +19,7 @@ Matches ``transformers.AutoTokenizer`` (v5, tokenizers backend) on the same dire
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Iterable
@@ -145,6 +146,7 @@ class HFTokenizer(Tokenizer):
         max_added = max(added) + 1 if added else 0
         self._vocab_size = max(backend.get_vocab_size(with_added_tokens=True), max_added)
         self._unstable_ids = self._byte_fallback_ids()
+        self._byte_level = '"ByteLevel"' in self._decoder_spec()
         self._chat_template = self._load_chat_template(cfg)
         self._bos_id = self._piece_id(self._special_map.get("bos_token"))
         self._eos_ids = self._collect_eos_ids()
@@ -165,17 +167,20 @@ class HFTokenizer(Tokenizer):
             raise TokenizerError(f"chat_template in {self._dir / 'tokenizer_config.json'} must be a string")
         return template
 
-    def _byte_fallback_ids(self) -> frozenset[int]:
-        """Ids of ``<0xNN>`` pieces when the decoder groups them (a ``ByteFallback`` step)."""
+    def _decoder_spec(self) -> str:
+        """The decoder's JSON (``""`` when there is none or it cannot be serialized)."""
         decoder = self._backend.decoder
         if decoder is None:
-            return frozenset()
+            return ""
         try:
             spec = decoder.__getstate__()
-            spec = spec.decode("utf-8") if isinstance(spec, bytes) else str(spec)
+            return spec.decode("utf-8") if isinstance(spec, bytes) else str(spec)
         except Exception:  # unknown decoder object: assume the common case
-            spec = ""
-        if '"ByteFallback"' not in spec:
+            return ""
+
+    def _byte_fallback_ids(self) -> frozenset[int]:
+        """Ids of ``<0xNN>`` pieces when the decoder groups them (a ``ByteFallback`` step)."""
+        if '"ByteFallback"' not in self._decoder_spec():
             return frozenset()
         ids = (self._backend.token_to_id(f"<0x{b:02X}>") for b in range(256))
         return frozenset(i for i in ids if i is not None)
@@ -257,6 +262,34 @@ class HFTokenizer(Tokenizer):
 
     def is_special(self, token_id: int) -> bool:
         return int(token_id) in self._special_ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """Byte-level BPE: the piece's characters mapped back through GPT-2's byte alphabet; byte-fallback
+        ``<0xNN>`` pieces: that byte; added tokens and anything else: the decoded text's UTF-8."""
+        (i,) = self._check_ids([token_id])
+        if i in self._unstable_ids:
+            return bytes([int(self.id_to_piece(i)[3:5], 16)])
+        added = self._backend.get_added_tokens_decoder().get(i)
+        if added is not None:
+            return added.content.encode("utf-8")
+        if self._byte_level:
+            piece, table = self.id_to_piece(i), _unicode_to_byte()
+            if piece and all(c in table for c in piece):
+                return bytes(table[c] for c in piece)
+        return super().token_bytes(i)
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's ``bytes_to_unicode``: printable bytes stand for themselves, the other 68 bytes
+    were shifted to U+0100.. in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table, extra = {chr(b): b for b in keep}, 0
+    for b in range(256):
+        if b not in keep:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
 
 
 def _clean_up_tokenization(text: str) -> str:
