@@ -29,7 +29,7 @@ def test_slow_consumer_gets_merged_outputs_and_the_step_log_adds_up(tmp_path):
     log = tmp_path / "steps.jsonl"
     llm = AsyncLLM(ModelSpec(model_kind="llama3", dtype="float32"), EngineConfig(max_model_len=128, max_num_seqs=4),
                    wide_byte_tokenizer(), step_log=str(log))
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=1)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     prompt = [5, 17, 3, 40, 2, 9]
     try:
         async def fast():
@@ -51,7 +51,6 @@ def test_slow_consumer_gets_merged_outputs_and_the_step_log_adds_up(tmp_path):
     assert got.token_ids == want.token_ids and got.text == want.text and len(want.token_ids) == 24
     assert [t for o in slow_outs for t in o.new_token_ids] == want.token_ids
     assert "".join(o.text_delta for o in slow_outs) == want.text
-    assert [lp.token_id for o in slow_outs for lp in o.logprobs] == want.token_ids
     assert len(slow_outs) < len(fast_outs)  # merged: fewer, bigger deltas
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert rows and all(r["dt"] >= 0 for r in rows)

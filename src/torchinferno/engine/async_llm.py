@@ -119,7 +119,7 @@ class AsyncLLM:
 
         Validation errors (``TorchInfernoError``) are raised on the first iteration, before the
         request is sent to the core. A consumer that falls behind the core gets the outputs it missed merged
-        into one (``RequestOutput.merged_with``): fewer, larger deltas, nothing lost.
+        into one (``RequestOutput.merged_with``): fewer, larger deltas, nothing lost (requests without logprobs).
         """
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt_token_ids]
@@ -140,7 +140,9 @@ class AsyncLLM:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                while not item.finished and not queue.empty():  # behind: merge the backlog into one delta
+                # Behind: merge the backlog into one delta. Not with logprobs: their text offsets need each
+                # token's own text delta (server/logprobs.py), which a merged output no longer has.
+                while not item.finished and item.logprobs is None and not queue.empty():
                     nxt = queue.get_nowait()
                     if isinstance(nxt, BaseException):
                         pending = nxt
