@@ -14,6 +14,7 @@ import torch
 from torchinferno.bench.ceilings import copy_bandwidth
 from torchinferno.bench.generate_bench import weight_bytes_per_step
 from torchinferno.bench.gpu_decode import DecodeBench, build_random_model
+from torchinferno.models.common.step_model import unwrap
 
 VARIANTS = {
     "default": {},
@@ -93,7 +94,7 @@ def _step_parts(bench, out) -> None:
     parts = {"step_ms": cuda_time_ms(lambda: bench.runner.run(ids, pos, slots, bt, lens), iters=30),
              "replay_only_ms": cuda_time_ms(g.replay, iters=30),
              "copies_only_ms": cuda_time_ms(lambda: bench.runner._load(ids, pos, slots, bt, lens, 1), iters=30)}
-    model = bench.model
+    model = unwrap(bench.model)
     w = model.head_weight()
     h = torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype)
     nw = model.model.norm.weight
@@ -103,7 +104,7 @@ def _step_parts(bench, out) -> None:
                  h.view(-1), w, config={"block_n": 4, "block_k": 2048, "num_stages": 3}).float(),
              "rms_norm + cublas linear + float": lambda: F.linear(kapi.rms_norm(h, nw, 1e-5), w).float(),
              "decode_gemv with norm prologue + float": lambda: kapi.decode_gemv(h.view(-1), w, norm_weight=nw).float(),
-             "the step's compute_logits": lambda: model.decode_step.compute_logits(h)}
+             "the step's compute_logits": lambda: bench.model.step.compute_logits(h)}
     for name, fn in heads.items():
         parts[f"head: {name} (us)"] = 1e3 * graph_time_ms(fn, calls=10, iters=10)
     out["step_parts"] = parts
@@ -135,6 +136,8 @@ def main(pick: bool = False, ab: bool = False, attention: bool = False) -> dict:
 
 
 if __name__ == "__main__":
-    from probe_io import save_json_arg  # this folder's helper (the script's directory is on sys.path)
+    from probe_io import (
+        save_json_arg,  # this folder's helper (the script's directory is on sys.path)
+    )
 
     save_json_arg(main(pick="--pick" in sys.argv, ab="--ab" in sys.argv, attention="--attention" in sys.argv))

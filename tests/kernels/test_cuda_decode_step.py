@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from torchinferno.models.common.attention_metadata import build_attention_metadata
+from torchinferno.models.common.step_model import LeanStepModel, step_model
 
 
 def _model(dev, dtype):
@@ -43,17 +44,17 @@ def test_fused_cuda_decode_step_matches_module_path(cuda_dev, dtype, kv_dtype, t
     prompt = [5, 17, 99, 3, 42, 7, 8]
     want_caches = spec.allocate(8, 4, kv_dtype, cuda_dev)
     want = _decode_hidden(model, want_caches, prompt, 5)
-    assert model.enable_cuda_decode_step(pdl=False)
+    fused = step_model(model, cuda_dev, pdl=False)
+    assert isinstance(fused, LeanStepModel)
     got_caches = spec.allocate(8, 4, kv_dtype, cuda_dev)
-    got = _decode_hidden(model, got_caches, prompt, 5)
+    got = _decode_hidden(fused, got_caches, prompt, 5)
     rel = float((got.float() - want.float()).norm() / want.float().norm())
     assert rel < tol, rel
     for (kg, vg), (kw, vw) in zip(got_caches, want_caches):  # the step's K/V stores == the module path's appends
         assert float((kg.float() - kw.float()).abs().max()) <= tol * 10 * float(kw.float().abs().max())
         assert float((vg.float() - vw.float()).abs().max()) <= tol * 10 * float(vw.float().abs().max())
     if torch.cuda.get_device_capability()[0] >= 9:  # the same chain with programmatic dependent launch
-        model.enable_cuda_decode_step(pdl=True)
-        got_pdl = _decode_hidden(model, spec.allocate(8, 4, kv_dtype, cuda_dev), prompt, 5)
+        got_pdl = _decode_hidden(step_model(model, cuda_dev, pdl=True), spec.allocate(8, 4, kv_dtype, cuda_dev), prompt, 5)
         assert torch.equal(got_pdl, got)
 
 
@@ -77,24 +78,23 @@ def test_fused_step_declines_what_it_does_not_reproduce(cuda_dev):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_fused_step_head_matches_the_linear(cuda_dev, dtype, tol):
-    """The installed step's one-row head (decode GEMV) vs ``F.linear``; other row counts are left to the model."""
-    model = _model(cuda_dev, dtype)
-    assert model.enable_cuda_decode_step()
+    """The step's one-row head (decode GEMV) vs ``F.linear``; other row counts are left to the model."""
+    model = step_model(_model(cuda_dev, dtype), cuda_dev)
     w = model.head_weight()
     h = torch.randn(1, w.shape[1], device=cuda_dev).to(dtype)
-    assert model.decode_step.compute_logits(h) is not None  # the one-row head is the step's, not the fallback
+    assert model.step.compute_logits(h) is not None  # the one-row head is the step's, not the fallback
     got = model.compute_logits(h)
     want = torch.nn.functional.linear(h.double(), w.double())
     assert got.dtype == torch.float32 and got.shape == want.shape
     assert float((got.double() - want).norm() / want.norm()) < tol
-    assert model.decode_step.compute_logits(h.expand(2, -1).contiguous()) is None
+    assert model.step.compute_logits(h.expand(2, -1).contiguous()) is None
 
 
 def test_no_fused_cuda_step_on_cpu():
     from torchinferno.testing import tiny_model
 
     model = tiny_model("llama3", variant="v1")
-    assert model.make_cuda_decode_step() is None and not model.enable_cuda_decode_step()
+    assert model.make_cuda_decode_step() is None and step_model(model, "cuda") is model
 
 
 @pytest.mark.cuda
@@ -112,32 +112,29 @@ def test_engine_installs_the_fused_step_and_matches_the_module_path(cuda_dev):
     def run(model):
         eng = LLMEngine(model, None, EngineConfig(**kw))
         eng.add_request("r", [5, 17, 99, 3, 42], params)
-        return eng.run_to_completion()["r"].token_ids
+        return eng.run_to_completion()["r"].token_ids, eng.runner.model
 
     fused_model = _model(cuda_dev, torch.float32)
-    got = run(fused_model)
-    assert isinstance(fused_model.decode_step, CudaDecodeStep)
+    got, runner_model = run(fused_model)
+    assert isinstance(runner_model, LeanStepModel) and isinstance(runner_model.step, CudaDecodeStep)
     plain_model = _model(cuda_dev, torch.float32)
-    plain_model.enable_cuda_decode_step = lambda **options: False  # keep the module path
-    want = run(plain_model)
-    assert plain_model.decode_step is None and got == want
+    plain_model.make_cuda_decode_step = lambda **options: None  # keep the module path
+    want, runner_model = run(plain_model)
+    assert runner_model is plain_model and got == want
 
 
-def test_stale_decode_steps_are_dropped():
-    """A step reads the modules' tensors when built: swapping linears removes it, and re-enabling the CUDA step
-    where none applies any more removes an earlier CUDA step (a CPU one stays)."""
-    from types import SimpleNamespace
-
-    from torchinferno.kernels.module_swap import replace_linears
+def test_the_model_never_carries_a_step():
+    """The model's forward is always the module path: no hook to install or go stale; runners wrap it once, and
+    only pre-packed weights get the lean CPU step, only an unsplit batch-invariant-free model a lean step at all."""
+    from torchinferno.kernels.cpu_linear import can_prepack, prepack_linears
     from torchinferno.testing import tiny_model
 
     model = tiny_model("llama3", variant="v1")
-    model.decode_step = SimpleNamespace(device_type="cuda")
-    assert not model.enable_cuda_decode_step() and model.decode_step is None
-    cpu_step = SimpleNamespace(device_type="cpu")
-    model.decode_step = cpu_step
-    assert not model.enable_cuda_decode_step() and model.decode_step is cpu_step
-    replace_linears(model, lambda name, lin: None)  # nothing replaced: the step stays
-    assert model.decode_step is cpu_step
-    replace_linears(model, lambda name, lin: torch.nn.Identity() if name.endswith("o_proj") else None)
-    assert model.decode_step is None
+    assert not hasattr(model, "decode_step") and not hasattr(model, "enable_cuda_decode_step")
+    assert step_model(model, "cpu") is model  # fp32, not pre-packed
+    if can_prepack(torch.bfloat16):
+        packed = tiny_model("llama3", variant="v1").to(torch.bfloat16)
+        prepack_linears(packed)
+        assert isinstance(step_model(packed, "cpu"), LeanStepModel)
+        packed.batch_invariant = True
+        assert step_model(packed, "cpu") is packed

@@ -67,6 +67,7 @@ def fused_step() -> None:
     """The fused CUDA step (its kernels interpreted) vs the module path, fp32, and its one-row head."""
     import test_cuda_decode_step as S
 
+    from torchinferno.models.common.step_model import LeanStepModel
     from torchinferno.models.llama3 import cuda_decode
 
     cuda_decode.CudaDecodeStep.supports = staticmethod(lambda model: True)  # it would refuse CPU weights
@@ -74,15 +75,15 @@ def fused_step() -> None:
     spec = model.family.kv_spec(model.config)
     prompt = [5, 17, 99, 3, 42, 7, 8]
     want = S._decode_hidden(model, spec.allocate(8, 4, torch.float32, CPU), prompt, 5)
-    model.decode_step = cuda_decode.CudaDecodeStep(model, pdl=False)
-    got = S._decode_hidden(model, spec.allocate(8, 4, torch.float32, CPU), prompt, 5)
+    fused = LeanStepModel(model, cuda_decode.CudaDecodeStep(model, pdl=False), "cuda")
+    got = S._decode_hidden(fused, spec.allocate(8, 4, torch.float32, CPU), prompt, 5)
     rel = float((got - want).norm() / want.norm())
     assert rel < 1e-5, rel
     h = torch.randn(1, model.config.hidden_size)
-    assert model.decode_step.compute_logits(h) is not None  # the step's head runs, not the model's fallback
+    assert fused.step.compute_logits(h) is not None  # the step's head runs, not the model's fallback
     with torch.no_grad():
         ref = torch.nn.functional.linear(h, model.head_weight())
-        rel = float((model.compute_logits(h) - ref).norm() / ref.norm())
+        rel = float((fused.compute_logits(h) - ref).norm() / ref.norm())
     assert rel < 1e-5, rel
 
 

@@ -15,6 +15,7 @@ from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.generate import StaticGenerator
 from torchinferno.kernels.cpu_linear import can_prepack, prepack_linears
 from torchinferno.models.common.attention_metadata import build_attention_metadata
+from torchinferno.models.common.step_model import LeanStepModel, step_model, unwrap
 from torchinferno.models.llama3.cpu_decode import CpuDecodeStep
 from torchinferno.testing import tiny_model
 
@@ -40,7 +41,6 @@ def _decode_twice(model, rows: list[list[int]], prompt_lens: list[int], block_si
     caches = spec.allocate(num_blocks=max(max(r) for r in rows) + 1, block_size=block_size, dtype=torch.float32, device="cpu")
     prompt = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in prompt_lens]
     step = CpuDecodeStep(model)
-    model.decode_step = None
     with torch.inference_mode():
         meta = build_attention_metadata(prompt_lens, [0] * B, rows, block_size)
         model(torch.cat(prompt), torch.cat([torch.arange(n) for n in prompt_lens]), caches, meta)
@@ -89,26 +89,31 @@ def test_supports_only_the_path_it_reproduces():
 
 
 @pytest.mark.skipif(not can_prepack(torch.bfloat16), reason="oneDNN bf16 not supported on this CPU")
-def test_prepack_installs_the_step_and_generation_is_unchanged():
+def test_runners_choose_the_step_once_and_generation_is_unchanged():
+    """The model's own forward is always the module path; the static generator (like the engine's runner) wraps
+    a pre-packed model with its lean step once, and every decode step takes it."""
     model = _model(torch.bfloat16)
-    assert isinstance(model.decode_step, CpuDecodeStep)
+    assert not hasattr(model, "decode_step") and not hasattr(model, "enable_cpu_decode_step")
+    prompts = [[5, 9, 14, 3], [7, 7, 1, 30], [11, 2, 8, 4]]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    gen = StaticGenerator(model, len(prompts), 32)
+    assert isinstance(gen.model, LeanStepModel) and isinstance(gen.model.step, CpuDecodeStep)
     calls = []
-    step = model.decode_step
+    step = gen.model.step
 
     def counting(*args):
         out = step(*args)
         calls.append(out is not None)
         return out
 
-    prompts = [[5, 9, 14, 3], [7, 7, 1, 30], [11, 2, 8, 4]]
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    gen = StaticGenerator(model, len(prompts), 32)
-    model.decode_step = counting
+    gen.model.step = counting
     lean = [r.token_ids for r in gen.generate(prompts, params)]
-    model.decode_step = None
+    gen.model = model  # the module path
     ref = [r.token_ids for r in gen.generate(prompts, params)]
     assert lean == ref
     assert len(calls) == 1 + 11 and calls.count(True) == 11  # the prefill falls back; every decode step is lean
+    assert step_model(model, "cpu", lean=False) is model
+    assert unwrap(gen.model) is model and unwrap(step_model(model, "cpu")) is model
 
 
 @pytest.mark.slow
@@ -118,14 +123,13 @@ def test_real_model_bf16_packed_greedy_tokens_unchanged():
 
     model = load_model_auto("smollm2-135m-instruct", dtype=torch.bfloat16)
     prepack_linears(model)
-    assert isinstance(model.decode_step, CpuDecodeStep)
     g = torch.Generator().manual_seed(0)
     for batch in (1, 4):
         prompts = [torch.randint(10, model.config.vocab_size, (12 + 3 * b,), generator=g).tolist() for b in range(batch)]
         params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
         gen = StaticGenerator(model, batch, 64)
+        assert isinstance(gen.model, LeanStepModel)
         lean = [r.token_ids for r in gen.generate(prompts, params)]
-        step, model.decode_step = model.decode_step, None
+        gen.model = model  # the module path
         ref = [r.token_ids for r in gen.generate(prompts, params)]
-        model.decode_step = step
         assert lean == ref

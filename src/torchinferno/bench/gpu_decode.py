@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms, profile_kernels
+from torchinferno.models.common.step_model import step_model, unwrap
 
 
 def build_random_model(size: str = "llama3-8b", device="cuda", dtype=torch.bfloat16, seed: int = 0):
@@ -55,13 +56,12 @@ class DecodeBench:
         self.runner.capture()
 
     def set_fused_step(self, on: bool, **options) -> bool:
-        """Install (or remove) the model's fused CUDA decode step and recapture the batch-1 graph."""
-        if on:
-            on = self.model.enable_cuda_decode_step(**options)
-        else:
-            self.model.decode_step = None
+        """Run the model's fused CUDA decode step (or the modules) from now on and recapture the batch-1 graph."""
+        base = unwrap(self.model)
+        self.model = step_model(base, self.dev, **options) if on else base
+        self.runner.model = self.model
         self.runner.recapture([1])
-        return on
+        return self.model is not base
 
     def inputs(self, batch: int, ctx: int):
         perm = torch.randperm(batch * self.max_blocks, device=self.dev) + 1

@@ -17,6 +17,7 @@ from torch import nn
 
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.models.common.attention_metadata import AttentionMetadata
+from torchinferno.models.common.step_model import step_model
 
 
 @dataclass
@@ -78,9 +79,10 @@ class StaticGenerator:
     """Owns a static cache for ``max_batch_size`` x ``max_seq_len`` and generates with it."""
 
     def __init__(self, model: nn.Module, max_batch_size: int, max_seq_len: int, cache_dtype: torch.dtype | None = None):
-        self.model = model
         self.family = model.family
         self.device = _first_tensor(model).device
+        # On CPU the family's lean decode step on pre-packed weights, when it has one (models/common/step_model).
+        self.model = step_model(model, self.device) if self.device.type == "cpu" else model
         self.max_batch_size = max_batch_size
         self.max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
         # On CPU the cache is kept in fp32: attention runs in fp32 there (see TorchAttention), and a
@@ -106,7 +108,9 @@ class StaticGenerator:
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams], tokenizer=None, eos_token_ids=None) -> list[GenerationResult]:
         from torchinferno.errors import ConfigError
-        from torchinferno.models.common.attention_metadata import build_attention_metadata
+        from torchinferno.models.common.attention_metadata import (
+            build_attention_metadata,
+        )
         from torchinferno.text.sampling import sample
 
         B = len(prompts)

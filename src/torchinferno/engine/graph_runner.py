@@ -25,7 +25,12 @@ from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.model_runner import ModelRunner
 from torchinferno.engine.outputs import ScheduledRequest, SchedulerOutput
 from torchinferno.engine.step_handle import StepHandle
-from torchinferno.kernels.cuda_graphs import DEFAULT_BUCKETS, CudaGraphDecodeRunner, backend_supports_graphs
+from torchinferno.kernels.cuda_graphs import (
+    DEFAULT_BUCKETS,
+    CudaGraphDecodeRunner,
+    backend_supports_graphs,
+)
+from torchinferno.models.common.step_model import step_model
 
 __all__ = ["CudaGraphModelRunner", "can_use_cuda_graphs", "graph_batch_sizes", "make_model_runner"]
 
@@ -54,11 +59,11 @@ def can_use_cuda_graphs(model: nn.Module, kv_cache: PagedKVCache) -> bool:
 def make_model_runner(model: nn.Module, kv_cache: PagedKVCache, config: EngineConfig, max_model_len: int) -> ModelRunner:
     """The engine's runner: CUDA graphs when possible and not ``config.enforce_eager``, else eager.
 
-    On a CUDA cache the model's fused CUDA decode step (batch-1 steps; ``models/llama3/cuda_decode``)
-    is installed first, so graphs capture it.
+    The runner's model is chosen here, once: the family's lean decode step for the cache's device when it has one
+    (the fused batch-1 CUDA step, so graphs capture it; the lean CPU step on pre-packed weights), else the modules
+    (``models/common/step_model``).
     """
-    if kv_cache.device.type == "cuda" and callable(getattr(model, "enable_cuda_decode_step", None)):
-        model.enable_cuda_decode_step()
+    model = step_model(model, kv_cache.device)
     if not config.enforce_eager and can_use_cuda_graphs(model, kv_cache):
         return CudaGraphModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
     return ModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)

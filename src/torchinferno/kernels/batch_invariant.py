@@ -112,7 +112,5 @@ def make_batch_invariant(model: nn.Module, tile: int = ROW_TILE) -> dict:
     if head is not None and not _row_invariant(head) and not isinstance(head, BatchInvariantLinear):
         model.packed_head = BatchInvariantLinear(head, tile)
         changed["linears"] += 1
-    if getattr(model, "decode_step", None) is not None:
-        model.decode_step = None
-    model.batch_invariant = True
+    model.batch_invariant = True  # runners then keep the module path (no lean decode step: models/common/step_model)
     return changed

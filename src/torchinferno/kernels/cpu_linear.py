@@ -131,9 +131,9 @@ def prepack_linears(model: nn.Module, kernel: str | None = None) -> int:
     ``kv_b_proj``) or that they run in fp32 (``FP32Linear``), and stay as they are.
 
     A model exposing ``head_weight()`` and a ``packed_head`` slot also gets its logits projection
-    packed (this covers a head tied to the embedding, which is not an ``nn.Linear``); one exposing
-    ``enable_cpu_decode_step()`` gets its lean CPU decode step (if its family has one) installed
-    on the packed weights.
+    packed (this covers a head tied to the embedding, which is not an ``nn.Linear``). A family's lean CPU
+    decode step (``make_cpu_decode_step``) builds on the packed weights when a runner wraps the model
+    (``models/common/step_model``).
     """
     kernel = _default_kernel[0] if kernel is None else kernel
     resolve_kernel(kernel)  # validate once, even for a model with nothing to pack
@@ -154,6 +154,4 @@ def prepack_linears(model: nn.Module, kernel: str | None = None) -> int:
         return None
 
     count += len(replace_linears(model, pack))
-    if count and callable(getattr(model, "enable_cpu_decode_step", None)):
-        model.enable_cpu_decode_step()  # a lean decode step built on the packed weights (models/llama3/cpu_decode.py)
     return count

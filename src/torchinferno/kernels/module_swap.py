@@ -10,11 +10,8 @@ from torch import nn
 def replace_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module | None]) -> list[str]:
     """For every module of exact type ``nn.Linear`` (subclasses and already-swapped modules are left
     alone), ``make(qualified_name, linear)`` returns its replacement or ``None`` to keep it. Plain
-    module swapping, no graph pass: hooks/FX/export see ordinary modules. Returns the names replaced.
-
-    A lean decode step installed on ``model`` (``CausalLMBase.decode_step``) read the old modules' tensors
-    when it was built, so it is removed when anything is replaced (the module path runs the new linears;
-    re-enable a step afterwards if one applies)."""
+    module swapping, no graph pass: hooks/FX/export see ordinary modules. Returns the names replaced. Swap before a runner wraps the
+    model with its lean decode step (``models/common/step_model``): the step reads the tensors it was built on."""
     replaced: list[str] = []
     for parent_name, parent in list(model.named_modules()):
         for child_name, child in list(parent.named_children()):
@@ -25,6 +22,4 @@ def replace_linears(model: nn.Module, make: Callable[[str, nn.Linear], nn.Module
             if new is not None:
                 setattr(parent, child_name, new)
                 replaced.append(name)
-    if replaced and getattr(model, "decode_step", None) is not None:
-        model.decode_step = None
     return replaced

@@ -67,11 +67,6 @@ class CausalLMBase(PretrainedMixin, nn.Module):
         # Optional runtime replacement of the logits projection (e.g. a pre-packed CPU linear);
         # set by kernels.cpu_linear.prepack_linears, never by the model itself.
         self.packed_head: nn.Module | None = None
-        # Optional runtime replacement of decode forwards (e.g. llama3's lean CPU step): called as
-        # ``decode_step(input_ids, positions, kv_caches, attn_meta)``, it returns the hidden states
-        # or None for a batch it does not handle. Installed by ``enable_cpu_decode_step`` /
-        # ``enable_cuda_decode_step``. A step may also offer ``compute_logits(hidden)`` (None: not handled).
-        self.decode_step: Callable[..., torch.Tensor | None] | None = None
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
         self.init_buffers()
@@ -110,28 +105,17 @@ class CausalLMBase(PretrainedMixin, nn.Module):
         self.rope_cos, self.rope_sin = cos.to(device), sin.to(device)
 
     def make_cpu_decode_step(self) -> Callable[..., torch.Tensor | None] | None:
-        """A family's lean CPU decode step for this model as built and loaded, or None (the default)."""
-        return None
+        """A family's lean CPU decode step for this model as built and loaded, or None (the default).
 
-    def enable_cpu_decode_step(self) -> bool:
-        """Install :meth:`make_cpu_decode_step` (after loading weights and packing linears); True if one applies."""
-        self.decode_step = self.make_cpu_decode_step()
-        return self.decode_step is not None
+        A step is called as ``step(input_ids, positions, kv_caches, attn_meta)`` and returns the hidden states, or
+        None for a batch it does not handle; it may offer ``compute_logits(hidden)`` (None: not handled). The model
+        never installs it: runners wrap the model with ``models.common.step_model.step_model`` once."""
+        return None
 
     def make_cuda_decode_step(self, **options) -> Callable[..., torch.Tensor | None] | None:
-        """A family's fused CUDA decode step for this model as built and loaded, or None (the default)."""
+        """A family's fused CUDA decode step for this model as built and loaded, or None (the default); see
+        :meth:`make_cpu_decode_step`."""
         return None
-
-    def enable_cuda_decode_step(self, **options) -> bool:
-        """Install :meth:`make_cuda_decode_step` (after loading weights and any linear swap); True if one applies.
-
-        Replaces an earlier CUDA step (built on tensors that may since have been swapped) even when none
-        applies now; keeps an installed step of another kind (e.g. the CPU one) in that case.
-        """
-        step = self.make_cuda_decode_step(**options)
-        if step is not None or getattr(self.decode_step, "device_type", None) == "cuda":
-            self.decode_step = step
-        return step is not None
 
     def head_weight(self) -> torch.Tensor:
         """[V, D] weight of the logits projection (the embedding when tied); needs an unswapped head."""
@@ -148,10 +132,6 @@ class CausalLMBase(PretrainedMixin, nn.Module):
         kv_caches: list[tuple[torch.Tensor, ...]] | None = None,
         attn_meta: AttentionMetadata | None = None,
     ) -> torch.Tensor:  # [T, D]
-        if self.decode_step is not None:
-            out = self.decode_step(input_ids, positions, kv_caches, attn_meta)
-            if out is not None:
-                return out
         h = self.model.embed_tokens(input_ids)
         cos, sin = self.prepare_rope(self.rope_cos[positions], self.rope_sin[positions], h.dtype)  # [T, r/2]
         residual = None
@@ -164,11 +144,6 @@ class CausalLMBase(PretrainedMixin, nn.Module):
         """hidden [N, D] -> logits [N, V] in fp32."""
         if self.packed_head is not None:
             return self.packed_head(hidden).float()
-        step_logits = getattr(self.decode_step, "compute_logits", None)  # an installed step's head, if it has one
-        if step_logits is not None:
-            out = step_logits(hidden)
-            if out is not None:
-                return out
         if self.lm_head is not None:  # a module call, so a runtime-swapped head (FP8, NVFP4) works too
             return self.lm_head(hidden).float()
         return torch.nn.functional.linear(hidden, self.model.embed_tokens.weight).float()

@@ -7,8 +7,8 @@ and :class:`TorchAttention` (so its hidden states are bitwise those of the modul
 weights extracted once, with the decode attention's cache views planned once per step instead
 of once per layer.
 
-It is a runtime transformation like ``kernels.cpu_linear``'s packing (which installs it, in
-``CausalLMBase.decode_step``): it reads the modules' tensors when built, so build it after
+It is a step backend (``make_cpu_decode_step``; a runner wraps the model with it once,
+``models/common/step_model``): it reads the modules' tensors when built, so build it after
 weights are loaded and linears packed. Anything but a CPU decode batch returns ``None`` and the
 caller runs the module path.
 """

@@ -18,8 +18,8 @@ roundings are kept (residual sums, GEMV outputs, rotated q/k, SwiGLU output) exc
 normalized GEMV input is consumed in fp32 instead of being rounded to bf16 first; with the GEMVs'
 summation order (vs cuBLAS) that is the whole difference (tested against the module path).
 
-Like ``cpu_decode`` it is a runtime transformation installed in ``CausalLMBase.decode_step``
-(by ``enable_cuda_decode_step``, which the engine's runner and bench-gpu call on CUDA): it reads
+Like ``cpu_decode`` it is a step backend (``make_cuda_decode_step``; the engine's runner and bench-gpu wrap the
+model with it once, ``models/common/step_model``): it reads
 the modules' tensors when built, so build it after weights are loaded and after any linear swap.
 Anything but a one-sequence, one-token CUDA step returns ``None`` and the module path runs.
 """

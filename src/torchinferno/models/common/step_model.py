@@ -1,0 +1,71 @@
+"""The step backend of a model, chosen once by whoever runs it (the engine's runner, the static generator, bench-gpu).
+
+A family may offer lean decode steps built on its loaded (and possibly pre-packed) weights:
+``make_cpu_decode_step()`` (llama3's AVX512-BF16 GEMV step) and ``make_cuda_decode_step(**options)`` (llama3's fused
+batch-1 Triton step). The model itself never installs one: its ``forward`` is always the module path. A runner
+wraps the model once, at construction, with ``step_model(model, device)``; the wrapper tries the lean step and
+falls back to the modules for batches the step does not handle (it returns None for them).
+
+Invariants: build the wrapper after every runtime transformation of the model's modules (quantization, pre-packing,
+linear swaps): a lean step reads the tensors it was built on. The wrapper is not an ``nn.Module`` (it owns no
+parameters); attribute reads fall through to the model, so code written for a family model (CUDA-graph capture,
+``.config``, ``.modules()``) takes either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["LeanStepModel", "step_model", "unwrap"]
+
+
+class LeanStepModel:
+    """``model`` whose forwards try ``step`` first (module docstring)."""
+
+    def __init__(self, model, step, kind: str):
+        self.base = model  # not ``model``: reads of ``.model`` (the decoder stack) fall through to the family model
+        self.step = step
+        self.kind = kind  # "cpu" | "cuda": which lean step (for describe strings)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches=None, attn_meta=None) -> torch.Tensor:
+        out = self.step(input_ids, positions, kv_caches, attn_meta)  # [T, D] or None: not handled
+        return out if out is not None else self.base(input_ids, positions, kv_caches, attn_meta)
+
+    forward = __call__
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The step's own head when it has one for this batch (the fused one-row head), else the model's."""
+        head = getattr(self.step, "compute_logits", None)
+        out = head(hidden) if head is not None else None
+        return out if out is not None else self.base.compute_logits(hidden)
+
+    def __getattr__(self, name: str) -> Any:  # only called for names not found on the wrapper
+        if name == "base":  # not set yet (copy/unpickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+
+def step_model(model, device: torch.device | str, lean: bool = True, **cuda_options):
+    """``model`` wrapped with its family's lean decode step for ``device``, or ``model`` itself when it has none
+    (or ``lean`` is False: e.g. batch-invariant mode, which needs the module path)."""
+    if not lean or getattr(model, "batch_invariant", False):
+        return model
+    kind = torch.device(device).type
+    if kind == "cpu" and not _prepacked(model):
+        return model  # the lean CPU step is built for pre-packed weights (kernels/cpu_linear.py)
+    make = getattr(model, f"make_{kind}_decode_step", None) if kind in ("cpu", "cuda") else None
+    step = make(**cuda_options) if callable(make) and kind == "cuda" else make() if callable(make) else None
+    return model if step is None else LeanStepModel(model, step, kind)
+
+
+def _prepacked(model) -> bool:
+    from torchinferno.kernels.cpu_linear import PackedLinear
+
+    return getattr(model, "packed_head", None) is not None or any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def unwrap(model):
+    """The family model under a ``LeanStepModel`` (or ``model`` itself)."""
+    return model.base if isinstance(model, LeanStepModel) else model
