@@ -1,0 +1,118 @@
+"""``SimulatedExecutor``: an ``Executor`` that advances a virtual clock instead of running a model.
+
+The real ``EngineCore`` (and so the real ``Scheduler`` and ``BlockPool``) drives it unchanged: every
+``SchedulerOutput`` reaches ``execute_async``, which adds the cost model's prediction for that step to the
+clock and returns a dummy token for each sampling row. Requests stop by ``max_tokens`` (the simulator submits
+them with ``ignore_eos``), so the dummy token's value never matters (it is never a stop token: the simulated
+core has no EOS ids). Invariant: ``clock.t`` only grows, by exactly one prediction per step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.executor import Executor
+from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from torchinferno.errors import ConfigError
+from torchinferno.sim.cost_model import CostModel
+
+__all__ = ["DUMMY_TOKEN", "SimulatedExecutor", "VirtualClock", "WallClock"]
+
+DUMMY_TOKEN = 0
+
+
+class VirtualClock:
+    """Simulated seconds; ``advance_to`` never goes back."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+    def advance_to(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+
+class WallClock:
+    """Real seconds since construction; ``advance_to`` sleeps (the real engine's driver)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def advance(self, dt: float) -> None:  # pragma: no cover - the real engine advances it
+        time.sleep(max(0.0, dt))
+
+    def advance_to(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            time.sleep(dt)
+
+
+@dataclass
+class _Done:
+    """A launched step whose result is already known (the ``StepHandle`` surface the core uses)."""
+
+    out: ModelRunnerOutput
+
+    def result(self) -> ModelRunnerOutput:
+        return self.out
+
+    def ready(self) -> bool:
+        return True
+
+
+class SimulatedExecutor(Executor):
+    """A replica of ``num_blocks`` x ``block_size`` KV tokens whose steps cost ``cost_model`` seconds.
+
+    ``external_prefill`` holds request ids whose prompt KV came from elsewhere (P/D decode replicas): their
+    prefill rows cost nothing. ``config`` step limits left unset take ``device``'s defaults.
+    """
+
+    def __init__(self, cost_model: CostModel, config: EngineConfig | None = None, *, num_blocks: int = 4096,
+                 max_model_len: int = 4096, device: str = "cpu", clock: VirtualClock | None = None):
+        config = replace(config or EngineConfig())
+        if config.num_gpu_blocks is not None:
+            num_blocks = config.num_gpu_blocks
+        if num_blocks < 1:
+            raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.config = config.for_device(device)
+        self.config.async_scheduling = False  # a virtual step is complete at launch: nothing to overlap
+        self.block_size = self.config.block_size
+        self.num_blocks = num_blocks
+        cap = num_blocks * self.block_size
+        self.max_model_len = min(self.config.max_model_len or max_model_len, cap)
+        if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < self.max_model_len:
+            self.config.max_num_batched_tokens = self.max_model_len  # as Worker does: a prompt fits one step
+        self.cost_model = cost_model
+        self.clock = clock or VirtualClock()
+        self.external_prefill: set[str] = set()
+        self._forwards = 0
+        self.busy_s = 0.0
+
+    def execute_async(self, sched: SchedulerOutput) -> _Done:
+        dt = self.cost_model.step_cost(sched, self.external_prefill)
+        self.clock.advance(dt)
+        self.busy_s += dt
+        out = ModelRunnerOutput()
+        if sched.scheduled:
+            self._forwards += 1
+            out.sampled_token_ids = {s.request_id: DUMMY_TOKEN for s in sched.scheduled if s.sample}
+        return _Done(out)
+
+    @property
+    def num_forward_calls(self) -> int:
+        return self._forwards
+
+    def describe(self) -> str:
+        c = self.config
+        return (f"simulated: {self.num_blocks} blocks x {self.block_size} tokens, max_model_len={self.max_model_len}, "
+                f"max_num_seqs={c.max_num_seqs}, max_num_batched_tokens={c.max_num_batched_tokens}")
