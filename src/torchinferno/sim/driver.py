@@ -37,6 +37,7 @@ class Replica:
         self.role = role  # "both" | "prefill" | "decode"
         self.external_prefill = getattr(core.executor, "external_prefill", None)
         self.num_added = 0
+        self.step_hook = None  # called as hook(t_before, t_after) around every step (sim-calibrate)
 
     def now(self) -> float:
         return self.clock.now()
@@ -59,7 +60,11 @@ class Replica:
         self.num_added += 1
 
     def step(self) -> tuple[float, list]:
+        hook = self.step_hook
+        t0 = self.clock.now() if hook is not None else 0.0
         outs = self.core.step()
+        if hook is not None:
+            hook(t0, self.clock.now())
         if self.external_prefill:
             for o in outs:
                 if o.finish_reason is not None:
