@@ -157,3 +157,23 @@ def test_percentile_matches_numpy():
     xs = [random.Random(1).random() for _ in range(101)]
     for q in (50, 90, 99):
         assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def test_bench_serve_client_uses_the_simulators_arrivals(monkeypatch):
+    import asyncio
+
+    from torchinferno.bench import serve_client
+
+    slept = []
+
+    async def fake_sleep(s):
+        slept.append(s)
+
+    monkeypatch.setattr(serve_client.asyncio, "sleep", fake_sleep)
+
+    async def collect():
+        return [i async for i in serve_client._arrivals(20, 5.0, 0.5, random.Random(11))]
+
+    assert asyncio.run(collect()) == list(range(20))
+    ts = arrival_times(20, 5.0, 0.5, seed=11)
+    assert slept == pytest.approx([b - a for a, b in itertools.pairwise(ts)])
