@@ -177,3 +177,23 @@ def test_bench_serve_client_uses_the_simulators_arrivals(monkeypatch):
     assert asyncio.run(collect()) == list(range(20))
     ts = arrival_times(20, 5.0, 0.5, seed=11)
     assert slept == pytest.approx([b - a for a, b in itertools.pairwise(ts)])
+
+
+def test_fit_drops_interference_outliers_and_cpu_clock_jumps():
+    from torchinferno.sim.executor import CpuClock, make_clock
+
+    rng = random.Random(3)
+    true = CostModel(c0=1e-3, coef={"prefill_tokens": 1e-5, "decode_tokens": 5e-5})
+    rows = []
+    for i in range(200):
+        f = (0.0, float(rng.randint(0, 400)), float(rng.randint(1, 32)), 0.0, 0.0, 0.0)
+        slow = 3.0 if i % 10 == 0 else 1.0  # every tenth step descheduled by another job
+        rows.append((f, true.predict(f) * slow))
+    got, err = fit(rows)
+    assert got.coef["prefill_tokens"] == pytest.approx(1e-5, rel=0.05)
+    assert got.c0 == pytest.approx(1e-3, rel=0.05) and err < 0.01
+    c = CpuClock()
+    c.advance_to(c.now() + 5.0)
+    assert c.now() >= 5.0
+    with pytest.raises(ConfigError, match="clock"):
+        make_clock("gpu")

@@ -18,6 +18,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--cache-dir", default=None)
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="time real steps by wall clock, or by this process's CPU time (a 1-thread engine on a shared "
+                        "host: time spent descheduled by other jobs does not count)")
     _engine_args(p)
 
 
@@ -80,7 +83,7 @@ def _cmd_calibrate(a) -> int:
         import torch
 
         model = _load_model(a)
-        grid = ProbeGrid(_ints(a.batch_sizes), _ints(a.context_lens), a.decode_steps, seed=a.seed)
+        grid = ProbeGrid(_ints(a.batch_sizes), _ints(a.context_lens), a.decode_steps, seed=a.seed, clock=a.clock)
         cal, rows = calibrate_model(model, _engine_config(a), grid)
         cal.threads = torch.get_num_threads() if a.device == "cpu" else 0
         if a.steps_out:
@@ -104,8 +107,8 @@ def _cmd_validate(a) -> int:
         cal = Calibration.load(a.calibration)
     else:
         print("sim-validate: no --calibration: probing the model first")
-        cal, _ = calibrate_model(model, cfg, ProbeGrid())
-    vc = ValidateConfig(tuple(a.concurrency), a.requests, a.input_len, a.output_len, a.seed)
+        cal, _ = calibrate_model(model, cfg, ProbeGrid(clock=a.clock))
+    vc = ValidateConfig(tuple(a.concurrency), a.requests, a.input_len, a.output_len, a.seed, a.clock)
     res = validate(model, cal, cfg, vc)
     print(f"sim-validate: max |relative error| {res['max_abs_relative_error'] * 100:.1f}%, "
           f"mean {res['mean_abs_relative_error'] * 100:.1f}%")

@@ -23,7 +23,7 @@ from torchinferno.errors import ConfigError
 from torchinferno.sim.calibration import Calibration
 from torchinferno.sim.cost_model import FEATURES, fit, step_features
 from torchinferno.sim.driver import Replica, run_workload
-from torchinferno.sim.executor import WallClock
+from torchinferno.sim.executor import make_clock
 from torchinferno.sim.traffic import SimRequest
 
 __all__ = ["ProbeGrid", "RecordingExecutor", "calibrate_model", "fit_rows", "read_steps", "time_steps", "write_steps"]
@@ -36,6 +36,7 @@ class ProbeGrid:
     decode_steps: int = 8
     mixed: bool = True  # also a closed loop of mixed lengths per batch size (prefill chunks among decodes)
     seed: int = 0
+    clock: str = "wall"  # "wall" | "cpu" (CPU time of this process: a single-threaded engine on a shared host)
 
 
 class RecordingExecutor(Executor):
@@ -60,7 +61,8 @@ class RecordingExecutor(Executor):
 
 
 def time_steps(core: EngineCore, rec: RecordingExecutor, batch: int, ctx: int, new_tokens: int,
-               rng: random.Random, vocab: int, tag: str, mixed: bool = False) -> list[tuple[tuple, float]]:
+               rng: random.Random, vocab: int, tag: str, mixed: bool = False,
+               clock: str = "wall") -> list[tuple[tuple, float]]:
     """Serve ``batch`` requests of ``ctx`` prompt tokens through the simulator's own driver loop on a wall
     clock; one ``(features, seconds)`` per step, where seconds is the step period (previous step's end to this
     one's: the engine step plus the driver's bookkeeping, which a simulated step must also cover)."""
@@ -79,7 +81,7 @@ def time_steps(core: EngineCore, rec: RecordingExecutor, batch: int, ctx: int, n
             rows.append((step_features(sched), t1 - (prev[0] if prev[0] is not None else t0)))
         prev[0] = t1
 
-    rep = Replica(core, WallClock(), "probe")
+    rep = Replica(core, make_clock(clock), "probe")
     rep.step_hook = hook
     run_workload(reqs, [rep], max_concurrency=batch)
     core.reset_prefix_cache()  # the next scenario must not hit this one's blocks
@@ -103,17 +105,18 @@ def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> 
     if need > core.max_model_len:
         raise ConfigError(f"largest probe context {need} exceeds max_model_len {core.max_model_len}")
     rng = random.Random(grid.seed)
-    time_steps(core, rec, 2, min(64, max(grid.context_lens)), 4, rng, vocab, "warmup")
+    time_steps(core, rec, 2, min(64, max(grid.context_lens)), 4, rng, vocab, "warmup", clock=grid.clock)
     rows = []
     t0 = time.perf_counter()
     for b in grid.batch_sizes:
         for c in grid.context_lens:
-            got = time_steps(core, rec, b, c, grid.decode_steps, rng, vocab, f"b{b}c{c}")
+            got = time_steps(core, rec, b, c, grid.decode_steps, rng, vocab, f"b{b}c{c}", clock=grid.clock)
             rows.extend(got)
             log(f"sim-calibrate: batch {b:>3} context {c:>5}: {len(got)} steps, "
                 f"median {sorted(s for _, s in got)[len(got) // 2] * 1e3:.2f} ms")
         if grid.mixed:
-            got = time_steps(core, rec, b, max(grid.context_lens), grid.decode_steps, rng, vocab, f"mix{b}", True)
+            got = time_steps(core, rec, b, max(grid.context_lens), grid.decode_steps, rng, vocab, f"mix{b}", True,
+                             clock=grid.clock)
             rows.extend(got)
             log(f"sim-calibrate: batch {b:>3} mixed closed loop: {len(got)} steps")
     cost, err = fit_rows(rows)
@@ -125,7 +128,7 @@ def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> 
         kv_dtype=str(kv.dtype).removeprefix("torch."), kv_bytes_per_elem=kv.dtype.itemsize,
         num_layers=int(getattr(mcfg, "num_hidden_layers", 0) or 0), hidden_size=int(getattr(mcfg, "hidden_size", 0) or 0),
         kv_bytes_per_token=int(kv.bytes_per_token), num_samples=len(rows), fit_error=err, source="probes",
-        extra={"probe_seconds": time.perf_counter() - t0, "grid": dict(grid.__dict__),
+        extra={"clock": grid.clock, "probe_seconds": time.perf_counter() - t0, "grid": dict(grid.__dict__),
                "block_size": cfg.block_size, "max_num_batched_tokens": rec.config.max_num_batched_tokens},
     )
     return cal, rows

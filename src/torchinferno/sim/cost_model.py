@@ -139,31 +139,49 @@ def _nnls(a, b):
     return x
 
 
-def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEATURES) -> tuple[CostModel, float]:
+def _fit_once(x, y, knee: float, use: list[int]):
+    import numpy as np
+
+    xk = x.copy()
+    tokens = x[:, 1] + x[:, 2]
+    xk[:, 5] = np.maximum(0.0, tokens - knee) if knee > 0 else 0.0
+    cols = [j for j in use if knee > 0 or j != 5]
+    design = np.concatenate([np.ones((len(y), 1)), xk[:, cols]], axis=1)
+    w = 1.0 / np.maximum(y, 1e-9)  # relative error weights
+    a = design * w[:, None]
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-30)  # column scaling: a well-conditioned solve
+    sol = _nnls(a / scale, y * w) / scale
+    rel = (design @ sol - y) / np.maximum(y, 1e-12)
+    return sol, cols, rel
+
+
+def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEATURES,
+        trim: float = 3.0) -> tuple[CostModel, float]:
     """Fit a ``CostModel`` to ``(features, seconds)`` rows (features computed with knee 0; the excess term is
     recomputed per knee candidate from ``prefill_tokens + decode_tokens``). Only ``features`` are free.
-    Returns the model and its mean absolute relative error on the rows."""
+
+    Robust to interference (a shared machine): after a first fit, steps measured slower than predicted by
+    more than ``trim`` x the median |relative error| are dropped and the fit is redone. A knee is kept only
+    when it lowers the error by more than 10% relative to no knee. Returns the model and its mean |relative
+    error| on the rows it kept."""
     import numpy as np
 
     if len(rows) < 3:
         raise ConfigError(f"need at least 3 measured steps to fit a cost model, got {len(rows)}")
     x = np.array([r[0] for r in rows], dtype=np.float64)  # [N, F]
     y = np.array([r[1] for r in rows], dtype=np.float64)  # [N]
-    tokens = x[:, 1] + x[:, 2]
     use = [FEATURES.index(f) for f in features]
     best = None
-    w = 1.0 / np.maximum(y, 1e-9)  # relative error weights
-    for knee in knees:
-        xk = x.copy()
-        xk[:, 5] = np.maximum(0.0, tokens - knee) if knee > 0 else 0.0
-        cols = [j for j in use if knee > 0 or j != 5]
-        a = np.concatenate([np.ones((len(y), 1)), xk[:, cols]], axis=1) * w[:, None]
-        # scale columns so the solver is well conditioned
-        scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
-        sol = _nnls(a / scale, y * w) / scale
-        pred = np.concatenate([np.ones((len(y), 1)), xk[:, cols]], axis=1) @ sol
-        err = float(np.mean(np.abs(pred - y) / np.maximum(y, 1e-12)))
-        if best is None or err < best[0]:
+    for knee in sorted(set(knees)):
+        sol, cols, rel = _fit_once(x, y, knee, use)
+        if trim:
+            mad = float(np.median(np.abs(rel)))
+            keep = rel > -trim * max(mad, 1e-3)  # measured much slower than predicted: interference
+            if keep.sum() >= max(3, len(y) // 2) and not keep.all():
+                sol, cols, rel2 = _fit_once(x[keep], y[keep], knee, use)
+                rel = rel2
+        err = float(np.mean(np.abs(rel)))
+        if best is None or err < best[0] * (0.9 if best[1].knee == 0 else 1.0):
             coef = dict.fromkeys(FEATURES, 0.0)
             for j, v in zip(cols, sol[1:]):
                 coef[FEATURES[j]] = float(v)

@@ -3,8 +3,9 @@
 For each concurrency level the same seeded workload (``requests`` prompts of ``input_len`` tokens generating
 ``output_len`` tokens, all available at t=0, at most ``concurrency`` in flight: bench-serve's closed loop) is
 served twice through ``driver.run_workload``: by the real ``EngineCore`` over a ``UniprocExecutor`` on a wall
-clock (in process: no HTTP), and by the same core class over a ``SimulatedExecutor`` with the calibration's
-cost model and the real executor's KV pool size and step limits. Figures: output throughput, TTFT p50/p99,
+clock, or on this process's CPU-time clock with ``clock="cpu"`` (in process: no HTTP), and by the same core
+class over a ``SimulatedExecutor`` with the calibration's cost model and the real executor's KV pool size and
+step limits. Figures: output throughput, TTFT p50/p99,
 TPOT p50/p99; each as ``{"predicted", "measured", "relative_error"}`` (``(predicted - measured) / measured``).
 """
 
@@ -18,7 +19,7 @@ from torchinferno.engine.core import EngineCore
 from torchinferno.engine.executor import UniprocExecutor
 from torchinferno.sim.calibration import Calibration
 from torchinferno.sim.driver import Replica, run_workload
-from torchinferno.sim.executor import SimulatedExecutor, WallClock
+from torchinferno.sim.executor import SimulatedExecutor, make_clock
 from torchinferno.sim.traffic import TrafficSpec, generate
 
 __all__ = ["FIGURES", "ValidateConfig", "compare", "validate"]
@@ -33,6 +34,7 @@ class ValidateConfig:
     input_len: str = "uniform:32:256"
     output_len: str = "uniform:16:64"
     seed: int = 0
+    clock: str = "wall"  # how the real run is timed: "wall" or "cpu" (process CPU time; see executor.CpuClock)
 
 
 def compare(predicted: dict, measured: dict) -> dict:
@@ -54,7 +56,7 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
         real = EngineCore(real_ex, (), vocab)
         real.reset_prefix_cache()
         t0 = time.perf_counter()
-        measured = run_workload(reqs, [Replica(real, WallClock(), "real")], max_concurrency=c).summary()
+        measured = run_workload(reqs, [Replica(real, make_clock(vc.clock), "real")], max_concurrency=c).summary()
         wall_real = time.perf_counter() - t0
         sim_ex = SimulatedExecutor(calibration.cost, real_ex.config, num_blocks=real_ex.num_blocks,
                                    max_model_len=real_ex.max_model_len, device=str(real_ex.device))
@@ -69,5 +71,5 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
                 f"error {v['relative_error'] * 100:+6.1f}%")
     errs = [abs(v["relative_error"]) for lv in levels.values() for v in lv["figures"].values()]
     return {"calibration": calibration.to_dict(), "engine": real_ex.describe(),
-            "workload": {"input_len": vc.input_len, "output_len": vc.output_len, "seed": vc.seed},
+            "workload": {"input_len": vc.input_len, "output_len": vc.output_len, "seed": vc.seed}, "clock": vc.clock,
             "levels": levels, "max_abs_relative_error": max(errs), "mean_abs_relative_error": sum(errs) / len(errs)}
