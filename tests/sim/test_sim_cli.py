@@ -70,3 +70,25 @@ def test_calibrate_then_validate_tiny_model(tmp_path, capsys):
             assert 0 < f["predicted"] < float("inf") and 0 < f["measured"] < float("inf")
     # No accuracy bound here: sub-millisecond steps on a shared 2-core CPU swing by 2x under other jobs' load.
     # The accuracy figures (SmolLM2, one thread) are in docs/SIMULATION.md.
+
+
+def test_calibrate_from_bench_generate_and_steps(tmp_path, capsys):
+    from torchinferno.sim.calibrate import write_steps
+    from torchinferno.sim.cost_model import CostModel
+
+    true = CostModel(c0=4e-3, coef={"prefill_tokens": 2e-5, "decode_tokens": 1e-4, "decode_ctx": 2e-7})
+    # bench-generate: decode of batch B over 32 + 64 / 2 = 64 context tokens at B / step_time tok/s
+    rows = [{"batch_size": b, "ours_tok_s": b / true.predict((b, 0, b, 64 * b, 0, 0))} for b in (1, 2, 4, 8, 16, 32)]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"model": "m", "rows": rows}))
+    steps = tmp_path / "steps.jsonl"
+    write_steps([((1, n, 0, 0, 0, 0), true.predict((1, n, 0, 0, 0, 0))) for n in (16, 64, 128, 256, 512)], steps)
+    out = tmp_path / "c.json"
+    assert main(["sim-calibrate", "--from-bench-generate", str(bench), "--from-steps", str(steps), "--out", str(out)]) == 0
+    c = json.loads(out.read_text())
+    assert c["num_samples"] == 11 and c["fit_error"] < 1e-3
+    assert c["cost"]["coef"]["prefill_tokens"] == pytest.approx(2e-5, rel=0.05)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["sim-calibrate", "--from-bench-generate", str(bad), "--out", str(out)]) == 1
+    assert "not a bench-generate JSON report" in capsys.readouterr().err

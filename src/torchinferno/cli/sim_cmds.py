@@ -70,14 +70,21 @@ def _cmd_calibrate(a) -> int:
         calibrate_model,
         fit_rows,
         read_steps,
+        rows_from_bench_generate,
         write_steps,
     )
     from torchinferno.sim.calibration import Calibration
 
-    if a.from_steps:
-        rows = read_steps(a.from_steps)
+    if a.from_steps or a.from_bench_generate:
+        rows, src = [], []
+        for path in a.from_steps or []:
+            rows += read_steps(path)
+            src.append(f"steps:{path}")
+        for path in a.from_bench_generate or []:
+            rows += rows_from_bench_generate(path, a.bench_prompt_tokens, a.bench_new_tokens)
+            src.append(f"bench-generate:{path}")
         cost, err = fit_rows(rows)
-        cal = Calibration(cost=cost, num_samples=len(rows), fit_error=err, source=f"steps:{a.from_steps}",
+        cal = Calibration(cost=cost, num_samples=len(rows), fit_error=err, source=",".join(src),
                           model=a.model or "unknown", device=a.device, threads=a.threads or 0)
     else:
         import torch
@@ -255,7 +262,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--context-lens", default="32 256 512")
     p.add_argument("--decode-steps", type=int, default=8)
     p.add_argument("--steps-out", default=None, help="also write the measured steps (JSONL)")
-    p.add_argument("--from-steps", default=None, help="fit from a steps JSONL instead of probing a model")
+    p.add_argument("--from-steps", action="append", default=None,
+                   help="fit from a steps JSONL (--steps-out) instead of probing a model (repeatable)")
+    p.add_argument("--from-bench-generate", action="append", default=None,
+                   help="add decode rows from a bench-generate --json-output report (repeatable; no prefill information)")
+    p.add_argument("--bench-prompt-tokens", type=int, default=32, help="the bench-generate run's --prompt-tokens")
+    p.add_argument("--bench-new-tokens", type=int, default=64, help="the bench-generate run's --new-tokens")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_calibrate)
 

@@ -26,7 +26,8 @@ from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import make_clock
 from torchinferno.sim.traffic import SimRequest
 
-__all__ = ["ProbeGrid", "RecordingExecutor", "calibrate_model", "fit_rows", "read_steps", "time_steps", "write_steps"]
+__all__ = ["ProbeGrid", "RecordingExecutor", "calibrate_model", "fit_rows", "read_steps", "rows_from_bench_generate", "time_steps",
+           "write_steps"]
 
 
 @dataclass
@@ -153,3 +154,25 @@ def read_steps(path: str | Path) -> list[tuple[tuple, float]]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             raise ConfigError(f"{p}:{n}: expected {{\"features\": {{...}}, \"seconds\": S}}") from None
     return rows
+
+
+def rows_from_bench_generate(path: str | Path, prompt_tokens: int, new_tokens: int) -> list[tuple[tuple, float]]:
+    """Decode-step rows from a ``bench-generate --json-output`` report: batch B at ``ours_tok_s`` is a decode
+    step of B rows over ``prompt_tokens + new_tokens / 2`` context taking ``B / ours_tok_s`` seconds. That
+    benchmark runs the static generator (no scheduler), so these rows carry no serving overhead and say
+    nothing about prefill: mix them with probe steps (``--from-steps``) rather than fitting on them alone."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"bench-generate report not found: {p}")
+    try:
+        doc = json.loads(p.read_text())
+        bench_rows = [(int(r["batch_size"]), float(r["ours_tok_s"])) for r in doc["rows"]]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise ConfigError(f"{p} is not a bench-generate JSON report (rows of batch_size / ours_tok_s)") from None
+    ctx = prompt_tokens + new_tokens / 2
+    out = []
+    for b, tok_s in bench_rows:
+        if tok_s <= 0:
+            continue
+        out.append(((float(b), 0.0, float(b), b * ctx, 0.0, 0.0), b / tok_s))
+    return out
