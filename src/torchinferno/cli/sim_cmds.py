@@ -260,7 +260,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="calibration.json")
     p.add_argument("--batch-sizes", default="1 2 4 8 16")
     p.add_argument("--context-lens", default="32 256 512")
-    p.add_argument("--decode-steps", type=int, default=8)
+    p.add_argument("--decode-steps", type=int, default=16)
     p.add_argument("--steps-out", default=None, help="also write the measured steps (JSONL)")
     p.add_argument("--from-steps", action="append", default=None,
                    help="fit from a steps JSONL (--steps-out) instead of probing a model (repeatable)")

@@ -34,7 +34,7 @@ __all__ = ["ProbeGrid", "RecordingExecutor", "calibrate_model", "fit_rows", "rea
 class ProbeGrid:
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     context_lens: tuple[int, ...] = (32, 256, 768)
-    decode_steps: int = 8
+    decode_steps: int = 16
     mixed: bool = True  # also a closed loop of mixed lengths per batch size (prefill chunks among decodes)
     seed: int = 0
     clock: str = "wall"  # "wall" | "cpu" (CPU time of this process: a single-threaded engine on a shared host)
@@ -174,5 +174,5 @@ def rows_from_bench_generate(path: str | Path, prompt_tokens: int, new_tokens: i
     for b, tok_s in bench_rows:
         if tok_s <= 0:
             continue
-        out.append(((float(b), 0.0, float(b), b * ctx, 0.0, 0.0), b / tok_s))
+        out.append(((float(b), 0.0, float(b), b * ctx, 0.0, 0.0, b * ctx), b / tok_s))
     return out

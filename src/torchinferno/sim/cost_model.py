@@ -5,7 +5,9 @@ Features of a step (``step_features``), from the ``SchedulerOutput`` alone:
 * ``seqs``: rows in the forward; ``prefill_tokens``: tokens of prefill chunks; ``decode_tokens``: decode rows;
 * ``decode_ctx``: total context the decode rows attend over (KV tokens read);
 * ``prefill_attn``: sum over prefill chunks of ``chunk * (start + chunk / 2)`` / 1000 (query x key pairs / 1e3);
-* ``excess_tokens``: ``max(0, tokens - knee)``: the piecewise term (compute-bound past a knee in tokens).
+* ``excess_tokens``: ``max(0, tokens - knee)``: the piecewise term (compute-bound past a knee in tokens);
+* ``decode_ctx_padded``: decode rows x the longest decode context (attention that pads the batch to its longest
+  sequence, as the torch paged decode does, costs this rather than ``decode_ctx``).
 
 ``cost = c0 + sum(coef[f] * feature[f])``, fitted by non-negative least squares on measured steps
 (``fit``; numpy), with the knee picked from candidates by residual. The cost covers the whole engine step
@@ -27,14 +29,15 @@ from torchinferno.errors import ConfigError
 
 __all__ = ["FEATURES", "CostModel", "LinkModel", "fit", "step_features"]
 
-FEATURES = ("seqs", "prefill_tokens", "decode_tokens", "decode_ctx", "prefill_attn", "excess_tokens")
+FEATURES = ("seqs", "prefill_tokens", "decode_tokens", "decode_ctx", "prefill_attn", "excess_tokens",
+            "decode_ctx_padded")
 
 
 def step_features(sched: SchedulerOutput, knee: float = 0.0,
                   external_prefill: frozenset | set = frozenset()) -> tuple[float, ...]:
     """The feature vector of one step (order of ``FEATURES``). Rows of requests in ``external_prefill`` whose
     chunk is a prefill cost nothing (their KV arrived from a prefill replica)."""
-    seqs = ptok = dtok = dctx = pattn = 0
+    seqs = ptok = dtok = dctx = pattn = maxctx = 0
     for s in sched.scheduled:
         n = len(s.token_ids)
         start = s.num_computed_tokens
@@ -42,6 +45,8 @@ def step_features(sched: SchedulerOutput, knee: float = 0.0,
             seqs += 1
             dtok += 1
             dctx += start + 1
+            if start >= maxctx:
+                maxctx = start + 1
             continue
         if s.request_id in external_prefill:
             continue
@@ -49,7 +54,7 @@ def step_features(sched: SchedulerOutput, knee: float = 0.0,
         ptok += n
         pattn += n * (start + n * 0.5)
     tokens = ptok + dtok
-    return (seqs, ptok, dtok, dctx, pattn * 1e-3, max(0.0, tokens - knee) if knee > 0 else 0.0)
+    return (seqs, ptok, dtok, dctx, pattn * 1e-3, max(0.0, tokens - knee) if knee > 0 else 0.0, dtok * maxctx)
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,8 @@ class CostModel:
     def with_kv_bytes(self, ratio: float) -> CostModel:
         """Context terms scaled by the KV bytes ratio (target dtype bytes / calibrated dtype bytes)."""
         coef = dict(self.coef)
-        coef["decode_ctx"] *= ratio
-        coef["prefill_attn"] *= ratio
+        for f in ("decode_ctx", "decode_ctx_padded", "prefill_attn"):
+            coef[f] *= ratio
         return replace(self, coef=coef)
 
     def with_tp(self, tp: int, link: LinkModel, hidden_size: int, num_layers: int, act_bytes: int = 2,
@@ -168,7 +173,8 @@ def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEAT
 
     if len(rows) < 3:
         raise ConfigError(f"need at least 3 measured steps to fit a cost model, got {len(rows)}")
-    x = np.array([r[0] for r in rows], dtype=np.float64)  # [N, F]
+    nf = len(FEATURES)
+    x = np.array([tuple(r[0]) + (0.0,) * (nf - len(r[0])) for r in rows], dtype=np.float64)  # [N, F], short rows padded
     y = np.array([r[1] for r in rows], dtype=np.float64)  # [N]
     use = [FEATURES.index(f) for f in features]
     best = None
