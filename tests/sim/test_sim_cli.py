@@ -92,3 +92,17 @@ def test_calibrate_from_bench_generate_and_steps(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["sim-calibrate", "--from-bench-generate", str(bad), "--out", str(out)]) == 1
     assert "not a bench-generate JSON report" in capsys.readouterr().err
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    assert main(["sim-plan", "--tp-sizes", "1 x"]) == 1
+    assert "--tp-sizes must be integers" in capsys.readouterr().err
+    assert main(["sim-plan", "--max-gpus", "0"]) == 1
+    assert "max GPUs" in capsys.readouterr().err
+    trace = tmp_path / "long.jsonl"
+    trace.write_text(json.dumps({"arrival_s": 0, "prompt_len": 5000, "output_len": 5}) + "\n")
+    assert main(["traffic-smoke", "--trace", str(trace)]) == 1
+    err = capsys.readouterr().err
+    assert "request req-0" in err and "exceeds the context length" in err
+    assert main(["sim-smoke", "--max-concurrency", "0"]) == 1
+    assert "max concurrency" in capsys.readouterr().err

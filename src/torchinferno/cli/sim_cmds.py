@@ -60,8 +60,16 @@ def _load_model(a):
     return model
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.replace(",", " ").split())
+def _ints(text: str, flag: str = "list") -> tuple[int, ...]:
+    from torchinferno.errors import ConfigError
+
+    try:
+        vals = tuple(int(x) for x in text.replace(",", " ").split())
+    except ValueError:
+        raise ConfigError(f"{flag} must be integers separated by spaces or commas, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise ConfigError(f"{flag} must be integers >= 1, got {text!r}")
+    return vals
 
 
 def _cmd_calibrate(a) -> int:
@@ -90,7 +98,8 @@ def _cmd_calibrate(a) -> int:
         import torch
 
         model = _load_model(a)
-        grid = ProbeGrid(_ints(a.batch_sizes), _ints(a.context_lens), a.decode_steps, seed=a.seed, clock=a.clock)
+        grid = ProbeGrid(_ints(a.batch_sizes, "--batch-sizes"), _ints(a.context_lens, "--context-lens"),
+                         a.decode_steps, seed=a.seed, clock=a.clock)
         cal, rows = calibrate_model(model, _engine_config(a), grid)
         cal.threads = torch.get_num_threads() if a.device == "cpu" else 0
         if a.steps_out:
@@ -245,7 +254,7 @@ def _cmd_plan(a) -> int:
     print(f"sim-plan: {len(reqs)} requests at {a.rate:g} req/s; SLO p99 TTFT {a.slo_ttft_ms:g} ms, "
           f"p99 TPOT {a.slo_tpot_ms:g} ms; at most {a.max_gpus} GPUs")
     res = plan(_base_spec(a), cal, reqs, SLO(a.slo_ttft_ms * 1e-3, a.slo_tpot_ms * 1e-3), a.max_gpus,
-               tuple(_ints(a.tp_sizes)), not a.no_disagg)
+               _ints(a.tp_sizes, "--tp-sizes"), not a.no_disagg)
     best = res["best"]
     print(f"sim-plan: {best['plan'] if best else 'no plan meets the SLO within --max-gpus'}")
     if a.json_output:

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from torchinferno.core.sampling_params import SamplingParams
-from torchinferno.engine.core import EngineCore
+from torchinferno.engine.core import EngineCore, validate_request
 from torchinferno.engine.core_types import EngineCoreRequest
 from torchinferno.errors import ConfigError
 from torchinferno.sim.traffic import SimRequest
@@ -56,6 +56,10 @@ class Replica:
                 raise ConfigError(f"replica {self.name} cannot take transferred KV")
             self.external_prefill.add(rid)
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        try:
+            validate_request(self.core.limits, prompt, params)
+        except ConfigError as e:
+            raise ConfigError(f"request {rid} on replica {self.name}: {e}") from None
         self.core.add_request(EngineCoreRequest(rid, prompt, params, t))
         self.num_added += 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from torchinferno.errors import ConfigError
 from torchinferno.sim.calibration import Calibration
 from torchinferno.sim.cluster import ClusterSpec, simulate_cluster
 from torchinferno.sim.traffic import SimRequest
@@ -39,6 +40,10 @@ def candidates(base: ClusterSpec, max_gpus: int, tp_sizes=(1, 2, 4, 8), disagg: 
 def plan(base: ClusterSpec, cal: Calibration, requests: list[SimRequest], slo: SLO, max_gpus: int,
          tp_sizes=(1, 2, 4, 8), disagg: bool = True, log=print) -> dict:
     """Simulate candidates in increasing GPU count; stop after the first GPU count with a feasible plan."""
+    if max_gpus < 1:
+        raise ConfigError(f"max GPUs must be >= 1, got {max_gpus}")
+    if not tp_sizes or any(t < 1 for t in tp_sizes):
+        raise ConfigError(f"TP sizes must be >= 1, got {list(tp_sizes)}")
     rows, best, best_gpus = [], None, None
     for spec in candidates(base, max_gpus, tp_sizes, disagg):
         if best_gpus is not None and spec.num_gpus > best_gpus:
