@@ -178,7 +178,7 @@ def _calibration(a):
     from torchinferno.sim.cost_model import CostModel
 
     cal = Calibration.load(a.calibration) if a.calibration else Calibration(
-        cost=CostModel.per_token(2e-6, 4e-6), hidden_size=4096, num_layers=32, kv_bytes_per_token=131072)
+        cost=CostModel.per_token(2e-6, 4e-6), device="cuda", hidden_size=4096, num_layers=32, kv_bytes_per_token=131072)
     if a.prefill_us_per_token is not None or a.decode_us_per_token is not None or a.step_us is not None:
         c = cal.cost
         cal.cost = CostModel.per_token(
@@ -192,11 +192,12 @@ def _calibration(a):
     return cal
 
 
-def _base_spec(a, **kw):
+def _base_spec(a, cal, **kw):
+    """The cluster of the flags; step limits the flags leave unset take the calibration device's defaults."""
     from torchinferno.sim.cluster import ClusterSpec
     from torchinferno.sim.cost_model import LinkModel
 
-    return ClusterSpec(router=a.router, num_blocks=a.num_blocks, max_model_len=a.max_model_len or 8192,
+    return ClusterSpec(router=a.router, device=cal.device, num_blocks=a.num_blocks, max_model_len=a.max_model_len or 8192,
                        engine=_engine_config(a), tp_link=LinkModel(a.tp_latency_us * 1e-6, a.tp_gbps * 1e9 / 8),
                        pd_link=LinkModel(a.network_latency_us * 1e-6, a.network_gbps * 1e9 / 8), **kw)
 
@@ -212,10 +213,10 @@ def _cmd_sim_smoke(a) -> int:
 
     cal, reqs = _calibration(a), _workload(a)
     n = a.gpus
-    plans = [("colocated", _base_spec(a, replicas=n))]
+    plans = [("colocated", _base_spec(a, cal, replicas=n))]
     if n >= 2:
         p = max(1, n // 2)
-        plans.append(("disaggregated", _base_spec(a, replicas=n - p, prefill_replicas=p)))
+        plans.append(("disaggregated", _base_spec(a, cal, replicas=n - p, prefill_replicas=p)))
     print(f"sim-smoke: {len(reqs)} requests, {n} GPUs, costs from {cal.source}")
     out = {}
     for name, spec in plans:
@@ -237,7 +238,7 @@ def _cmd_traffic_smoke(a) -> int:
     print(f"traffic-smoke: {arr['requests']} requests over {arr['span_s']:.3f} s (offered {arr['offered_rate']:.1f} req/s, "
           f"gap CV {arr['gap_cv']:.2f}, burst size {a.burst_size}); mean prompt {arr['mean_prompt_len']:.0f}, "
           f"mean output {arr['mean_output_len']:.0f} tokens")
-    _, s = simulate_cluster(_base_spec(a, replicas=a.gpus), cal, reqs, a.max_concurrency)
+    _, s = simulate_cluster(_base_spec(a, cal, replicas=a.gpus), cal, reqs, a.max_concurrency)
     print(_row(f"{a.gpus} replica(s), costs from {cal.source}", s))
     print(f"  achieved {s['request_throughput']:.1f} req/s; TTFT p90 {s['p90_ttft_s'] * 1e3:.2f} ms; "
           f"TPOT p90 {s['p90_tpot_s'] * 1e3:.3f} ms; preemptions {s['preemptions']}")
@@ -253,7 +254,7 @@ def _cmd_plan(a) -> int:
     cal, reqs = _calibration(a), _workload(a)
     print(f"sim-plan: {len(reqs)} requests at {a.rate:g} req/s; SLO p99 TTFT {a.slo_ttft_ms:g} ms, "
           f"p99 TPOT {a.slo_tpot_ms:g} ms; at most {a.max_gpus} GPUs")
-    res = plan(_base_spec(a), cal, reqs, SLO(a.slo_ttft_ms * 1e-3, a.slo_tpot_ms * 1e-3), a.max_gpus,
+    res = plan(_base_spec(a, cal), cal, reqs, SLO(a.slo_ttft_ms * 1e-3, a.slo_tpot_ms * 1e-3), a.max_gpus,
                _ints(a.tp_sizes, "--tp-sizes"), not a.no_disagg)
     best = res["best"]
     print(f"sim-plan: {best['plan'] if best else 'no plan meets the SLO within --max-gpus'}")
