@@ -106,3 +106,10 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert "request req-0" in err and "exceeds the context length" in err
     assert main(["sim-smoke", "--max-concurrency", "0"]) == 1
     assert "max concurrency" in capsys.readouterr().err
+
+
+def test_validate_without_calibration_probes_first_within_the_context(capsys):
+    assert main(["sim-validate", "--model-kind", "llama3", "--dtype", "float32", "--threads", "1", "--clock", "cpu",
+                 "--max-model-len", "128", "--concurrency", "1", "--input-len", "uniform:8:32", "--output-len", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "probing the model first" in out and "clipped to [32, 96]" in out and "concurrency   1" in out

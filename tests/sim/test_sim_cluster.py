@@ -94,3 +94,12 @@ def test_ten_thousand_requests_on_eight_replicas():
     _, s = simulate_cluster(ClusterSpec(replicas=8), CAL, reqs)
     assert s["completed"] == 10_000
     assert time.perf_counter() - t < 60
+
+
+def test_cluster_simulation_is_deterministic():
+    reqs = generate(TrafficSpec(num_requests=80, rate=100.0, prompt_len="uniform:8:64", output_len="uniform:4:32",
+                                prefix_groups=3, prefix_len=32, seed=9))
+    for spec in (ClusterSpec(replicas=3, router="prefix_aware"), ClusterSpec(replicas=2, prefill_replicas=1)):
+        a = simulate_cluster(spec, CAL, reqs)[1]
+        b = simulate_cluster(spec, CAL, reqs)[1]
+        assert a == b

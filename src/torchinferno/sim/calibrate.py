@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torchinferno.engine.config import EngineConfig
@@ -102,9 +102,15 @@ def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> 
     rec = RecordingExecutor(UniprocExecutor(model, cfg))
     core = EngineCore(rec, (), getattr(model.config, "vocab_size", None))
     vocab = getattr(model.config, "vocab_size", 1000) or 1000
-    need = max(grid.context_lens) + grid.decode_steps
-    if need > core.max_model_len:
-        raise ConfigError(f"largest probe context {need} exceeds max_model_len {core.max_model_len}")
+    cap = core.max_model_len - 2 * grid.decode_steps  # mixed probes generate up to 2 x decode_steps tokens
+    if cap < 8:
+        raise ConfigError(f"max_model_len {core.max_model_len} leaves no room for probes of {grid.decode_steps} "
+                          "decode steps (lower --decode-steps or raise --max-model-len)")
+    if max(grid.context_lens) > cap:
+        clipped = tuple(sorted({min(c, cap) for c in grid.context_lens}))
+        log(f"sim-calibrate: probe contexts {list(grid.context_lens)} clipped to {list(clipped)} "
+            f"(max_model_len {core.max_model_len})")
+        grid = replace(grid, context_lens=clipped)
     rng = random.Random(grid.seed)
     time_steps(core, rec, 2, min(64, max(grid.context_lens)), 4, rng, vocab, "warmup", clock=grid.clock)
     rows = []
