@@ -40,18 +40,34 @@ class ProbeGrid:
     clock: str = "wall"  # "wall" | "cpu" (CPU time of this process: a single-threaded engine on a shared host)
 
 
+class _Resolving:
+    """A step handle that records which step's result was taken (async scheduling takes step k-1's in step k)."""
+
+    def __init__(self, rec, sched, handle):
+        self.rec, self.sched, self.handle = rec, sched, handle
+
+    def result(self):
+        self.rec.resolved = self.sched
+        return self.handle.result()
+
+    def ready(self) -> bool:
+        return self.handle.ready()
+
+
 class RecordingExecutor(Executor):
-    """Delegates to ``inner`` and keeps the last ``SchedulerOutput`` (to attach features to a timed step)."""
+    """Delegates to ``inner``; ``last`` is the last launched ``SchedulerOutput``, ``resolved`` the last one whose
+    result the core took: a timed ``step()`` waits for that one's device work, so its features go with the
+    step's period (the same step in the synchronous engine; the previous one with async scheduling)."""
 
     def __init__(self, inner: Executor):
         self.inner = inner
         self.config, self.max_model_len = inner.config, inner.max_model_len
         self.num_blocks, self.block_size = inner.num_blocks, inner.block_size
-        self.last = None
+        self.last = self.resolved = None
 
     def execute_async(self, sched):
         self.last = sched
-        return self.inner.execute_async(sched)
+        return _Resolving(self, sched, self.inner.execute_async(sched))
 
     @property
     def num_forward_calls(self) -> int:
@@ -77,7 +93,7 @@ def time_steps(core: EngineCore, rec: RecordingExecutor, batch: int, ctx: int, n
     prev = [None]
 
     def hook(t0: float, t1: float) -> None:
-        sched = rec.last
+        sched, rec.resolved = rec.resolved, None
         if sched is not None and sched.scheduled:
             rows.append((step_features(sched), t1 - (prev[0] if prev[0] is not None else t0)))
         prev[0] = t1

@@ -1,16 +1,17 @@
 """``SimulatedExecutor``: an ``Executor`` that advances a virtual clock instead of running a model.
 
 The real ``EngineCore`` (and so the real ``Scheduler`` and ``BlockPool``) drives it unchanged: every
-``SchedulerOutput`` reaches ``execute_async``, which adds the cost model's prediction for that step to the
-clock and returns a dummy token for each sampling row. Requests stop by ``max_tokens`` (the simulator submits
+``SchedulerOutput`` reaches ``execute_async``, which returns a dummy token for each sampling row; the cost
+model's prediction for the step is added to the clock when the core takes the step's result (at once in the
+synchronous engine, one ``step()`` later with async scheduling, as on the device). Requests stop by ``max_tokens`` (the simulator submits
 them with ``ignore_eos``), so the dummy token's value never matters (it is never a stop token: the simulated
-core has no EOS ids). Invariant: ``clock.t`` only grows, by exactly one prediction per step.
+core has no EOS ids). Invariant: ``clock.t`` only grows, by exactly one prediction per step whose result was taken.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.executor import Executor
@@ -87,13 +88,21 @@ def make_clock(kind: str):
     raise ConfigError(f"unknown clock {kind!r} (valid: wall, cpu)")
 
 
-@dataclass
-class _Done:
-    """A launched step whose result is already known (the ``StepHandle`` surface the core uses)."""
+class _Pending:
+    """A launched virtual step (the ``StepHandle`` surface the core uses): the clock advances by the step's
+    cost when its result is taken, once. Synchronous engine: at once. Async scheduling: when the core waits for
+    it, one ``step()`` later, which is when the device would have finished it."""
 
-    out: ModelRunnerOutput
+    __slots__ = ("cost", "ex", "out")
+
+    def __init__(self, ex: SimulatedExecutor, cost: float, out: ModelRunnerOutput):
+        self.ex, self.cost, self.out = ex, cost, out
 
     def result(self) -> ModelRunnerOutput:
+        if self.cost is not None:
+            self.ex.clock.advance(self.cost)
+            self.ex.busy_s += self.cost
+            self.cost = None
         return self.out
 
     def ready(self) -> bool:
@@ -114,8 +123,7 @@ class SimulatedExecutor(Executor):
             num_blocks = config.num_gpu_blocks
         if num_blocks < 1:
             raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}")
-        self.config = config.for_device(device)
-        self.config.async_scheduling = False  # a virtual step is complete at launch: nothing to overlap
+        self.config = config.for_device(device)  # async scheduling as the device's engine runs (CUDA: on)
         self.block_size = self.config.block_size
         self.num_blocks = num_blocks
         cap = num_blocks * self.block_size
@@ -128,15 +136,12 @@ class SimulatedExecutor(Executor):
         self._forwards = 0
         self.busy_s = 0.0
 
-    def execute_async(self, sched: SchedulerOutput) -> _Done:
-        dt = self.cost_model.step_cost(sched, self.external_prefill)
-        self.clock.advance(dt)
-        self.busy_s += dt
+    def execute_async(self, sched: SchedulerOutput) -> _Pending:
         out = ModelRunnerOutput()
         if sched.scheduled:
             self._forwards += 1
             out.sampled_token_ids = {s.request_id: DUMMY_TOKEN for s in sched.scheduled if s.sample}
-        return _Done(out)
+        return _Pending(self, self.cost_model.step_cost(sched, self.external_prefill), out)
 
     @property
     def num_forward_calls(self) -> int:
