@@ -244,13 +244,15 @@ async def send_request(client, cfg: ServeBenchConfig, model: str, prompt: Prompt
 
 
 async def _arrivals(n: int, rate: float, burstiness: float, rng: random.Random):
-    """Yield request indices at Poisson/gamma arrival times (vLLM's ``get_request``)."""
+    """Yield request indices at Poisson/gamma arrival times (vLLM's ``get_request``); the gaps are the
+    simulator's (``sim.traffic.arrival_gap``), so a simulated run replays the same arrivals for a seed."""
+    from torchinferno.sim.traffic import arrival_gap
+
     for i in range(n):
         yield i
         if math.isinf(rate) or i == n - 1:
             continue
-        theta = 1.0 / (rate * burstiness)
-        await asyncio.sleep(rng.gammavariate(burstiness, theta))
+        await asyncio.sleep(arrival_gap(rng, rate, burstiness))
 
 
 async def _run(cfg: ServeBenchConfig, log) -> dict:

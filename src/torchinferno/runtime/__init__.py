@@ -7,8 +7,11 @@ each piece really lives (nothing is imported until a submodule is asked for).
 * ``runtime.cudagraphs``: CUDA-graph decode capture/replay (``kernels.cuda_graphs``, ``engine.graph_runner``);
 * ``runtime.serving``: the token-step continuous-batching engine and offline ``LLM`` (``engine/``);
 * ``runtime.prefix``: prefix-aware routing and the chained block hashes it matches on (``engine.router``);
-* ``runtime.prefix_cache``: the automatic prefix cache inside the block pool (``cache.block_pool``).
+* ``runtime.prefix_cache``: the automatic prefix cache inside the block pool (``cache.block_pool``);
+* ``runtime.simulation``: time-sliced virtual GPUs and the serving simulator's executor (``workbench.timeslice``,
+  ``sim/``); ``runtime.scheduler``: P/D cluster planning (``sim.cluster``, ``sim.plan``); ``runtime.traffic``:
+  seeded bursty traffic and trace replay (``sim.traffic``).
 
-Paths of the original with no implementation here (simulation, scheduler, traffic, disagg,
-disaggregated, fake_dist, offload, flex) do not exist: importing them raises ``ImportError``.
+Paths of the original with no implementation here (disagg, disaggregated, fake_dist, flex) do not exist:
+importing them raises ``ImportError``.
 """

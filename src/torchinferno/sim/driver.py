@@ -1,0 +1,210 @@
+"""Event loop driving a workload into engine replicas, and the serving metrics of the run.
+
+One loop serves both sides of a validation: replicas on a ``VirtualClock`` (``SimulatedExecutor``) and one
+real engine on a ``WallClock`` (``UniprocExecutor``). Events are taken in time order: a client request is
+sent at ``max(arrival, the time a concurrency slot freed)``; the replica with the earliest clock that has
+work runs one ``EngineCore.step()`` (its clock advances by the step's cost); an idle replica's clock jumps
+to the arrival it receives. Outputs of a step are stamped with the replica's clock after the step.
+
+Metrics (as bench-serve reports them): TTFT = first token - send; TPOT = (last - first) / (tokens - 1);
+ITL = gaps between a request's token times; throughput = output tokens / (last finish - first send).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.engine.core import EngineCore, validate_request
+from torchinferno.engine.core_types import EngineCoreRequest
+from torchinferno.errors import ConfigError
+from torchinferno.sim.traffic import SimRequest
+
+__all__ = ["Replica", "RequestRecord", "RunResult", "percentile", "run_workload", "summarize"]
+
+
+class Replica:
+    """One engine core and its clock. ``external_prefill``: the executor's set of requests whose prompt KV was
+    transferred in (P/D decode side); None for executors without one (the real engine)."""
+
+    def __init__(self, core: EngineCore, clock, name: str = "r0", role: str = "both"):
+        self.core = core
+        self.clock = clock
+        self.name = name
+        self.role = role  # "both" | "prefill" | "decode"
+        self.external_prefill = getattr(core.executor, "external_prefill", None)
+        self.num_added = 0
+        self.step_hook = None  # called as hook(t_before, t_after) around every step (sim-calibrate)
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def has_work(self) -> bool:
+        return self.core.has_unfinished()
+
+    def load(self) -> int:
+        return self.core.load()
+
+    def add(self, rid: str, prompt: list[int], max_tokens: int, t: float, external: bool = False) -> None:
+        if not self.has_work():
+            self.clock.advance_to(t)
+        if external:
+            if self.external_prefill is None:
+                raise ConfigError(f"replica {self.name} cannot take transferred KV")
+            self.external_prefill.add(rid)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        try:
+            validate_request(self.core.limits, prompt, params)
+        except ConfigError as e:
+            raise ConfigError(f"request {rid} on replica {self.name}: {e}") from None
+        self.core.add_request(EngineCoreRequest(rid, prompt, params, t))
+        self.num_added += 1
+
+    def step(self) -> tuple[float, list]:
+        hook = self.step_hook
+        t0 = self.clock.now() if hook is not None else 0.0
+        outs = self.core.step()
+        if hook is not None:
+            hook(t0, self.clock.now())
+        if self.external_prefill:
+            for o in outs:
+                if o.finish_reason is not None:
+                    self.external_prefill.discard(o.request_id)
+        return self.clock.now(), outs
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    prompt_len: int
+    output_len: int
+    arrival_s: float
+    send_s: float = math.nan
+    first_s: float = math.nan
+    last_s: float = math.nan
+    finish_s: float = math.nan
+    num_tokens: int = 0
+    itls: list = field(default_factory=list)
+    replica: str = ""
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord]
+    replicas: list[Replica]
+    num_steps: int
+
+    def summary(self) -> dict:
+        return summarize(self.records)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(records: list[RequestRecord]) -> dict:
+    """bench-serve-shaped figures (seconds) of finished records."""
+    done = [r for r in records if not math.isnan(r.finish_s)]
+    if not done:
+        raise ConfigError("no request finished")
+    ttft = [r.first_s - r.send_s for r in done]
+    tpot = [(r.last_s - r.first_s) / (r.num_tokens - 1) for r in done if r.num_tokens > 1]
+    itl = [x for r in done for x in r.itls]
+    e2e = [r.finish_s - r.send_s for r in done]
+    start = min(r.send_s for r in done)
+    dur = max(r.finish_s for r in done) - start
+    out_tok = sum(r.num_tokens for r in done)
+    res = {"completed": len(done), "duration_s": dur, "total_output_tokens": out_tok,
+           "total_input_tokens": sum(r.prompt_len for r in done),
+           "request_throughput": len(done) / dur if dur > 0 else math.inf,
+           "output_throughput": out_tok / dur if dur > 0 else math.inf}
+    for name, xs in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2e)):
+        res[f"mean_{name}_s"] = sum(xs) / len(xs) if xs else math.nan
+        for q in (50, 90, 99):
+            res[f"p{q}_{name}_s"] = percentile(xs, q)
+    return res
+
+
+def run_workload(requests: list[SimRequest], replicas: list[Replica], router=None, *,
+                 max_concurrency: int | None = None, transfer=None, max_steps: int | None = None) -> RunResult:
+    """Serve ``requests`` on ``replicas`` (module docstring). ``router(req, candidates) -> Replica`` picks among
+    the replicas that take new requests (default: the first). P/D: when some replicas have role ``prefill``,
+    a request is prefilled there (one token), then moved to a ``decode`` replica after ``transfer(req)``
+    seconds, where its prompt KV costs nothing to compute."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ConfigError(f"max concurrency must be >= 1, got {max_concurrency}")
+    entry = [r for r in replicas if r.role in ("both", "prefill")]
+    decoders = [r for r in replicas if r.role == "decode"]
+    if not entry:
+        raise ConfigError("no replica takes new requests (roles: both or prefill)")
+    disagg = any(r.role == "prefill" for r in replicas)
+    if disagg and not decoders:
+        raise ConfigError("prefill replicas need at least one decode replica")
+    pick = router or (lambda req, cands: cands[0])
+    pending = deque(sorted(requests, key=lambda r: r.arrival_s))
+    by_id = {r.request_id: r for r in requests}
+    recs = {r.request_id: RequestRecord(r.request_id, r.prompt_len, r.output_len, r.arrival_s) for r in requests}
+    moves: list = []  # heap of (time, seq, request_id, first_token): KV on its way to a decode replica
+    inflight, gate, steps, seq = 0, -math.inf, 0, 0
+    cap = max_concurrency or math.inf
+    while True:
+        t_send = max(pending[0].arrival_s, gate) if pending and inflight < cap else math.inf
+        t_move = moves[0][0] if moves else math.inf
+        busy = None
+        for r in replicas:
+            if r.has_work() and (busy is None or r.now() < busy.now()):
+                busy = r
+        t_step = busy.now() if busy is not None else math.inf
+        t = min(t_send, t_move, t_step)
+        if t == math.inf:
+            break
+        if t_send == t and t_send <= t_step:
+            req = pending.popleft()
+            rec = recs[req.request_id]
+            rec.send_s = t
+            inflight += 1
+            rep = pick(req, entry)
+            rec.replica = rep.name
+            rep.add(req.request_id, req.prompt_token_ids, 1 if rep.role == "prefill" else req.output_len, t)
+        elif t_move == t and t_move <= t_step:
+            _, _, rid, tok = heapq.heappop(moves)
+            req = by_id[rid]
+            rep = pick(req, decoders)
+            recs[rid].replica += f">{rep.name}"
+            rep.add(rid, req.prompt_token_ids + [tok], req.output_len - 1, t, external=True)
+        else:
+            now, outs = busy.step()
+            steps += 1
+            if max_steps is not None and steps > max_steps:
+                raise RuntimeError(f"simulation exceeded {max_steps} steps")
+            for o in outs:
+                rec = recs[o.request_id]
+                n = len(o.new_token_ids)
+                if n:
+                    if rec.num_tokens == 0:
+                        rec.first_s = now
+                    else:
+                        rec.itls.append(now - rec.last_s)
+                    rec.last_s = now
+                    rec.num_tokens += n
+                if o.finish_reason is None:
+                    continue
+                if busy.role == "prefill" and rec.num_tokens < rec.output_len:
+                    seq += 1
+                    heapq.heappush(moves, (now + transfer(by_id[o.request_id]), seq, o.request_id,
+                                           o.new_token_ids[-1] if o.new_token_ids else 0))
+                    continue
+                rec.finish_s = now
+                if inflight >= cap:
+                    gate = now
+                inflight -= 1
+    return RunResult(list(recs.values()), replicas, steps)

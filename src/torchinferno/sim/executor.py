@@ -1,0 +1,153 @@
+"""``SimulatedExecutor``: an ``Executor`` that advances a virtual clock instead of running a model.
+
+The real ``EngineCore`` (and so the real ``Scheduler`` and ``BlockPool``) drives it unchanged: every
+``SchedulerOutput`` reaches ``execute_async``, which returns a dummy token for each sampling row; the cost
+model's prediction for the step is added to the clock when the core takes the step's result (at once in the
+synchronous engine, one ``step()`` later with async scheduling, as on the device). Requests stop by ``max_tokens`` (the simulator submits
+them with ``ignore_eos``), so the dummy token's value never matters (it is never a stop token: the simulated
+core has no EOS ids). Invariant: ``clock.t`` only grows, by exactly one prediction per step whose result was taken.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.executor import Executor
+from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput
+from torchinferno.errors import ConfigError
+from torchinferno.sim.cost_model import CostModel
+
+__all__ = ["DUMMY_TOKEN", "CpuClock", "SimulatedExecutor", "VirtualClock", "WallClock", "make_clock"]
+
+DUMMY_TOKEN = 0
+
+
+class VirtualClock:
+    """Simulated seconds; ``advance_to`` never goes back."""
+
+    def __init__(self, t: float = 0.0):
+        self.t = t
+
+    def now(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+    def advance_to(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+
+class WallClock:
+    """Real seconds since construction; ``advance_to`` sleeps (the real engine's driver)."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def advance(self, dt: float) -> None:  # pragma: no cover - the real engine advances it
+        time.sleep(max(0.0, dt))
+
+    def advance_to(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            time.sleep(dt)
+
+
+class CpuClock:
+    """This process's CPU seconds (``time.process_time``) since construction; ``advance_to`` jumps instead of
+    sleeping. On a shared host a single-threaded engine measured on this clock reads as if it had a core to
+    itself (time spent descheduled does not count); cache and memory-bandwidth interference still do."""
+
+    def __init__(self):
+        self.t0 = time.process_time()
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.process_time() - self.t0 + self.offset
+
+    def advance(self, dt: float) -> None:  # pragma: no cover - the real engine advances it
+        self.offset += max(0.0, dt)
+
+    def advance_to(self, t: float) -> None:
+        dt = t - self.now()
+        if dt > 0:
+            self.offset += dt
+
+
+def make_clock(kind: str):
+    """``"wall"`` (``WallClock``) or ``"cpu"`` (``CpuClock``): how real steps are timed."""
+    if kind == "wall":
+        return WallClock()
+    if kind == "cpu":
+        return CpuClock()
+    raise ConfigError(f"unknown clock {kind!r} (valid: wall, cpu)")
+
+
+class _Pending:
+    """A launched virtual step (the ``StepHandle`` surface the core uses): the clock advances by the step's
+    cost when its result is taken, once. Synchronous engine: at once. Async scheduling: when the core waits for
+    it, one ``step()`` later, which is when the device would have finished it."""
+
+    __slots__ = ("cost", "ex", "out")
+
+    def __init__(self, ex: SimulatedExecutor, cost: float, out: ModelRunnerOutput):
+        self.ex, self.cost, self.out = ex, cost, out
+
+    def result(self) -> ModelRunnerOutput:
+        if self.cost is not None:
+            self.ex.clock.advance(self.cost)
+            self.ex.busy_s += self.cost
+            self.cost = None
+        return self.out
+
+    def ready(self) -> bool:
+        return True
+
+
+class SimulatedExecutor(Executor):
+    """A replica of ``num_blocks`` x ``block_size`` KV tokens whose steps cost ``cost_model`` seconds.
+
+    ``external_prefill`` holds request ids whose prompt KV came from elsewhere (P/D decode replicas): their
+    prefill rows cost nothing. ``config`` step limits left unset take ``device``'s defaults.
+    """
+
+    def __init__(self, cost_model: CostModel, config: EngineConfig | None = None, *, num_blocks: int = 4096,
+                 max_model_len: int = 4096, device: str = "cpu", clock: VirtualClock | None = None):
+        config = replace(config or EngineConfig())
+        if config.num_gpu_blocks is not None:
+            num_blocks = config.num_gpu_blocks
+        if num_blocks < 1:
+            raise ConfigError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.config = config.for_device(device)  # async scheduling as the device's engine runs (CUDA: on)
+        self.block_size = self.config.block_size
+        self.num_blocks = num_blocks
+        cap = num_blocks * self.block_size
+        self.max_model_len = min(self.config.max_model_len or max_model_len, cap)
+        if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < self.max_model_len:
+            self.config.max_num_batched_tokens = self.max_model_len  # as Worker does: a prompt fits one step
+        self.cost_model = cost_model
+        self.clock = clock or VirtualClock()
+        self.external_prefill: set[str] = set()
+        self._forwards = 0
+        self.busy_s = 0.0
+
+    def execute_async(self, sched: SchedulerOutput) -> _Pending:
+        out = ModelRunnerOutput()
+        if sched.scheduled:
+            self._forwards += 1
+            out.sampled_token_ids = {s.request_id: DUMMY_TOKEN for s in sched.scheduled if s.sample}
+        return _Pending(self, self.cost_model.step_cost(sched, self.external_prefill), out)
+
+    @property
+    def num_forward_calls(self) -> int:
+        return self._forwards
+
+    def describe(self) -> str:
+        c = self.config
+        return (f"simulated: {self.num_blocks} blocks x {self.block_size} tokens, max_model_len={self.max_model_len}, "
+                f"max_num_seqs={c.max_num_seqs}, max_num_batched_tokens={c.max_num_batched_tokens}")
