@@ -1,0 +1,78 @@
+"""Refusals of a tensor-parallel world a model cannot be split over, in one line each, before any work."""
+
+from __future__ import annotations
+
+from torchinferno.errors import ConfigError
+from torchinferno.models.protocol import ModelFamily
+from torchinferno.parallel.config import ParallelConfig
+
+
+def check_split(family: ModelFamily, config, tp_size: int) -> None:
+    """ConfigError naming the field (heads, KV heads, intermediate, experts) ``tp_size`` does not divide."""
+    if tp_size == 1:
+        return
+    family.parallel_plan().check(config, ParallelConfig(tp_size=tp_size))
+
+
+def check_world(tp_size: int, device: str) -> None:
+    """Enough devices for ``tp_size`` CUDA ranks (CPU ranks are processes: any number)."""
+    if tp_size < 1:
+        raise ConfigError(f"--tensor-parallel-size must be >= 1 (got {tp_size})")
+    if device.startswith("cuda") and tp_size > 1:
+        import torch
+
+        have = torch.cuda.device_count()
+        if have < tp_size:
+            raise ConfigError(f"--tensor-parallel-size {tp_size} needs {tp_size} CUDA devices (this host has {have})")
+
+
+# ------------------------------------------------------------------ TP == TP=1 (tests, validate-model-variants)
+
+PROMPT = [5, 17, 99, 3, 250, 42, 7, 128, 64, 11, 200]
+
+
+def rank_outputs(comm, kind: str, size: str = "debug", seed: int = 0, variant: str | None = None,
+                 new_tokens: int = 6) -> dict:
+    """On one rank of a world: the tiny random ``kind`` model's prompt logits, greedy tokens and seeded
+    temperature-sampled tokens (``generate``: static KV cache, prefill then decode)."""
+
+    from torchinferno.engine.assembly import ModelSpec
+    from torchinferno.parallel.load import build_rank_model
+
+    spec = ModelSpec(model_kind=kind, size=size, seed=seed, dtype="float32", prepack=False, variant=variant)
+    model = build_rank_model(spec, comm) if comm is not None else _single(spec)
+    return outputs_of(model, new_tokens)
+
+
+def _single(spec):
+    from torchinferno.engine.assembly import build_model
+
+    return build_model(spec)
+
+
+def outputs_of(model, new_tokens: int = 6) -> dict:
+    import torch
+
+    prompt = torch.tensor(PROMPT)
+    with torch.no_grad():
+        logits = model.compute_logits(model(prompt, torch.arange(len(PROMPT))))  # [T, V]
+        greedy = model.generate(prompt[None], new_tokens, ignore_eos=True)[0, len(PROMPT):]
+        sampled = model.generate(prompt[None], new_tokens, temperature=0.8, seed=3, ignore_eos=True)[0, len(PROMPT):]
+    return {"logits": logits, "greedy": greedy.tolist(), "sampled": sampled.tolist()}
+
+
+def compare_tp(kind: str, tp: int, size: str = "debug", variant: str | None = None, atol: float = 1e-5) -> str:
+    """Run ``kind`` at TP=``tp`` on ``tp`` spawned gloo ranks and at TP=1 here; '' if logits agree within
+    ``atol`` and tokens (greedy, seeded sampling) are equal on every rank, else what differs."""
+    from torchinferno.parallel.spawn import run_ranks
+
+    ref = rank_outputs(None, kind, size, variant=variant)
+    outs = run_ranks(rank_outputs, tp, kind, size, 0, variant)
+    for rank, out in enumerate(outs):
+        err = float((out["logits"] - ref["logits"]).abs().max())
+        if err > atol:
+            return f"rank {rank}: logits differ from TP=1 by {err:.3g} (> {atol:g})"
+        for key in ("greedy", "sampled"):
+            if out[key] != ref[key]:
+                return f"rank {rank}: {key} tokens {out[key]} != TP=1 {ref[key]}"
+    return ""
