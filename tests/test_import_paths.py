@@ -40,6 +40,8 @@ PATHS = [
     ("torchinferno.runtime.prefix", "hash_token_blocks", "torchinferno.cache.block_pool", "hash_token_blocks"),
     ("torchinferno.runtime.prefix_cache", "BlockPool", "torchinferno.cache.block_pool", "BlockPool"),
     ("torchinferno.runtime.offload", "LayerOffloader", "torchinferno.workbench.offload", "LayerOffloader"),
+    ("torchinferno.runtime.fake_dist", "fake_world", "torchinferno.parallel.fake", "fake_world"),
+    ("torchinferno.runtime.fake_dist", "plan_parallel", "torchinferno.parallel.fake", "plan_parallel"),
 ]
 
 
@@ -55,7 +57,7 @@ def test_all_lists_only_real_names(mod):
         assert getattr(m, name) is not None
 
 
-@pytest.mark.parametrize("missing", ["simulation", "scheduler", "traffic", "disagg", "disaggregated", "fake_dist",
+@pytest.mark.parametrize("missing", ["simulation", "scheduler", "traffic", "disagg", "disaggregated",
                                      "flex", "options"])
 def test_runtime_paths_without_an_implementation_do_not_exist(missing):
     with pytest.raises(ImportError):

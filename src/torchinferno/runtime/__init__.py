@@ -7,8 +7,9 @@ each piece really lives (nothing is imported until a submodule is asked for).
 * ``runtime.cudagraphs``: CUDA-graph decode capture/replay (``kernels.cuda_graphs``, ``engine.graph_runner``);
 * ``runtime.serving``: the token-step continuous-batching engine and offline ``LLM`` (``engine/``);
 * ``runtime.prefix``: prefix-aware routing and the chained block hashes it matches on (``engine.router``);
-* ``runtime.prefix_cache``: the automatic prefix cache inside the block pool (``cache.block_pool``).
+* ``runtime.prefix_cache``: the automatic prefix cache inside the block pool (``cache.block_pool``);
+* ``runtime.fake_dist``: fake process groups and collectives, tensor-parallel planning (``parallel.fake``).
 
 Paths of the original with no implementation here (simulation, scheduler, traffic, disagg,
-disaggregated, fake_dist, offload, flex) do not exist: importing them raises ``ImportError``.
+disaggregated, flex) do not exist: importing them raises ``ImportError``.
 """
