@@ -98,8 +98,8 @@ class ParallelPlan:
             f"  weights        {self.weight_bytes / gib:8.2f} GiB  (unsharded {self.full_weight_bytes / gib:.2f} GiB)",
             f"  KV cache       {self.kv_bytes_per_token / 1024:8.1f} KiB/token; {kv / gib:.2f} GiB for {context} tokens",
             f"  collectives    {self.all_reduces_per_step} all-reduce + {self.all_gathers_per_step} all-gather per step",
-            f"  decode step    batch {self.decode_batch}: all-reduce payload {self.all_reduce_bytes / 1024:.1f} KiB, "
-            f"logits all-gather {self.all_gather_bytes / 1024:.1f} KiB, ring bytes sent {self.ring_bytes_sent / 1024:.1f} KiB",
+            (f"  decode step    batch {self.decode_batch}: all-reduce payload {self.all_reduce_bytes / 1024:.1f} KiB, "
+             f"logits all-gather {self.all_gather_bytes / 1024:.1f} KiB, ring bytes sent {self.ring_bytes_sent / 1024:.1f} KiB"),
         ]
 
 
