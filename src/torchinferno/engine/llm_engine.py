@@ -33,8 +33,10 @@ class LLMEngine:
     End-of-sequence ids: the model config's, the tokenizer's and ``extra_eos_token_ids``.
     """
 
-    def __init__(self, model: nn.Module, tokenizer=None, config: EngineConfig | None = None, *,
-                 extra_eos_token_ids=(), **overrides):
+    def __init__(self, model: nn.Module | None, tokenizer=None, config: EngineConfig | None = None, *,
+                 extra_eos_token_ids=(), executor=None, **overrides):
+        """``executor``: an already started ``Executor`` (e.g. ``MultiprocExecutor``: ``model`` is then None and
+        the model's config comes from ``executor.model_config``); default: an in-process ``UniprocExecutor``."""
         if config is None:
             config = EngineConfig(**overrides)
         elif overrides:
@@ -45,11 +47,12 @@ class LLMEngine:
             tokenizer = load_tokenizer(tokenizer)
         self.model = model
         self.tokenizer = tokenizer
-        self.executor = UniprocExecutor(model, replace(config))
-        eos = set(getattr(model.config, "eos_token_ids", []) or []) | set(extra_eos_token_ids)
+        self.executor = executor if executor is not None else UniprocExecutor(model, replace(config))
+        model_config = model.config if model is not None else self.executor.model_config
+        eos = set(getattr(model_config, "eos_token_ids", []) or []) | set(extra_eos_token_ids)
         if tokenizer is not None:
             eos |= set(tokenizer.eos_token_ids)
-        self.core = EngineCore(self.executor, eos, getattr(model.config, "vocab_size", None))
+        self.core = EngineCore(self.executor, eos, getattr(model_config, "vocab_size", None))
         self.outputs = OutputProcessor(tokenizer)
         self._pending: list[RequestOutput] = []  # abort outputs reported by the next step
 
