@@ -55,7 +55,7 @@ def apply_platform_defaults() -> None:
 # The original TorchInferno was tuned through ~100 TORCHINFERNO_* variables; we use flags. A user
 # who sets one of them gets one line naming the flag that does the job, or saying there is none.
 # ``NAME`` matches exactly, ``PREFIX*`` any name that starts with PREFIX; the longest pattern wins.
-_NO_TP = "no equivalent: tensor-parallel serving is not supported yet (--tensor-parallel-size 1)"
+_NO_TP = "no equivalent: pass --tensor-parallel-size N (serve starts its N worker ranks itself on loopback)"
 _KERNELS = ("no equivalent: kernels are chosen by device (Triton on CUDA, torch elsewhere), never by environment; "
             "compare them with perf-smoke or profile-pattern")
 _RAGGED = "no equivalent: every step runs one flattened ragged batch (no padding or length groups to tune)"

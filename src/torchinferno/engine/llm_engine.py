@@ -56,6 +56,26 @@ class LLMEngine:
         self.outputs = OutputProcessor(tokenizer)
         self._pending: list[RequestOutput] = []  # abort outputs reported by the next step
 
+    @classmethod
+    def from_spec(cls, spec, tokenizer=None, config: EngineConfig | None = None, *,
+                  extra_eos_token_ids=()) -> LLMEngine:
+        """The engine of an ``engine.assembly.ModelSpec``: built here, or with ``config.tensor_parallel_size > 1``
+        on that many worker processes (``engine.multiproc_executor``; the model is never built here)."""
+        config = config or EngineConfig()
+        if config.tensor_parallel_size == 1:
+            from torchinferno.engine.assembly import build_model
+
+            return cls(build_model(spec), tokenizer, config, extra_eos_token_ids=extra_eos_token_ids)
+        from torchinferno.engine.multiproc_executor import MultiprocExecutor
+
+        return cls(None, tokenizer, config, extra_eos_token_ids=extra_eos_token_ids,
+                   executor=MultiprocExecutor(spec, replace(config)))
+
+    @property
+    def in_process(self) -> bool:
+        """The model runs in this process (runner, KV cache and warm-up are reachable)."""
+        return isinstance(self.executor, UniprocExecutor)
+
     # The parts, for introspection, warm-up and tests.
     config = property(lambda self: self.executor.config)
     device = property(lambda self: self.executor.device)

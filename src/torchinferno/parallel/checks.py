@@ -14,6 +14,25 @@ def check_split(family: ModelFamily, config, tp_size: int) -> None:
     family.parallel_plan().check(config, ParallelConfig(tp_size=tp_size))
 
 
+def check_spec(spec, tp_size: int) -> None:
+    """``check_world`` and ``check_split`` for an ``engine.assembly.ModelSpec`` (its config only: no weights)."""
+    check_world(tp_size, spec.device)
+    if tp_size == 1:
+        return
+    from torchinferno.models.registry import family_for_hf_config, get_family
+
+    if spec.model_kind is not None:
+        family = get_family(spec.model_kind)
+        config = family.size(spec.size)
+    else:
+        from torchinferno.checkpoint.safetensors_io import read_config
+
+        hf = read_config(spec.checkpoint_dir())
+        family = family_for_hf_config(hf)
+        config = family.config_from_hf(hf)
+    check_split(family, config, tp_size)
+
+
 def check_world(tp_size: int, device: str) -> None:
     """Enough devices for ``tp_size`` CUDA ranks (CPU ranks are processes: any number)."""
     if tp_size < 1:
