@@ -10,9 +10,10 @@ from torchinferno.parallel.config import ParallelConfig
 from torchinferno.parallel.plan import ShardRule
 
 
-@pytest.mark.parametrize("kind,tp", [("llama3", 2), ("llama3", 4), ("deepseek-v3.2", 2), ("dsv4", 2)])
-def test_tp_equals_single_device(kind, tp):
-    assert compare_tp(kind, tp) == ""
+@pytest.mark.parametrize("kinds,tp", [(("llama3", "deepseek-v3.2", "dsv4"), 2), (("llama3",), 4)])
+def test_tp_equals_single_device(kinds, tp):
+    """Prompt logits within 1e-5 of TP=1; greedy and seeded temperature tokens equal on every rank."""
+    assert compare_tp(kinds, tp) == ""
 
 
 def test_split_refusals_are_one_line():

@@ -80,18 +80,25 @@ def outputs_of(model, new_tokens: int = 6) -> dict:
     return {"logits": logits, "greedy": greedy.tolist(), "sampled": sampled.tolist()}
 
 
-def compare_tp(kind: str, tp: int, size: str = "debug", variant: str | None = None, atol: float = 1e-5) -> str:
-    """Run ``kind`` at TP=``tp`` on ``tp`` spawned gloo ranks and at TP=1 here; '' if logits agree within
-    ``atol`` and tokens (greedy, seeded sampling) are equal on every rank, else what differs."""
+def _rank_outputs_each(comm, kinds: tuple[str, ...], size: str, variant: str | None) -> list[dict]:
+    return [rank_outputs(comm, kind, size, 0, variant) for kind in kinds]
+
+
+def compare_tp(kinds: str | tuple[str, ...], tp: int, size: str = "debug", variant: str | None = None,
+               atol: float = 1e-5) -> str:
+    """Run each of ``kinds`` at TP=``tp`` on one world of ``tp`` spawned gloo ranks and at TP=1 here; '' if
+    logits agree within ``atol`` and tokens (greedy, seeded sampling) are equal on every rank, else what differs."""
     from torchinferno.parallel.spawn import run_ranks
 
-    ref = rank_outputs(None, kind, size, variant=variant)
-    outs = run_ranks(rank_outputs, tp, kind, size, 0, variant)
-    for rank, out in enumerate(outs):
-        err = float((out["logits"] - ref["logits"]).abs().max())
-        if err > atol:
-            return f"rank {rank}: logits differ from TP=1 by {err:.3g} (> {atol:g})"
-        for key in ("greedy", "sampled"):
-            if out[key] != ref[key]:
-                return f"rank {rank}: {key} tokens {out[key]} != TP=1 {ref[key]}"
+    kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
+    refs = [rank_outputs(None, kind, size, variant=variant) for kind in kinds]
+    per_rank = run_ranks(_rank_outputs_each, tp, kinds, size, variant)
+    for rank, outs in enumerate(per_rank):
+        for kind, ref, out in zip(kinds, refs, outs):
+            err = float((out["logits"] - ref["logits"]).abs().max())
+            if err > atol:
+                return f"{kind} rank {rank}: logits differ from TP=1 by {err:.3g} (> {atol:g})"
+            for key in ("greedy", "sampled"):
+                if out[key] != ref[key]:
+                    return f"{kind} rank {rank}: {key} tokens {out[key]} != TP=1 {ref[key]}"
     return ""

@@ -28,8 +28,15 @@ def free_port() -> int:
 
 
 def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 120.0) -> Comm:
-    """Join the loopback world as ``rank``; the returned :class:`Comm` uses the default group."""
+    """Join the loopback world as ``rank``; the returned :class:`Comm` uses the default group. On CPU (gloo)
+    the rank takes its share of the cores for intra-op threads (ranks on one host would oversubscribe them)."""
     import datetime
+    import os
+
+    import torch
+
+    if backend == "gloo":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
