@@ -10,10 +10,10 @@ from torchinferno.parallel.config import ParallelConfig
 from torchinferno.parallel.plan import ShardRule
 
 
-@pytest.mark.parametrize("kinds,tp", [(("llama3", "deepseek-v3.2", "dsv4"), 2), (("llama3",), 4)])
-def test_tp_equals_single_device(kinds, tp):
-    """Prompt logits within 1e-5 of TP=1; greedy and seeded temperature tokens equal on every rank."""
-    assert compare_tp(kinds, tp) == ""
+def test_llama3_tp4_equals_single_device():
+    """Prompt logits within 1e-5 of TP=1; greedy and seeded temperature tokens equal on every rank (TP=4 keeps
+    a replica of one KV head per rank: 2 KV heads < 4 ranks). TP=2 of every family: test_variants_tp.py."""
+    assert compare_tp("llama3", 4) == ""
 
 
 def test_split_refusals_are_one_line():

@@ -80,25 +80,41 @@ def outputs_of(model, new_tokens: int = 6) -> dict:
     return {"logits": logits, "greedy": greedy.tolist(), "sampled": sampled.tolist()}
 
 
-def _rank_outputs_each(comm, kinds: tuple[str, ...], size: str, variant: str | None) -> list[dict]:
-    return [rank_outputs(comm, kind, size, 0, variant) for kind in kinds]
+def _rank_outputs_each(comm, models: tuple[tuple[str, str | None], ...], size: str) -> list[dict]:
+    return [rank_outputs(comm, kind, size, 0, variant) for kind, variant in models]
+
+
+def tp_report(models: list[tuple[str, str | None]], tp: int, size: str = "debug") -> list[dict]:
+    """Each ``(family, variant)`` of the tiny ``size`` run at TP=``tp`` on one world of spawned gloo ranks and at
+    TP=1 here. Per model: ``max_abs_err`` / ``rel_err`` (``max|TP - TP1| / max|TP1|``) of the prompt logits
+    over every rank, and ``mismatch``: '' when greedy and seeded temperature tokens are equal on every rank."""
+    from torchinferno.parallel.spawn import run_ranks
+
+    models = tuple(models)
+    refs = [rank_outputs(None, kind, size, variant=variant) for kind, variant in models]
+    per_rank = run_ranks(_rank_outputs_each, tp, models, size)
+    report = []
+    for i, ((kind, _), ref) in enumerate(zip(models, refs)):
+        err, mismatch = 0.0, ""
+        for rank, outs in enumerate(per_rank):
+            out = outs[i]
+            err = max(err, float((out["logits"] - ref["logits"]).abs().max()))
+            for key in ("greedy", "sampled"):
+                if out[key] != ref[key] and not mismatch:
+                    mismatch = f"{kind} rank {rank}: {key} tokens {out[key]} != TP=1 {ref[key]}"
+        report.append({"family": kind, "max_abs_err": err, "rel_err": err / float(ref["logits"].abs().max()),
+                       "mismatch": mismatch})
+    return report
 
 
 def compare_tp(kinds: str | tuple[str, ...], tp: int, size: str = "debug", variant: str | None = None,
                atol: float = 1e-5) -> str:
-    """Run each of ``kinds`` at TP=``tp`` on one world of ``tp`` spawned gloo ranks and at TP=1 here; '' if
-    logits agree within ``atol`` and tokens (greedy, seeded sampling) are equal on every rank, else what differs."""
-    from torchinferno.parallel.spawn import run_ranks
-
+    """'' if every kind's TP=``tp`` logits agree with TP=1 within ``atol`` and its tokens are equal on every rank
+    (:func:`tp_report`), else what differs."""
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    refs = [rank_outputs(None, kind, size, variant=variant) for kind in kinds]
-    per_rank = run_ranks(_rank_outputs_each, tp, kinds, size, variant)
-    for rank, outs in enumerate(per_rank):
-        for kind, ref, out in zip(kinds, refs, outs):
-            err = float((out["logits"] - ref["logits"]).abs().max())
-            if err > atol:
-                return f"{kind} rank {rank}: logits differ from TP=1 by {err:.3g} (> {atol:g})"
-            for key in ("greedy", "sampled"):
-                if out[key] != ref[key]:
-                    return f"{kind} rank {rank}: {key} tokens {out[key]} != TP=1 {ref[key]}"
+    for row in tp_report([(k, variant) for k in kinds], tp, size):
+        if row["max_abs_err"] > atol:
+            return f"{row['family']}: logits differ from TP=1 by {row['max_abs_err']:.3g} (> {atol:g})"
+        if row["mismatch"]:
+            return row["mismatch"]
     return ""
