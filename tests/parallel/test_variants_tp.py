@@ -17,7 +17,7 @@ def test_tp_v0_of_every_family_matches_v0(tmp_path, capsys):
 
 
 def test_a_failing_world_is_a_failed_row(monkeypatch, capsys):
-    import torchinferno.parallel.checks as checks
+    from torchinferno.parallel import checks
 
     def boom(*a, **k):
         raise RuntimeError("rank 1 died")
