@@ -84,21 +84,25 @@ class LLM:
 
     def _init_tensor_parallel(self, model, tokenizer, dtype, device, quantization, engine_kwargs) -> None:
         """``tensor_parallel_size=N``: N worker processes, each building its shard of ``model`` (a checkpoint
-        name or directory: ranks read only their slices), driven by a ``MultiprocExecutor``."""
+        name or directory: ranks read only their slices; or an ``engine.assembly.ModelSpec``, e.g. a tiny random
+        model), driven by a ``MultiprocExecutor``."""
         from torchinferno.engine.assembly import ModelSpec
         from torchinferno.engine.multiproc_executor import MultiprocExecutor
 
-        if not isinstance(model, (str, Path)):
-            raise ConfigError("tensor_parallel_size > 1 needs a checkpoint (name or directory), not a built module: "
-                              "each rank loads its own shard")
-        dev = str(device or "cpu")
-        dtype = str(dtype or ("bfloat16" if dev.startswith("cuda") else "float32")).replace("torch.", "")
-        spec = ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization, prepack=False)
+        if isinstance(model, ModelSpec):
+            spec = model
+        elif isinstance(model, (str, Path)):
+            dev = str(device or "cpu")
+            dtype = str(dtype or ("bfloat16" if dev.startswith("cuda") else "float32")).replace("torch.", "")
+            spec = ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization, prepack=False)
+        else:
+            raise ConfigError("tensor_parallel_size > 1 needs a checkpoint (name or directory) or a ModelSpec, not a "
+                              "built module: each rank loads its own shard")
         config = EngineConfig(**engine_kwargs)
         executor = MultiprocExecutor(spec, config)
         self.model = None
         ckpt = spec.checkpoint_dir()
-        if tokenizer is None and (ckpt / "tokenizer.json").exists():
+        if tokenizer is None and ckpt is not None and (ckpt / "tokenizer.json").exists():
             tokenizer = str(ckpt)
         self.tokenizer = _resolve_tokenizer(None, tokenizer)
         self.engine = LLMEngine(None, self.tokenizer, config, executor=executor)
