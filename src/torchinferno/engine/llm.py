@@ -60,9 +60,11 @@ class LLM:
         if engine_kwargs.get("tensor_parallel_size", 1) != 1:
             self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs)
             return
-        if isinstance(model, (str, Path)):
-            from torchinferno.engine.assembly import ModelSpec, build_model
+        from torchinferno.engine.assembly import ModelSpec, build_model
 
+        if isinstance(model, ModelSpec):
+            model = build_model(model)
+        elif isinstance(model, (str, Path)):
             dev = str(device or "cpu")
             if dtype is None:
                 dtype = "bfloat16" if dev.startswith("cuda") else "float32"
@@ -85,9 +87,9 @@ class LLM:
     def _init_tensor_parallel(self, model, tokenizer, dtype, device, quantization, engine_kwargs) -> None:
         """``tensor_parallel_size=N``: N worker processes, each building its shard of ``model`` (a checkpoint
         name or directory: ranks read only their slices; or an ``engine.assembly.ModelSpec``, e.g. a tiny random
-        model), driven by a ``MultiprocExecutor``."""
+        model), driven by a ``MultiprocExecutor`` (or, launched by torchrun, this rank's ``TorchrunExecutor``)."""
         from torchinferno.engine.assembly import ModelSpec
-        from torchinferno.engine.multiproc_executor import MultiprocExecutor
+        from torchinferno.engine.torchrun_executor import parallel_executor
 
         if isinstance(model, ModelSpec):
             spec = model
@@ -99,7 +101,7 @@ class LLM:
             raise ConfigError("tensor_parallel_size > 1 needs a checkpoint (name or directory) or a ModelSpec, not a "
                               "built module: each rank loads its own shard")
         config = EngineConfig(**engine_kwargs)
-        executor = MultiprocExecutor(spec, config)
+        executor = parallel_executor(spec, config)
         self.model = None
         ckpt = spec.checkpoint_dir()
         if tokenizer is None and ckpt is not None and (ckpt / "tokenizer.json").exists():

@@ -60,16 +60,17 @@ class LLMEngine:
     def from_spec(cls, spec, tokenizer=None, config: EngineConfig | None = None, *,
                   extra_eos_token_ids=()) -> LLMEngine:
         """The engine of an ``engine.assembly.ModelSpec``: built here, or with ``config.tensor_parallel_size > 1``
-        on that many worker processes (``engine.multiproc_executor``; the model is never built here)."""
+        on that many worker processes (``engine.multiproc_executor``; the model is never built here), or on this
+        torchrun rank's shard (``engine.torchrun_executor``)."""
         config = config or EngineConfig()
         if config.tensor_parallel_size == 1:
             from torchinferno.engine.assembly import build_model
 
             return cls(build_model(spec), tokenizer, config, extra_eos_token_ids=extra_eos_token_ids)
-        from torchinferno.engine.multiproc_executor import MultiprocExecutor
+        from torchinferno.engine.torchrun_executor import parallel_executor
 
         return cls(None, tokenizer, config, extra_eos_token_ids=extra_eos_token_ids,
-                   executor=MultiprocExecutor(spec, replace(config)))
+                   executor=parallel_executor(spec, replace(config)))
 
     @property
     def in_process(self) -> bool:

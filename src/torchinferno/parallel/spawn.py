@@ -53,7 +53,17 @@ def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, args: t
 
 def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str = "gloo", timeout_s: float = 120.0) -> list[Any]:
     """``[fn(comm, *args) for each rank]`` computed in ``world`` spawned processes (``fn`` importable, results
-    picklable). Raises TorchInfernoError naming the rank if one fails or the world outlives ``timeout_s``."""
+    picklable). Raises TorchInfernoError naming the rank if one fails or the world outlives ``timeout_s``.
+    A rendezvous port taken by another process between picking and binding it is retried once on a new port."""
+    try:
+        return _run_ranks(fn, world, args, backend, timeout_s)
+    except TorchInfernoError as e:
+        if "address already in use" not in str(e).lower():
+            raise
+        return _run_ranks(fn, world, args, backend, timeout_s)
+
+
+def _run_ranks(fn: Callable[..., Any], world: int, args: tuple, backend: str, timeout_s: float) -> list[Any]:
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = free_port()
