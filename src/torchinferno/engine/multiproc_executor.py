@@ -61,7 +61,10 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
         conn.send_bytes(pickle.dumps(("error", _one_line(e))))
         raise SystemExit(1) from None
     while True:
-        kind, payload = pickle.loads(conn.recv_bytes())
+        try:
+            kind, payload = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the engine side is gone: nothing more to run
+            break
         if kind == "stop":
             break
         try:
