@@ -51,14 +51,15 @@ PROMPT = [5, 17, 99, 3, 250, 42, 7, 128, 64, 11, 200]
 
 
 def rank_outputs(comm, kind: str, size: str = "debug", seed: int = 0, variant: str | None = None,
-                 new_tokens: int = 6) -> dict:
+                 new_tokens: int = 6, device: str = "cpu") -> dict:
     """On one rank of a world: the tiny random ``kind`` model's prompt logits, greedy tokens and seeded
     temperature-sampled tokens (``generate``: static KV cache, prefill then decode)."""
 
     from torchinferno.engine.assembly import ModelSpec
     from torchinferno.parallel.load import build_rank_model
 
-    spec = ModelSpec(model_kind=kind, size=size, seed=seed, dtype="float32", prepack=False, variant=variant)
+    spec = ModelSpec(model_kind=kind, size=size, seed=seed, dtype="float32", prepack=False, variant=variant,
+                     device=device)
     model = build_rank_model(spec, comm) if comm is not None else _single(spec)
     return outputs_of(model, new_tokens)
 
@@ -72,27 +73,29 @@ def _single(spec):
 def outputs_of(model, new_tokens: int = 6) -> dict:
     import torch
 
-    prompt = torch.tensor(PROMPT)
+    dev = next(model.parameters()).device
+    prompt = torch.tensor(PROMPT, device=dev)
     with torch.no_grad():
-        logits = model.compute_logits(model(prompt, torch.arange(len(PROMPT))))  # [T, V]
+        logits = model.compute_logits(model(prompt, torch.arange(len(PROMPT), device=dev))).cpu()  # [T, V]
         greedy = model.generate(prompt[None], new_tokens, ignore_eos=True)[0, len(PROMPT):]
         sampled = model.generate(prompt[None], new_tokens, temperature=0.8, seed=3, ignore_eos=True)[0, len(PROMPT):]
     return {"logits": logits, "greedy": greedy.tolist(), "sampled": sampled.tolist()}
 
 
-def _rank_outputs_each(comm, models: tuple[tuple[str, str | None], ...], size: str) -> list[dict]:
-    return [rank_outputs(comm, kind, size, 0, variant) for kind, variant in models]
+def _rank_outputs_each(comm, models: tuple[tuple[str, str | None], ...], size: str, device: str) -> list[dict]:
+    return [rank_outputs(comm, kind, size, 0, variant, device=device) for kind, variant in models]
 
 
-def tp_report(models: list[tuple[str, str | None]], tp: int, size: str = "debug") -> list[dict]:
-    """Each ``(family, variant)`` of the tiny ``size`` run at TP=``tp`` on one world of spawned gloo ranks and at
-    TP=1 here. Per model: ``max_abs_err`` / ``rel_err`` (``max|TP - TP1| / max|TP1|``) of the prompt logits
+def tp_report(models: list[tuple[str, str | None]], tp: int, size: str = "debug", device: str = "cpu") -> list[dict]:
+    """Each ``(family, variant)`` of the tiny ``size`` run at TP=``tp`` on one world of spawned ranks (gloo on
+    ``cpu``; NCCL on ``cuda``, rank r on cuda:r) and at TP=1 here. Per model: ``max_abs_err`` / ``rel_err`` (``max|TP - TP1| / max|TP1|``) of the prompt logits
     over every rank, and ``mismatch``: '' when greedy and seeded temperature tokens are equal on every rank."""
     from torchinferno.parallel.spawn import run_ranks
 
     models = tuple(models)
-    refs = [rank_outputs(None, kind, size, variant=variant) for kind, variant in models]
-    per_rank = run_ranks(_rank_outputs_each, tp, models, size)
+    refs = [rank_outputs(None, kind, size, variant=variant, device=device) for kind, variant in models]
+    per_rank = run_ranks(_rank_outputs_each, tp, models, size, device,
+                         backend="nccl" if device.startswith("cuda") else "gloo")
     report = []
     for i, ((kind, _), ref) in enumerate(zip(models, refs)):
         err, mismatch = 0.0, ""
@@ -108,11 +111,11 @@ def tp_report(models: list[tuple[str, str | None]], tp: int, size: str = "debug"
 
 
 def compare_tp(kinds: str | tuple[str, ...], tp: int, size: str = "debug", variant: str | None = None,
-               atol: float = 1e-5) -> str:
+               atol: float = 1e-5, device: str = "cpu") -> str:
     """'' if every kind's TP=``tp`` logits agree with TP=1 within ``atol`` and its tokens are equal on every rank
     (:func:`tp_report`), else what differs."""
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    for row in tp_report([(k, variant) for k in kinds], tp, size):
+    for row in tp_report([(k, variant) for k in kinds], tp, size, device):
         if row["max_abs_err"] > atol:
             return f"{row['family']}: logits differ from TP=1 by {row['max_abs_err']:.3g} (> {atol:g})"
         if row["mismatch"]:

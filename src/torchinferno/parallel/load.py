@@ -73,6 +73,14 @@ def build_rank(family: ModelFamily, config, comm: Comm, tensors: Callable[[Rule]
     return model
 
 
+def _rank_device(device: str, comm: Comm) -> str:
+    """CUDA ranks run one per device (rank r on cuda:r, made current); CPU ranks share the host."""
+    if device.startswith("cuda") and comm.world_size > 1:
+        device = f"cuda:{comm.rank}"
+        torch.cuda.set_device(device)
+    return device
+
+
 def build_rank_model(spec, comm: Comm) -> nn.Module:
     """Rank ``comm.rank`` of an ``engine.assembly.ModelSpec``: a checkpoint (each rank reads its slices) or a
     tiny random model of a family (built whole on CPU with the spec's seed, then sliced: the same weights
@@ -92,7 +100,9 @@ def build_rank_model(spec, comm: Comm) -> nn.Module:
 
         family = get_family(spec.model_kind)
         config = family.size(spec.size)
-        full = tiny_model(spec.model_kind, size=spec.size, seed=spec.seed, dtype=dtype, variant=spec.variant)
+        # drawn on the spec's device type, as the single-device model of this spec is (the RNG differs per type)
+        full = tiny_model(spec.model_kind, size=spec.size, seed=spec.seed, dtype=dtype, variant=spec.variant,
+                          device=_rank_device(spec.device, comm))
 
         def tensors(rule: Rule):
             return shard_tensors(family.export_weights(full), rule)
@@ -105,11 +115,6 @@ def build_rank_model(spec, comm: Comm) -> nn.Module:
 
         def tensors(rule: Rule):
             return shard_checkpoint(ckpt, rule)
-    device = spec.device
-    if device.startswith("cuda") and comm.world_size > 1:  # one device per rank
-        import torch
-
-        device = f"cuda:{comm.rank}"
-        torch.cuda.set_device(device)
+    device = _rank_device(spec.device, comm)
     backend = default_attention_backend(family, config, device)
     return build_rank(family, config, comm, tensors, device, dtype, spec.variant, backend)
