@@ -40,3 +40,11 @@ def test_shard_rule_reads_padded_zero_and_skipped_parts():
     assert torch.equal(ShardRule(dim=1, start=1, count=1).read(t), t[:, 1:])
     assert not ShardRule(zero=True).read(t).any()
     assert ParallelConfig(4, 3).padded_split(259) == (195, 64, 65)
+
+
+def test_llm_refuses_an_unsplittable_world_before_starting_workers():
+    from torchinferno.engine.assembly import ModelSpec
+    from torchinferno.engine.llm import LLM
+
+    with pytest.raises(ConfigError, match="num_attention_heads=4 is not divisible by --tensor-parallel-size 3"):
+        LLM(ModelSpec(model_kind="llama3", dtype="float32"), tensor_parallel_size=3)

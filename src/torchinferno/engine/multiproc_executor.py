@@ -118,11 +118,11 @@ class MultiprocExecutor(Executor):
     def __init__(self, spec, config: EngineConfig, world: int | None = None, timeout_s: float = STARTUP_TIMEOUT_S):
         import torch.multiprocessing as mp
 
-        from torchinferno.parallel.checks import check_world
+        from torchinferno.parallel.checks import check_spec
         from torchinferno.parallel.spawn import free_port
 
         world = world or config.tensor_parallel_size
-        check_world(world, spec.device)
+        check_spec(spec, world)  # one line before any process starts: devices, heads / experts divisible
         self.world = world
         self.device = torch.device(spec.device)
         self.backend = "nccl" if spec.device.startswith("cuda") else "gloo"

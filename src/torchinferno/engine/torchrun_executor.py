@@ -49,6 +49,9 @@ class TorchrunExecutor(UniprocExecutor):
         if config.tensor_parallel_size not in (1, size):
             raise ConfigError(f"--tensor-parallel-size {config.tensor_parallel_size} does not match torchrun's "
                               f"world of {size} ranks")
+        from torchinferno.parallel.checks import check_split_spec
+
+        check_split_spec(spec, size)
         backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local)

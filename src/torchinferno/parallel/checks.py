@@ -17,6 +17,11 @@ def check_split(family: ModelFamily, config, tp_size: int) -> None:
 def check_spec(spec, tp_size: int) -> None:
     """``check_world`` and ``check_split`` for an ``engine.assembly.ModelSpec`` (its config only: no weights)."""
     check_world(tp_size, spec.device)
+    check_split_spec(spec, tp_size)
+
+
+def check_split_spec(spec, tp_size: int) -> None:
+    """``check_split`` for an ``engine.assembly.ModelSpec`` (reads only its config)."""
     if tp_size == 1:
         return
     from torchinferno.models.registry import family_for_hf_config, get_family
