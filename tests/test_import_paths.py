@@ -46,6 +46,8 @@ PATHS = [
     ("torchinferno.runtime.scheduler", "ClusterSpec", "torchinferno.sim.cluster", "ClusterSpec"),
     ("torchinferno.runtime.traffic", "TrafficSpec", "torchinferno.sim.traffic", "TrafficSpec"),
     ("torchinferno.runtime.traffic", "generate", "torchinferno.sim.traffic", "generate"),
+    ("torchinferno.runtime.fake_dist", "fake_world", "torchinferno.parallel.fake", "fake_world"),
+    ("torchinferno.runtime.fake_dist", "plan_parallel", "torchinferno.parallel.fake", "plan_parallel"),
 ]
 
 
@@ -61,7 +63,7 @@ def test_all_lists_only_real_names(mod):
         assert getattr(m, name) is not None
 
 
-@pytest.mark.parametrize("missing", ["disagg", "disaggregated", "fake_dist", "flex", "options"])
+@pytest.mark.parametrize("missing", ["disagg", "disaggregated", "flex", "options"])
 def test_runtime_paths_without_an_implementation_do_not_exist(missing):
     with pytest.raises(ImportError):
         importlib.import_module(f"torchinferno.runtime.{missing}")

@@ -23,6 +23,12 @@ class Env:
     """HF_HUB_OFFLINE=1: never try the Hub."""
     debug: bool
     """TORCHINFERNO_DEBUG=1: show full tracebacks instead of one-line errors."""
+    torchrun_rank: int | None = None
+    """RANK (set by torchrun): this process's rank in a world it launched; None when not under torchrun."""
+    torchrun_world_size: int | None = None
+    """WORLD_SIZE (set by torchrun): how many ranks torchrun launched."""
+    torchrun_local_rank: int | None = None
+    """LOCAL_RANK (set by torchrun): the rank on this host (the CUDA device index)."""
 
 
 # The TORCHINFERNO_* variables ``read_env`` reads; any other set TORCHINFERNO_* variable gets one warning line.
@@ -37,7 +43,17 @@ def read_env() -> Env:
         cache_dir=Path(cache).expanduser(),
         hf_offline=e.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"),
         debug=e.get("TORCHINFERNO_DEBUG", "0") not in ("", "0", "false", "False"),
+        torchrun_rank=_int_or_none(e.get("RANK")),
+        torchrun_world_size=_int_or_none(e.get("WORLD_SIZE")),
+        torchrun_local_rank=_int_or_none(e.get("LOCAL_RANK")),
     )
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return None if value in (None, "") else int(value)
+    except ValueError:
+        return None
 
 
 def apply_platform_defaults() -> None:
@@ -55,7 +71,7 @@ def apply_platform_defaults() -> None:
 # The original TorchInferno was tuned through ~100 TORCHINFERNO_* variables; we use flags. A user
 # who sets one of them gets one line naming the flag that does the job, or saying there is none.
 # ``NAME`` matches exactly, ``PREFIX*`` any name that starts with PREFIX; the longest pattern wins.
-_NO_TP = "no equivalent: tensor-parallel serving is not supported yet (--tensor-parallel-size 1)"
+_NO_TP = "no equivalent: pass --tensor-parallel-size N (serve starts its N worker ranks itself on loopback)"
 _KERNELS = ("no equivalent: kernels are chosen by device (Triton on CUDA, torch elsewhere), never by environment; "
             "compare them with perf-smoke or profile-pattern")
 _RAGGED = "no equivalent: every step runs one flattened ragged batch (no padding or length groups to tune)"

@@ -56,9 +56,10 @@ def test_run_all_three(tmp_path):
     assert Count.n >= 6
 
 
-def test_multi_device_is_reported_unsupported(tmp_path):
-    d = tmp_path / "tp"
-    rc = main(["llama-bench-suite", str(d), *ARGS, "--benchmarks", "latency", "--devices", "cpu", "cpu", "--run"])
+def test_multi_device_pipeline_is_reported_unsupported(tmp_path):
+    d = tmp_path / "pp"
+    rc = main(["llama-bench-suite", str(d), *ARGS, "--benchmarks", "latency", "--devices", "cpu", "cpu",
+               "--parallelism", "pipeline", "--run"])
     status = json.loads((d / "run_status.json").read_text())
     assert rc != 0 and status["latency"]["status"] == "unsupported"
 

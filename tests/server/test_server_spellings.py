@@ -64,8 +64,10 @@ def _build_error(*argv) -> str:
 def test_bad_spellings_are_one_line_errors(tmp_path):
     assert "valid:" in _build_error("--model", "tiny", "--model-kind", "tiny-nonesuch")
     assert "--model tiny" in _build_error(str(tmp_path), "--model-kind", "tiny-llama")
-    assert "not supported" in _build_error(*README, "--model-kind", "tiny-llama", "--llama-parallelism", "tensor",
-                                           "--tensor-parallel-size", "8")
+    assert "num_attention_heads=4 is not divisible by --tensor-parallel-size 8" in _build_error(
+        *README, "--model-kind", "tiny-llama", "--llama-parallelism", "tensor", "--tensor-parallel-size", "8")
+    assert "pipeline is not supported" in _build_error(*README, "--llama-parallelism", "pipeline",
+                                                       "--tensor-parallel-size", "2")
 
 
 def test_model_kind_must_match_a_checkpoint(tmp_path):

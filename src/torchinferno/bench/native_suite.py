@@ -159,6 +159,27 @@ def _build_model(cfg: NativeSuiteConfig):
     return build_model(ModelSpec(model=cfg.model, dtype=cfg.dtype, device=device)), None
 
 
+def _tensor_parallel(cfg: NativeSuiteConfig) -> int:
+    """Ranks of a tensor-parallel run: one per device (``cpu`` repeated, or ``cuda:0 .. cuda:N-1`` in order)."""
+    n = len(cfg.devices)
+    if n == 1:
+        return 1
+    if cfg.devices not in (["cpu"] * n, [f"cuda:{i}" for i in range(n)]):
+        raise ConfigError(f"tensor parallelism runs rank r on cuda:r (or every rank on cpu); got --devices "
+                          f"{' '.join(cfg.devices)} (valid: cuda:0 .. cuda:{n - 1}, or cpu repeated)")
+    return n
+
+
+def _rank_spec(cfg: NativeSuiteConfig):
+    """(ModelSpec every worker rank builds its shard of, tokenizer) for a tensor-parallel run."""
+    from torchinferno.engine.assembly import ModelSpec
+
+    device = "cpu" if cfg.devices[0] == "cpu" else "cuda"
+    if cfg.model_kind and not cfg.model:
+        return ModelSpec(model_kind=cfg.model_kind, dtype=cfg.dtype, device=device, prepack=False), "byte"
+    return ModelSpec(model=cfg.model, dtype=cfg.dtype, device=device, prepack=False), None
+
+
 def latency_bench(llm, batch_size: int, input_len: int, output_len: int, num_iters: int, num_iters_warmup: int,
                   seed: int = 0, progress: bool = True) -> dict:
     import numpy as np
@@ -219,9 +240,9 @@ def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dic
     status: dict = {}
     benches = [c for c in plan["commands"] if c["role"] == "bench"]
     check_devices_present(cfg)
-    if len(cfg.devices) > 1 and cfg.needs_local_devices():
+    if len(cfg.devices) > 1 and cfg.needs_local_devices() and cfg.parallelism != "tensor":
         msg = (f"{cfg.parallelism} parallelism over {len(cfg.devices)} devices ({', '.join(cfg.devices)}) is not "
-               "supported by TorchInferno's engine yet (torchinferno serve rejects --tensor-parallel-size > 1)")
+               "supported by TorchInferno's engine yet (use --parallelism tensor)")
         for c in benches:
             status[c["name"]] = {"status": "unsupported", "message": msg}
         write_json(out / "run_status.json", status)
@@ -235,24 +256,29 @@ def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dic
         from torchinferno.engine.llm import LLM
 
         t0 = time.perf_counter()
-        model, tok = _build_model(cfg)
-        log(f"loaded {cfg.model_desc} on {cfg.devices[0]} in {time.perf_counter() - t0:.1f}s")
+        tp = _tensor_parallel(cfg)
+        model, tok = _build_model(cfg) if tp == 1 else _rank_spec(cfg)
+        log(f"loaded {cfg.model_desc} on {cfg.devices[0]} in {time.perf_counter() - t0:.1f}s" if tp == 1 else
+            f"{cfg.model_desc}: {tp} tensor-parallel worker ranks on {' '.join(cfg.devices)}")
         for c in offline:
             t0 = time.perf_counter()
             try:
                 if c["benchmark"] == "latency":
                     llm = LLM(model, tokenizer=tok, max_model_len=cfg.max_model_len, max_num_seqs=cfg.batch_size,
-                              enable_prefix_caching=False)
+                              enable_prefix_caching=False, tensor_parallel_size=tp)
                     res = latency_bench(llm, cfg.batch_size, cfg.input_len, cfg.output_len, cfg.num_iters,
                                         cfg.num_iters_warmup, cfg.seed)
                     res.update(extra, batch_size=cfg.batch_size, date=now())
                     log(f"latency: avg {res['avg_latency']:.3f}s over {cfg.num_iters} iters (batch {cfg.batch_size})")
                 else:
-                    llm = LLM(model, tokenizer=tok, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs)
+                    llm = LLM(model, tokenizer=tok, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
+                              tensor_parallel_size=tp)
                     log(f"throughput: {cfg.num_prompts} prompts ...")
                     res = throughput_bench(llm, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed)
                     res.update(extra, date=now())
                     log(f"throughput: {res['requests_per_second']:.2f} req/s, {res['tokens_per_second']:.1f} tok/s")
+                if tp > 1:
+                    llm.shutdown()
                 del llm
                 write_json(out / c["result_file"], res)
                 status[c["name"]] = {"status": "ok", "seconds": round(time.perf_counter() - t0, 2)}

@@ -23,6 +23,7 @@ COMMAND_GROUPS = (
     "torchinferno.cli.profile_cmds",  # before variants_cmds: its model-variants adds promoted variants
     "torchinferno.cli.variants_cmds",  # validate-model-variants (model-variants is in profile_cmds)
     "torchinferno.cli.sim_cmds",
+    "torchinferno.cli.parallel_cmds",  # plan-parallel
 )
 
 

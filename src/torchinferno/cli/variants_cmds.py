@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-steps", type=int, default=3)
     p.add_argument("--json-output", default=None, metavar="P", help="also write the results as JSON to P")
     p.add_argument("--registry", default=None, help="promoted-variant JSON (default: <cache dir>/promoted_variants.json)")
+    p.add_argument("--include-tensor-parallel", action="store_true",
+                   help="also check the tensor-parallel variants (tp-v0): their parent sharded over spawned gloo ranks "
+                        "vs one device (logits within --rtol, greedy and seeded tokens equal on every rank)")
     p.set_defaults(func=cmd_validate_model_variants)
 
 
@@ -210,6 +213,31 @@ def validate_variant(family: str, variant: str, rtol: float, device: str = "cpu"
     return row
 
 
+def validate_tensor_parallel(variants: list, rtol: float) -> list[dict]:
+    """Rows for tensor-parallel variants ``(family, name, Variant)``: the parent at TP=``tensor_parallel`` on
+    spawned gloo ranks (one world per size) vs one device (``parallel.checks.tp_report``)."""
+    from torchinferno.parallel.checks import tp_report
+
+    rows = []
+    for tp in sorted({v.tensor_parallel for _, _, v in variants}):
+        group = [(fam, name, v) for fam, name, v in variants if v.tensor_parallel == tp]
+        t0 = time.perf_counter()
+        try:
+            report = tp_report([(fam, v.parent) for fam, _, v in group], tp)
+        except Exception as e:  # a world that fails is failed rows, not a crashed command
+            report = [{"max_abs_err": None, "rel_err": None, "mismatch": f"{type(e).__name__}: {e}"} for _ in group]
+        secs = round((time.perf_counter() - t0) / len(group), 3)
+        for (fam, name, v), r in zip(group, report):
+            ok = r["rel_err"] is not None and r["rel_err"] <= rtol and not r["mismatch"]
+            row = {"family": fam, "variant": name, "parent": v.parent, "status": v.status, "rtol": rtol,
+                   "max_abs_err": r["max_abs_err"], "rel_err": r["rel_err"], "ok": ok, "seconds": secs,
+                   "tensor_parallel": tp}
+            if r["mismatch"]:
+                row["error"] = r["mismatch"]
+            rows.append(row)
+    return rows
+
+
 def cmd_validate_model_variants(a) -> int:
     from torchinferno.cli.common import check_device
 
@@ -218,10 +246,10 @@ def cmd_validate_model_variants(a) -> int:
         raise ConfigError(f"--rtol must be positive, got {a.rtol}")
     if a.decode_steps < 1:
         raise ConfigError(f"--decode-steps must be >= 1, got {a.decode_steps}")
-    rows = []
+    rows, tp_rows = [], []
     for fam in _families(a.family):
         vs = _variants(fam, a.registry)
-        names = [n for n in vs if vs[n].parent is not None]
+        names = [n for n in vs if vs[n].parent is not None and (a.include_tensor_parallel or not vs[n].tensor_parallel)]
         if a.variant is not None:
             if a.variant not in vs:
                 if a.family is not None:
@@ -230,7 +258,10 @@ def cmd_validate_model_variants(a) -> int:
             if vs[a.variant].parent is None:
                 raise ConfigError(f"variant '{a.variant}' is the reference (v0) itself; pick a child variant")
             names = [a.variant]
-        rows += [validate_variant(fam, n, a.rtol, a.device, a.decode_steps, registry=a.registry) for n in names]
+        rows += [validate_variant(fam, n, a.rtol, a.device, a.decode_steps, registry=a.registry) for n in names
+                 if not vs[n].tensor_parallel]
+        tp_rows += [(fam, n, vs[n]) for n in names if vs[n].tensor_parallel]
+    rows += validate_tensor_parallel(tp_rows, a.rtol)
     if not rows:
         raise ConfigError(f"no variant '{a.variant}' in any family ({', '.join(_families(a.family))})")
     shown = [{**r, "result": "PASS" if r["ok"] else "FAIL",

@@ -79,6 +79,7 @@ class EngineConfig:
     enforce_eager: bool = False
     async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
     batch_invariant: bool = False
+    tensor_parallel_size: int = 1  # > 1: engine.multiproc_executor spawns one worker rank per device
 
     def __post_init__(self) -> None:
         if self.batch_invariant:
@@ -87,7 +88,7 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.kv_cache_dtype = parse_kv_cache_dtype(self.kv_cache_dtype)
-        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "tensor_parallel_size"):
             v = getattr(self, name)
             if v is None and name != "block_size":
                 continue

@@ -51,12 +51,10 @@ class CoreProcessConfig:
 
 
 def _build(cfg: CoreProcessConfig):
-    from torchinferno.engine.assembly import build_model
     from torchinferno.engine.llm_engine import LLMEngine
 
-    model = build_model(cfg.model)
-    engine = LLMEngine(model, None, cfg.engine, extra_eos_token_ids=cfg.extra_eos_token_ids)
-    if cfg.warmup or (cfg.warmup is None and engine.device.type == "cuda"):
+    engine = LLMEngine.from_spec(cfg.model, None, cfg.engine, extra_eos_token_ids=cfg.extra_eos_token_ids)
+    if engine.in_process and (cfg.warmup or (cfg.warmup is None and engine.device.type == "cuda")):
         w = engine.warmup()
         print(f"engine core warmed up in {w.seconds:.1f} s ({w.requests} throwaway requests of {w.prompt_len} tokens)",
               file=sys.stderr, flush=True)

@@ -57,9 +57,14 @@ class LLM:
 
     def __init__(self, model: str | nn.Module, tokenizer=None, dtype: str | torch.dtype | None = None,
                  device: str | torch.device | None = None, quantization: str = "none", **engine_kwargs):
-        if isinstance(model, (str, Path)):
-            from torchinferno.engine.assembly import ModelSpec, build_model
+        if engine_kwargs.get("tensor_parallel_size", 1) != 1:
+            self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs)
+            return
+        from torchinferno.engine.assembly import ModelSpec, build_model
 
+        if isinstance(model, ModelSpec):
+            model = build_model(model)
+        elif isinstance(model, (str, Path)):
             dev = str(device or "cpu")
             if dtype is None:
                 dtype = "bfloat16" if dev.startswith("cuda") else "float32"
@@ -78,6 +83,36 @@ class LLM:
         if self.engine.device.type == "cuda":  # kernel compiles now, not inside the first generate() call
             self.engine.warmup()
         self._next_id = 0
+
+    def _init_tensor_parallel(self, model, tokenizer, dtype, device, quantization, engine_kwargs) -> None:
+        """``tensor_parallel_size=N``: N worker processes, each building its shard of ``model`` (a checkpoint
+        name or directory: ranks read only their slices; or an ``engine.assembly.ModelSpec``, e.g. a tiny random
+        model), driven by a ``MultiprocExecutor`` (or, launched by torchrun, this rank's ``TorchrunExecutor``)."""
+        from torchinferno.engine.assembly import ModelSpec
+        from torchinferno.engine.torchrun_executor import parallel_executor
+
+        if isinstance(model, ModelSpec):
+            spec = model
+        elif isinstance(model, (str, Path)):
+            dev = str(device or "cpu")
+            dtype = str(dtype or ("bfloat16" if dev.startswith("cuda") else "float32")).replace("torch.", "")
+            spec = ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization, prepack=False)
+        else:
+            raise ConfigError("tensor_parallel_size > 1 needs a checkpoint (name or directory) or a ModelSpec, not a "
+                              "built module: each rank loads its own shard")
+        config = EngineConfig(**engine_kwargs)
+        executor = parallel_executor(spec, config)
+        self.model = None
+        ckpt = spec.checkpoint_dir()
+        if tokenizer is None and ckpt is not None and (ckpt / "tokenizer.json").exists():
+            tokenizer = str(ckpt)
+        self.tokenizer = _resolve_tokenizer(None, tokenizer)
+        self.engine = LLMEngine(None, self.tokenizer, config, executor=executor)
+        self._next_id = 0
+
+    def shutdown(self) -> None:
+        """End worker processes now (tensor parallel); they also end when the LLM is collected or at exit."""
+        self.engine.executor.shutdown()
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):

@@ -33,8 +33,10 @@ class LLMEngine:
     End-of-sequence ids: the model config's, the tokenizer's and ``extra_eos_token_ids``.
     """
 
-    def __init__(self, model: nn.Module, tokenizer=None, config: EngineConfig | None = None, *,
-                 extra_eos_token_ids=(), **overrides):
+    def __init__(self, model: nn.Module | None, tokenizer=None, config: EngineConfig | None = None, *,
+                 extra_eos_token_ids=(), executor=None, **overrides):
+        """``executor``: an already started ``Executor`` (e.g. ``MultiprocExecutor``: ``model`` is then None and
+        the model's config comes from ``executor.model_config``); default: an in-process ``UniprocExecutor``."""
         if config is None:
             config = EngineConfig(**overrides)
         elif overrides:
@@ -45,13 +47,35 @@ class LLMEngine:
             tokenizer = load_tokenizer(tokenizer)
         self.model = model
         self.tokenizer = tokenizer
-        self.executor = UniprocExecutor(model, replace(config))
-        eos = set(getattr(model.config, "eos_token_ids", []) or []) | set(extra_eos_token_ids)
+        self.executor = executor if executor is not None else UniprocExecutor(model, replace(config))
+        model_config = model.config if model is not None else self.executor.model_config
+        eos = set(getattr(model_config, "eos_token_ids", []) or []) | set(extra_eos_token_ids)
         if tokenizer is not None:
             eos |= set(tokenizer.eos_token_ids)
-        self.core = EngineCore(self.executor, eos, getattr(model.config, "vocab_size", None))
+        self.core = EngineCore(self.executor, eos, getattr(model_config, "vocab_size", None))
         self.outputs = OutputProcessor(tokenizer)
         self._pending: list[RequestOutput] = []  # abort outputs reported by the next step
+
+    @classmethod
+    def from_spec(cls, spec, tokenizer=None, config: EngineConfig | None = None, *,
+                  extra_eos_token_ids=()) -> LLMEngine:
+        """The engine of an ``engine.assembly.ModelSpec``: built here, or with ``config.tensor_parallel_size > 1``
+        on that many worker processes (``engine.multiproc_executor``; the model is never built here), or on this
+        torchrun rank's shard (``engine.torchrun_executor``)."""
+        config = config or EngineConfig()
+        if config.tensor_parallel_size == 1:
+            from torchinferno.engine.assembly import build_model
+
+            return cls(build_model(spec), tokenizer, config, extra_eos_token_ids=extra_eos_token_ids)
+        from torchinferno.engine.torchrun_executor import parallel_executor
+
+        return cls(None, tokenizer, config, extra_eos_token_ids=extra_eos_token_ids,
+                   executor=parallel_executor(spec, replace(config)))
+
+    @property
+    def in_process(self) -> bool:
+        """The model runs in this process (runner, KV cache and warm-up are reachable)."""
+        return isinstance(self.executor, UniprocExecutor)
 
     # The parts, for introspection, warm-up and tests.
     config = property(lambda self: self.executor.config)

@@ -97,8 +97,19 @@ class ModelFamily:
     export_weights: Callable[[nn.Module], Iterator[tuple[str, torch.Tensor]]]
     kv_spec: Callable[[Any], KVSpec]
     variants_module: str = ""
+    parallel_module: str = ""  # tensor-parallel plan: check / shard_model / tensor_rule (parallel/plan.py)
     notes: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def parallel_plan(self):
+        """The family's tensor-parallel plan module; ConfigError if it has none."""
+        import importlib
+
+        from torchinferno.errors import ConfigError
+
+        if not self.parallel_module:
+            raise ConfigError(f"family {self.name} has no tensor-parallel plan (use --tensor-parallel-size 1)")
+        return importlib.import_module(self.parallel_module)
 
     def size(self, name: str):
         from torchinferno.errors import ConfigError

@@ -18,6 +18,7 @@ class Variant:
     ops_module: str
     status: str  # reference | validated | experimental | promoted
     notes: str = ""
+    tensor_parallel: int = 0  # > 0: the parent sharded over this many ranks (parallel/plan.py); 0: one device
 
     def load_class(self):
         module, cls = self.class_path.split(":")

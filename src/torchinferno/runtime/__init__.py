@@ -11,7 +11,8 @@ each piece really lives (nothing is imported until a submodule is asked for).
 * ``runtime.simulation``: time-sliced virtual GPUs and the serving simulator's executor (``workbench.timeslice``,
   ``sim/``); ``runtime.scheduler``: P/D cluster planning (``sim.cluster``, ``sim.plan``); ``runtime.traffic``:
   seeded bursty traffic and trace replay (``sim.traffic``).
+* ``runtime.fake_dist``: fake process groups and collectives, tensor-parallel planning (``parallel.fake``).
 
-Paths of the original with no implementation here (disagg, disaggregated, fake_dist, flex) do not exist:
+Paths of the original with no implementation here (disagg, disaggregated, flex) do not exist:
 importing them raises ``ImportError``.
 """

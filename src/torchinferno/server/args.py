@@ -64,9 +64,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="larger request bodies get 413 (default 16 MiB)")
     p.add_argument("--max-choices-per-request", type=int, default=256, metavar="N",
                    help="at most N engine requests (prompts x n) from one HTTP request; more get 400 (default 256)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="N > 1: start N worker processes, each a torch.distributed rank holding 1/N of every layer "
+                        "(gloo on CPU, NCCL on CUDA: one device per rank)")
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
-                   help="how a multi-device model is split; one device (the only size supported yet) runs unsplit either way")
+                   help="how a multi-device model is split: tensor (with --tensor-parallel-size); pipeline is not "
+                        "supported yet")
     p.add_argument("--single-request-admission-wait-ms", type=float, default=None, metavar="MS",
                    help="accepted for the original's command lines; no effect: the scheduler admits waiting requests "
                         "at every step, never waiting for a batch to fill (what 0 asks for)")
@@ -106,8 +109,11 @@ def _tiny_family(model_spec: str | None, model_kind: str | None) -> str | None:
 
 def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
     """The model to serve; a checkpoint's family is checked against ``--model-kind`` (from config.json only)."""
-    if args.tensor_parallel_size != 1:
-        raise ConfigError("--tensor-parallel-size > 1 is not supported yet (valid: 1)")
+    if args.tensor_parallel_size < 1:
+        raise ConfigError(f"--tensor-parallel-size must be >= 1 (got {args.tensor_parallel_size})")
+    if args.llama_parallelism == "pipeline" and args.tensor_parallel_size > 1:
+        raise ConfigError("--llama-parallelism pipeline is not supported yet (use --llama-parallelism tensor with "
+                          "--tensor-parallel-size)")
     if args.single_request_admission_wait_ms:  # 0 is what we do anyway
         print(f"note: --single-request-admission-wait-ms {args.single_request_admission_wait_ms:g} has no effect: "
               "the scheduler admits waiting requests at every step", file=sys.stderr, flush=True)
@@ -116,8 +122,11 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
                   cache_dir=args.cache_dir)
     family = _tiny_family(given, args.model_kind)
     if family is not None:
-        return ModelSpec(model_kind=family, size=args.model_size, **common)
+        spec = ModelSpec(model_kind=family, size=args.model_size, **common)
+        _check_parallel(spec, args.tensor_parallel_size)
+        return spec
     spec = ModelSpec(model=given or DEFAULT_MODEL, **common)
+    _check_parallel(spec, args.tensor_parallel_size)
     if args.model_kind:
         from torchinferno.checkpoint.safetensors_io import read_config
         from torchinferno.models.registry import family_for_hf_config
@@ -127,6 +136,14 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
             raise ConfigError(f"--model-kind {args.model_kind} does not match {spec.model}, a {actual} "
                               "checkpoint (leave --model-kind out to take the family from config.json)")
     return spec
+
+
+def _check_parallel(spec: ModelSpec, tp: int) -> None:
+    """A world the model cannot be split over is refused here, in one line, before any process starts."""
+    if tp > 1:
+        from torchinferno.parallel.checks import check_spec
+
+        check_spec(spec, tp)
 
 
 def served_name(args: argparse.Namespace, spec: ModelSpec) -> str:
@@ -154,4 +171,4 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
                         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
                         kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
-                        batch_invariant=args.batch_invariant)
+                        batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size)

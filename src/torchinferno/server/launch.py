@@ -81,12 +81,11 @@ def _random_model_tokenizer(spec):
 
 
 def _in_process_engine(spec, cfg, tokenizer):
-    from torchinferno.engine.assembly import build_model
     from torchinferno.engine.async_engine import AsyncEngine
     from torchinferno.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine(build_model(spec), tokenizer, cfg)
-    if engine.device.type == "cuda":  # kernel compiles at startup, not in the first requests' latency
+    engine = LLMEngine.from_spec(spec, tokenizer, cfg)
+    if engine.in_process and engine.device.type == "cuda":  # kernel compiles at startup, not in the first requests' latency
         w = engine.warmup()
         print(f"warmed up in {w.seconds:.1f} s ({w.requests} throwaway requests of {w.prompt_len} tokens)", flush=True)
     return AsyncEngine(engine)

@@ -48,6 +48,7 @@ FAMILY = ModelFamily(
     export_weights=weights.export_weights,
     kv_spec=kv_spec,
     variants_module="torchinferno.models.deepseek_v32.registry",
+    parallel_module="torchinferno.models.deepseek_v32.parallel",
     notes="DeepSeek-V3/V3.2: MLA latent cache + absorbed decode, DSA indexer, sigmoid group-limited MoE; "
           "validated against transformers DeepseekV3ForCausalLM / DeepseekV32ForCausalLM",
 )

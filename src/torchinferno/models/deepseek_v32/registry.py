@@ -14,5 +14,11 @@ VARIANTS = {
         ops_module="torchinferno.models.deepseek_v32.fused_ops", status="validated",
         notes="RMSNorm / SwiGLU / neox rope routed to torchinferno.kernels; MLA, indexer and MoE still reference",
     ),
+    "tp-v0": Variant(
+        name="tp-v0", parent="v0", class_path="torchinferno.models.deepseek_v32.v0:DeepSeekV32V0",
+        ops_module="torchinferno.models.deepseek_v32.raw_ops", status="validated", tensor_parallel=2,
+        notes="v0 sharded over --tensor-parallel-size ranks (models/deepseek_v32/parallel.py); checked at TP=2 on gloo by "
+              "validate-model-variants --include-tensor-parallel",
+    ),
 }
 DEFAULT_VARIANT = "v1"

@@ -45,6 +45,7 @@ FAMILY = ModelFamily(
     export_weights=weights.export_weights,
     kv_spec=kv_spec,
     variants_module="torchinferno.models.dsv4.registry",
+    parallel_module="torchinferno.models.dsv4.parallel",
     notes="local compact DeepSeek-style family (latent KV + small MoE with a shared expert), NOT DeepSeek-V4; "
           "validated by full-forward vs cached-decode equality and v1 == v0",
     extra={"config_from_deepseek_hf": cfg.config_from_deepseek_hf, "refusal_reason": weights.refusal_reason},

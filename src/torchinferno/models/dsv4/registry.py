@@ -13,5 +13,11 @@ VARIANTS = {
         ops_module="torchinferno.models.dsv4.fused_ops", status="validated",
         notes="absorbed decode over the latent cache; RMSNorm / SwiGLU / neox rope routed to torchinferno.kernels",
     ),
+    "tp-v0": Variant(
+        name="tp-v0", parent="v0", class_path="torchinferno.models.dsv4.v0:DSv4V0",
+        ops_module="torchinferno.models.dsv4.raw_ops", status="validated", tensor_parallel=2,
+        notes="v0 sharded over --tensor-parallel-size ranks (models/dsv4/parallel.py); checked at TP=2 on gloo by "
+              "validate-model-variants --include-tensor-parallel",
+    ),
 }
 DEFAULT_VARIANT = "v1"

@@ -38,5 +38,6 @@ FAMILY = ModelFamily(
     export_weights=weights.export_weights,
     kv_spec=kv_spec,
     variants_module="torchinferno.models.llama3.registry",
+    parallel_module="torchinferno.models.llama3.parallel",
     notes="Llama-3 architecture; validated against transformers LlamaForCausalLM",
 )

@@ -13,5 +13,11 @@ VARIANTS = {
         ops_module="torchinferno.models.llama3.fused_ops", status="validated",
         notes="ops routed to torchinferno.kernels (F.rms_norm, fused residual add; Triton on CUDA when present)",
     ),
+    "tp-v0": Variant(
+        name="tp-v0", parent="v0", class_path="torchinferno.models.llama3.v0:Llama3V0",
+        ops_module="torchinferno.models.llama3.raw_ops", status="validated", tensor_parallel=2,
+        notes="v0 sharded over --tensor-parallel-size ranks (models/llama3/parallel.py); checked at TP=2 on gloo by "
+              "validate-model-variants --include-tensor-parallel",
+    ),
 }
 DEFAULT_VARIANT = "v1"

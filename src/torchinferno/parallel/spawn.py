@@ -1,0 +1,93 @@
+"""Run a function on N local ranks of a ``torch.distributed`` world (spawned processes, loopback rendezvous).
+
+Used by the multi-process executor and by tests: a free port is picked here, every process joins the
+group with ``init_process_group`` and is joined with a timeout; a rank that fails or hangs takes the others
+down (no process outlives :func:`run_ranks`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchinferno.errors import TorchInfernoError
+from torchinferno.parallel.comm import Comm
+from torchinferno.parallel.config import ParallelConfig
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 120.0) -> Comm:
+    """Join the loopback world as ``rank``; the returned :class:`Comm` uses the default group. On CPU (gloo)
+    the rank takes its share of the cores for intra-op threads (ranks on one host would oversubscribe them)."""
+    import datetime
+    import os
+
+    import torch
+
+    if backend == "gloo":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return Comm(ParallelConfig(tp_size=world, rank=rank, backend=backend))
+
+
+def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, args: tuple, results) -> None:
+    comm = init_rank(rank, world, port, backend)
+    try:
+        results.put((rank, pickle.dumps(fn(comm, *args))))  # plain bytes: no shared-memory handles to a dead process
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str = "gloo", timeout_s: float = 120.0) -> list[Any]:
+    """``[fn(comm, *args) for each rank]`` computed in ``world`` spawned processes (``fn`` importable, results
+    picklable). Raises TorchInfernoError naming the rank if one fails or the world outlives ``timeout_s``.
+    A rendezvous port taken by another process between picking and binding it is retried once on a new port."""
+    try:
+        return _run_ranks(fn, world, args, backend, timeout_s)
+    except TorchInfernoError as e:
+        if "address already in use" not in str(e).lower():
+            raise
+        return _run_ranks(fn, world, args, backend, timeout_s)
+
+
+def _run_ranks(fn: Callable[..., Any], world: int, args: tuple, backend: str, timeout_s: float) -> list[Any]:
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    port = free_port()
+    procs = mp.start_processes(_entry, args=(fn, world, port, backend, args, results), nprocs=world, join=False,
+                               start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    out: dict[int, Any] = {}
+
+    def drain() -> None:  # read while ranks run: a large result would block its writer on the pipe
+        while not results.empty():
+            rank, value = results.get()
+            out[rank] = pickle.loads(value)
+
+    try:
+        while not procs.join(timeout=0.2):
+            drain()
+            if time.monotonic() > deadline:
+                raise TorchInfernoError(f"tensor-parallel world of {world} did not finish within {timeout_s:.0f} s")
+    except mp.ProcessRaisedException as e:
+        raise TorchInfernoError(f"a tensor-parallel rank failed: {str(e).strip().splitlines()[-1]}") from None
+    finally:
+        for p in procs.processes:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    drain()
+    return [out[r] for r in range(world)]

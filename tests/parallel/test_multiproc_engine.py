@@ -1,0 +1,50 @@
+"""The engine on tensor-parallel worker processes (gloo on CPU): LLM(tensor_parallel_size=2) == TP=1."""
+
+import os
+import signal
+
+import pytest
+
+from torchinferno.checkpoint.auto import save_pretrained
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.engine.llm import LLM
+from torchinferno.engine.multiproc_executor import WorkerDiedError
+from torchinferno.testing import tiny_model
+
+PROMPTS = [[5, 17, 99, 3, 250, 42], [7, 128, 64], [5, 17, 99, 3, 250, 42, 8, 9]]  # the third, run after, hits the prefix cache
+PARAMS = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+          SamplingParams(max_tokens=8, temperature=0.9, seed=4, ignore_eos=True),
+          SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)]
+
+
+def test_llm_tp2_equals_tp1_and_a_dead_worker_fails_cleanly(tmp_path):
+    ckpt = save_pretrained(tiny_model("llama3"), tmp_path / "ckpt")
+    def run(llm):
+        return llm.generate(PROMPTS[:2], PARAMS[:2], use_tqdm=False) + llm.generate(PROMPTS[2:], PARAMS[2:], use_tqdm=False)
+
+    ref = [o.token_ids for o in run(LLM(str(ckpt), block_size=4, num_gpu_blocks=64))]
+    llm = LLM(str(ckpt), block_size=4, num_gpu_blocks=64, tensor_parallel_size=2)
+    try:
+        got = run(llm)
+        assert [o.token_ids for o in got] == ref
+        assert got[2].num_cached_tokens == 4  # the paged prefix cache served the shared block
+        assert "tensor-parallel 2 ranks (gloo)" in llm.engine.core.describe()
+        os.kill(llm.engine.executor.pids[1], signal.SIGKILL)
+        with pytest.raises(WorkerDiedError, match="rank 1 exit code -9"):
+            llm.generate([[1, 2, 3]], [PARAMS[0]], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert not any(p.is_alive() for p in llm.engine.executor._procs)
+
+
+def test_llama_bench_suite_runs_tensor_parallel_on_two_cpu_ranks(tmp_path):
+    import json
+
+    from torchinferno.cli.main import main
+
+    d = tmp_path / "tp"
+    assert main(["llama-bench-suite", str(d), "--model-kind", "llama3", "--dtype", "float32", "--input-len", "8",
+                 "--output-len", "4", "--batch-size", "2", "--num-iters", "1", "--num-iters-warmup", "0",
+                 "--benchmarks", "latency", "--devices", "cpu", "cpu", "--parallelism", "tensor", "--run"]) == 0
+    assert json.loads((d / "run_status.json").read_text())["latency"]["status"] == "ok"
+    assert json.loads((d / "latency.json").read_text())["avg_latency"] > 0

@@ -1,0 +1,50 @@
+"""Tensor parallelism on CPU gloo ranks (spawned): logits, greedy and seeded-sampled tokens equal TP=1."""
+
+import pytest
+import torch
+
+from torchinferno.errors import ConfigError
+from torchinferno.models.registry import get_family
+from torchinferno.parallel.checks import check_split, compare_tp
+from torchinferno.parallel.config import ParallelConfig
+from torchinferno.parallel.plan import ShardRule
+
+
+def test_llama3_tp4_equals_single_device():
+    """Prompt logits within 1e-5 of TP=1; greedy and seeded temperature tokens equal on every rank (TP=4 keeps
+    a replica of one KV head per rank: 2 KV heads < 4 ranks). TP=2 of every family: test_variants_tp.py."""
+    assert compare_tp("llama3", 4) == ""
+
+
+def test_split_refusals_are_one_line():
+    with pytest.raises(ConfigError, match="num_attention_heads=4 is not divisible by --tensor-parallel-size 3"):
+        check_split(get_family("llama3"), get_family("llama3").size("debug"), 3)
+    with pytest.raises(ConfigError, match="n_routed_experts=8"):
+        cfg = get_family("dsv4").size("debug")
+        from dataclasses import replace
+        check_split(get_family("dsv4"), replace(cfg, num_attention_heads=16, intermediate_size=1024,
+                                                moe_intermediate_size=64), 16)
+
+
+def test_kv_heads_split_or_replicated():
+    # 8 query heads, 2 KV heads: TP 2 splits them; TP 4 and 8 keep the one KV head each rank's queries read
+    assert [ParallelConfig(2, r).kv_heads(8, 2) for r in range(2)] == [(0, 1), (1, 1)]
+    assert [ParallelConfig(4, r).kv_heads(8, 2) for r in range(4)] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    with pytest.raises(ConfigError, match="num_key_value_heads=3"):
+        ParallelConfig(2, 0).kv_heads(6, 3)
+
+
+def test_shard_rule_reads_padded_zero_and_skipped_parts():
+    t = torch.arange(12.0).view(6, 2)
+    assert torch.equal(ShardRule(dim=0, start=4, count=2, pad_to=3).read(t), torch.tensor([[8.0, 9], [10, 11], [0, 0]]))
+    assert torch.equal(ShardRule(dim=1, start=1, count=1).read(t), t[:, 1:])
+    assert not ShardRule(zero=True).read(t).any()
+    assert ParallelConfig(4, 3).padded_split(259) == (195, 64, 65)
+
+
+def test_llm_refuses_an_unsplittable_world_before_starting_workers():
+    from torchinferno.engine.assembly import ModelSpec
+    from torchinferno.engine.llm import LLM
+
+    with pytest.raises(ConfigError, match="num_attention_heads=4 is not divisible by --tensor-parallel-size 3"):
+        LLM(ModelSpec(model_kind="llama3", dtype="float32"), tensor_parallel_size=3)
