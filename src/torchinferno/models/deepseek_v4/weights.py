@@ -106,3 +106,12 @@ def export_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         yield name, t.detach()
+
+
+def expected_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Internal name -> shape of every tensor a checkpoint must provide (built on ``meta``: no memory)."""
+    from torchinferno.models.deepseek_v4.model import DeepSeekV4ForCausalLM
+
+    with torch.device("meta"):
+        m = DeepSeekV4ForCausalLM(config)
+    return {n: tuple(t.shape) for n, t in m.state_dict().items()}
