@@ -118,3 +118,23 @@ def test_generate_matches_transformers_greedy(pair):
     with torch.no_grad():
         ref = hm.generate(prompt, max_new_tokens=16, do_sample=False, min_new_tokens=16, eos_token_id=None)
     assert ours.tolist() == ref.tolist()
+
+
+def test_paged_prefix_hit_equals_full_pass(pair):
+    """A paged cache (block 4, scattered blocks); sequence B reuses A's first 5 blocks (20 tokens: mid HCA window,
+    on a CSA boundary) and starts from context 20, as a prefix-cache hit does; then one more block boundary (22)."""
+    m, hm = pair
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randint(0, 256, (22,), generator=g).tolist()
+    a = shared + torch.randint(0, 256, (6,), generator=g).tolist()
+    b = shared + torch.randint(0, 256, (15,), generator=g).tolist()
+    caches = kv_spec(m.config).allocate(32, 4, torch.float32, "cpu")
+    table_a = [9, 3, 17, 1, 12, 5, 20]
+    table_b = table_a[:5] + [2, 30, 7, 11, 25]
+    with torch.no_grad():
+        ref = hm(torch.tensor([b]), use_cache=False).logits[0]
+        for table, ctx, toks in ((table_a, 0, a), (table_b, 20, b[20:22]), (table_b, 22, b[22:])):
+            meta = build_attention_metadata([len(toks)], [ctx], [table], 4)
+            out = m.compute_logits(m(torch.tensor(toks), torch.arange(ctx, ctx + len(toks)), caches, meta))
+            if table is table_b:
+                assert (out - ref[ctx : ctx + len(toks)]).abs().max() < TOL

@@ -9,8 +9,9 @@ is visible to the query at position ``t`` iff ``w < (t + 1) // rate``; a partial
 * CSA (``overlap=True``): projections are ``2 * d`` wide: ``Ca = [..., :d]``, ``Cb = [..., d:]``; entry ``w``
   pools window ``w-1``'s Ca slots and window ``w``'s Cb slots (``2 * rate`` slots; window 0 only its Cb).
 
-These functions see a sequence's per-token projections from position 0 (the engine keeps them in its cache),
-so chunked prefill, prefix hits and preemption recompute exactly the entries of the full pass.
+The cache keeps every token's raw projections and, at the slot of the token that closes window ``w``, its entry;
+a forward pools only the windows that close in it (from cached raw rows), so chunked prefill, prefix hits and
+preemption give exactly the entries of the full pass.
 """
 
 from __future__ import annotations
@@ -75,15 +76,18 @@ class _Pooler(nn.Module):
         """h [T, D] -> (kv [T, c*d], gate [T, c*d]): what the cache keeps per token."""
         return self.kv_proj(h), self.gate_proj(h)
 
-    def entries(self, kv: torch.Tensor, gate: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Per-token kv/gate [S, c*d] of one sequence from position 0; cos/sin the full ``compress`` tables
-        [max_pos, r/2] -> entries [S // rate, d] of every closed window, rope'd at ``w * rate``."""
+    def entries(self, kv: torch.Tensor, gate: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                first: int = 0) -> torch.Tensor:
+        """Per-token kv/gate [S, c*d] of one sequence starting at window ``first`` (position ``first * rate``);
+        cos/sin the full ``compress`` tables [max_pos, r/2] -> entries [S // rate, d] of every closed window,
+        window ``first + i`` rope'd at ``(first + i) * rate``. With overlap, entry ``first`` pools only its own
+        Cb slots: callers that need it exact start one window earlier and drop that entry."""
         n = kv.shape[0] // self.rate
         if n == 0:
             return kv.new_zeros((0, self.dim))
         pooled = self.kv_norm(pool_windows(kv[: n * self.rate], gate[: n * self.rate].float(), self.position_bias,
                                            self.rate, self.overlap))
-        pos = torch.arange(n, device=kv.device) * self.rate
+        pos = (first + torch.arange(n, device=kv.device)) * self.rate
         return rope_tail(pooled[:, None], cos[pos], sin[pos])[:, 0]
 
 

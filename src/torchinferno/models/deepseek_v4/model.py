@@ -8,8 +8,10 @@ dims and the grouped low-rank output (``o_a_proj`` block-diagonal, ``o_b_proj``)
 top-k-routed sqrt-softplus experts with clamped SwiGLU, one shared expert). Module names are transformers'.
 
 Cache per layer (``family.kv_spec``), one row per token: ``kv [hd]`` (normed, rope'd K=V); compressed layers add
-their compressor's raw projections ``ckv, cgate [c*hd]`` and CSA the indexer's ``ikv, igate [2*Di]``. Compressed
-entries are recomputed from these rows each forward, so any chunking / prefix hit equals the full pass.
+their compressor's raw projections ``ckv, cgate [c*hd]`` and ``centry [hd]`` (window w's entry, at the slot of its
+last token (w+1)*m-1); CSA adds the indexer's ``ikv, igate [2*Di]``, ``ientry [Di]``. A forward reads the last
+``sliding_window - 1`` kv rows, the stored entries, and pools only the windows closing in it, so any chunking /
+prefix hit / preemption equals the full pass.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchinferno.models.common.attention import gather_kv, write_kv
+from torchinferno.models.common.attention import write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack
 from torchinferno.models.common.rope import (
@@ -49,10 +51,16 @@ def cache_layout(cfg: DeepSeekV4Config, layer_type: str) -> tuple[tuple[str, tup
     if layer_type == SLIDING:
         return out
     c = 2 if layer_type == CSA else 1
-    out += (("ckv", (c * cfg.head_dim,)), ("cgate", (c * cfg.head_dim,)))
+    out += (("ckv", (c * cfg.head_dim,)), ("cgate", (c * cfg.head_dim,)), ("centry", (cfg.head_dim,)))
     if c == 2:
-        out += (("ikv", (2 * cfg.index_head_dim,)), ("igate", (2 * cfg.index_head_dim,)))
+        out += (("ikv", (2 * cfg.index_head_dim,)), ("igate", (2 * cfg.index_head_dim,)), ("ientry", (cfg.index_head_dim,)))
     return out
+
+
+def gather_positions(cache: torch.Tensor, block_row: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """cache [blocks, bs, *S], one sequence's block table row, positions [N] -> rows [N, *S]."""
+    bs = cache.shape[1]
+    return cache[block_row[positions // bs].long(), positions % bs]
 
 
 class GroupedLinear(nn.Linear):
@@ -92,44 +100,44 @@ class V4Attention(nn.Module):
         q_res = self.q_a_norm(self.q_a_proj(h))  # [T, q_lora]
         q = rope_tail(unweighted_rms_norm(self.q_b_proj(q_res).view(T, H, hd), self.cfg.rms_norm_eps), cos, sin)
         kv = rope_tail(self.kv_norm(self.kv_proj(h))[:, None], cos, sin)[:, 0]  # [T, hd]
-        rows = [kv]
+        raw = {"kv": kv}
         comp = self.compressor
         if comp is not None:
-            rows += list(comp.project(h))
+            raw["ckv"], raw["cgate"] = comp.project(h)
             if comp.indexer is not None:
-                rows += list(comp.indexer.project(h))
+                raw["ikv"], raw["igate"] = comp.indexer.project(h)
+        caches = None
         if kv_cache is not None and meta is not None:
-            for cache, r in zip(kv_cache, rows):
-                write_kv(cache, r, meta.slot_mapping, meta.has_padding)
+            caches = {name: t for (name, _), t in zip(cache_layout(self.cfg, self.layer_type), kv_cache)}
+            for name, r in raw.items():
+                write_kv(caches[name], r, meta.slot_mapping, meta.has_padding)
         out = q.new_empty(T, H, hd)
         for b, (s, qlen, ctx) in enumerate(AttentionMetadata.spans_of(meta, T)):
-            e, slen = s + qlen, ctx + qlen
-            if ctx == 0:
-                seq = [r[s:e] for r in rows]
-            else:
-                if kv_cache is None:
-                    raise ValueError(f"sequence {b} has {ctx} context tokens but no KV cache was passed")
-                bt = meta.block_tables[b : b + 1]
-                seq = [gather_kv(c, bt, slen)[0].to(r.dtype) for c, r in zip(kv_cache, rows)]
-            out[s:e] = self._attend(q[s:e], positions[s:e], h[s:e], q_res[s:e], seq, rope)
+            if ctx and caches is None:
+                raise ValueError(f"sequence {b} has {ctx} context tokens but no KV cache was passed")
+            seq = _SeqView(raw, caches, meta, b, s, qlen, ctx)
+            lo = max(0, ctx - self.cfg.sliding_window + 1)  # oldest key any of these queries sees in the window
+            keys = seq.rows("kv", lo, ctx + qlen)
+            ent = vis = None
+            if comp is not None:
+                cos_c, sin_c = rope["compress"]
+                pos = positions[s : s + qlen]
+                ent = seq.entries(comp, "ckv", "cgate", "centry", cos_c, sin_c)
+                vis = visible_entries(pos, ent.shape[0], comp.rate)
+                if comp.indexer is not None:
+                    ikeys = seq.entries(comp.indexer, "ikv", "igate", "ientry", cos_c, sin_c)
+                    vis = comp.indexer.select(h[s : s + qlen], q_res[s : s + qlen], cos_c[pos], sin_c[pos], ikeys, vis)
+            out[s : s + qlen] = self._attend(q[s : s + qlen], positions[s : s + qlen], keys, lo, ent, vis)
         out = rope_tail(out, cos, -sin)  # undo the rope V picked up (K = V), at the query position
         grouped = self.o_a_proj(out.reshape(T, self.cfg.o_groups, -1)).flatten(1)
         return self.o_b_proj(grouped)
 
-    def _attend(self, q, pos, h, q_res, seq, rope):
-        """One sequence: q [Q, H, hd] at positions pos [Q]; seq = its cache rows from position 0 -> [Q, H, hd]."""
-        keys = seq[0]  # [S, hd]
-        S = keys.shape[0]
-        j = torch.arange(S, device=q.device)
-        mask = (j[None, :] <= pos[:, None]) & (pos[:, None] - j[None, :] < self.cfg.sliding_window)  # [Q, S]
-        comp = self.compressor
-        if comp is not None:
-            cos_c, sin_c = rope["compress"]
-            ent = comp.entries(seq[1], seq[2], cos_c, sin_c)  # [n, hd]
-            vis = visible_entries(pos, ent.shape[0], comp.rate)
-            if comp.indexer is not None:
-                ikeys = comp.indexer.entries(seq[3], seq[4], cos_c, sin_c)
-                vis = comp.indexer.select(h, q_res, cos_c[pos], sin_c[pos], ikeys, vis)
+    def _attend(self, q, pos, keys, lo: int, ent, vis):
+        """One sequence: q [Q, H, hd] at positions pos [Q]; keys [S - lo, hd] = K=V rows of positions lo..S-1;
+        ent [n, hd] compressed entries with their visibility/selection vis [Q, n] (None: sliding only) -> [Q, H, hd]."""
+        j = lo + torch.arange(keys.shape[0], device=q.device)
+        mask = (j[None, :] <= pos[:, None]) & (pos[:, None] - j[None, :] < self.cfg.sliding_window)  # [Q, S - lo]
+        if ent is not None:
             keys = torch.cat([keys, ent.to(keys.dtype)], dim=0)
             mask = torch.cat([mask, vis], dim=1)
         logits = torch.einsum("qhd,kd->hqk", q, keys) * self.scale  # [H, Q, K]
@@ -138,6 +146,47 @@ class V4Attention(nn.Module):
         full = torch.cat([logits, sinks], dim=-1)
         probs = torch.softmax(full - full.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
         return torch.einsum("hqk,kd->qhd", probs.to(keys.dtype), keys)
+
+
+class _SeqView:
+    """One sequence's rows of this forward: fresh ones for its new tokens, cached ones before them.
+
+    ``rows(name, a, b)`` -> rows of positions a..b-1; ``entries(...)`` -> every closed window's compressed entry:
+    the ones closed before this forward read from the cache (slot of each window's last token), the ones closing
+    now pooled from raw rows and written there.
+    """
+
+    def __init__(self, raw, caches, meta, b, s, qlen, ctx):
+        self.raw, self.caches, self.meta, self.s, self.qlen, self.ctx = raw, caches, meta, s, qlen, ctx
+        self.block_row = None if caches is None else meta.block_tables[b]
+
+    def rows(self, name: str, a: int, b: int) -> torch.Tensor:
+        fresh = self.raw[name]
+        if a >= self.ctx:
+            return fresh[self.s + a - self.ctx : self.s + b - self.ctx]
+        pos = torch.arange(a, b, device=fresh.device)
+        return gather_positions(self.caches[name], self.block_row, pos).to(fresh.dtype)
+
+    def entries(self, pooler, kv_name: str, gate_name: str, entry_name: str, cos, sin) -> torch.Tensor:
+        m, S = pooler.rate, self.ctx + self.qlen
+        n_old, n_all = self.ctx // m, S // m
+        dev = self.raw[kv_name].device
+        parts = []
+        if n_old:
+            closing = (torch.arange(n_old, device=dev) + 1) * m - 1
+            parts.append(gather_positions(self.caches[entry_name], self.block_row, closing).to(self.raw[kv_name].dtype))
+        if n_all > n_old:
+            start = n_old - 1 if (pooler.overlap and n_old > 0) else n_old
+            new = pooler.entries(self.rows(kv_name, start * m, n_all * m), self.rows(gate_name, start * m, n_all * m),
+                                 cos, sin, first=start)[n_old - start :]
+            if self.caches is not None:
+                closing = (torch.arange(n_old, n_all, device=dev) + 1) * m - 1 - self.ctx + self.s
+                write_kv(self.caches[entry_name], new, self.meta.slot_mapping[closing])
+                new = new.to(self.caches[entry_name].dtype).to(new.dtype)  # as later forwards will read it
+            parts.append(new)
+        if not parts:
+            return self.raw[kv_name].new_zeros((0, pooler.dim))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 class SharedExpert(nn.Module):
