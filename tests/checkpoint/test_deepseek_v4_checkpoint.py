@@ -149,3 +149,28 @@ def test_bad_checkpoint_names_the_tensor(model, tmp_path):
     sd = {k: v for k, v in model.state_dict().items() if "layers.3.mlp.experts.down_proj" not in k}
     with pytest.raises(CheckpointError, match="layers.3.mlp.experts.down_proj"):
         load_model_auto(write(tmp_path / "missing", sd, config_to_hf(model.config)))
+
+
+def test_convert_release_streams_to_a_layout_both_load(model, tmp_path):
+    from torchinferno.checkpoint.deepseek_v4_convert import convert_release
+
+    tensors = release_names(model)
+    for name in [n for n in tensors if "layers.3.ffn.experts.1.w" in n or n == "layers.0.attn.wkv.weight"]:
+        t = tensors[name]
+        q, s = quantize_mxfp4(t) if ".experts." in name else fp8_quantize(t)
+        tensors[name], tensors[name[: -len("weight")] + "scale"] = q, s
+    src = write(tmp_path / "rel", tensors, config_to_hf(model.config))
+    direct = load_model_auto(src)  # the loader dequantizes the same way
+    rep = convert_release(src, tmp_path / "conv", dtype=torch.float32, max_shard_bytes=200_000)
+    assert rep["dequantized"] == 4 and rep["dropped"] == ["mtp.0.emb.weight"]
+    assert len(list((tmp_path / "conv").glob("model-*.safetensors"))) > 1  # sharded
+    conv = load_model_auto(tmp_path / "conv")
+    for (a, x), (b, y) in zip(direct.state_dict().items(), conv.state_dict().items()):
+        assert a == b and torch.equal(x, y), a
+    hm = transformers.DeepseekV4ForCausalLM.from_pretrained(tmp_path / "conv", attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert (hm(IDS[None], use_cache=False).logits[0] - logits(conv)).abs().max() < 1e-5
+    bad = dict(tensors)
+    bad["layers.3.ffn.experts.9.w1.weight"] = torch.zeros(2, 2)
+    with pytest.raises(CheckpointError, match=r"layers\.3\.ffn\.experts\.9\.w1\.weight"):
+        convert_release(write(tmp_path / "bad", bad, config_to_hf(model.config)), tmp_path / "conv2")

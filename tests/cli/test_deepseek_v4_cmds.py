@@ -29,7 +29,7 @@ def test_hf_smoke_audit_and_convert(tmp_path, capsys):
     assert main(["deepseek-v4-audit", str(tmp_path / "ckpt")]) == 0
     assert "deepseek-v4-audit OK" in capsys.readouterr().out
     assert main(["deepseek-v4-convert", str(tmp_path / "ckpt"), str(tmp_path / "out"), "--dtype", "float32"]) == 0
-    assert "deepseek-v4-convert: wrote" in capsys.readouterr().out
+    assert "deepseek-v4-convert OK" in capsys.readouterr().out
     back = load_model_auto(tmp_path / "out")
     for (a, x), (b, y) in zip(m.state_dict().items(), back.state_dict().items()):
         assert a == b and torch.equal(x, y), a

@@ -5,7 +5,8 @@
   transformers' ``DeepseekV4ForCausalLM`` (fp32, eager) on the same weights. One verdict line; exit 1 on failure.
 * ``deepseek-v4-hf-smoke CKPT``: the same checks for a checkpoint (either spelling, FP8/MXFP4 dequantized).
 * ``deepseek-v4-audit CKPT``: headers only: every tensor mapped to its internal name, unknown / missing listed.
-* ``deepseek-v4-convert CKPT OUT``: the release layout (FP8/MXFP4) -> our HF-layout safetensors (dequantized).
+* ``deepseek-v4-convert CKPT OUT``: the release layout (FP8/MXFP4) -> HF-layout safetensors, streaming
+  (``checkpoint/deepseek_v4_convert.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("deepseek-v4-convert", help="DeepSeek-V4 release checkpoint (FP8/MXFP4) -> HF-layout safetensors")
     p.add_argument("checkpoint")
     p.add_argument("out")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="dtype of dequantized FP8/MXFP4 weights (others keep their stored dtype)")
+    p.add_argument("--max-shard-size", default="2GB", help="e.g. 500MB, 2GB, or bytes")
     p.set_defaults(func=cmd_convert)
 
 
@@ -178,9 +181,12 @@ def cmd_audit(a) -> int:
 
 
 def cmd_convert(a) -> int:
-    from torchinferno.checkpoint.auto import load_model_auto, save_pretrained
+    from torchinferno.checkpoint.auto import resolve_dtype
+    from torchinferno.checkpoint.deepseek_v4_convert import REPORT_FILE, convert_release
+    from torchinferno.cli.deepseek_cmds import _parse_size
 
-    model = load_model_auto(a.checkpoint, dtype=a.dtype)
-    out = save_pretrained(model, a.out)
-    print(f"deepseek-v4-convert: wrote {out} ({a.dtype}, FP8/MXFP4 dequantized, transformers names)")
+    rep = convert_release(a.checkpoint, a.out, resolve_dtype(a.dtype), _parse_size(a.max_shard_size))
+    print(f"deepseek-v4-convert OK: wrote {rep['output']}: {rep['tensors_written']} tensors ({a.dtype} where "
+          f"dequantized), {rep['dequantized']} FP8/MXFP4 dequantized, {len(rep['dropped'])} dropped (MTP); "
+          f"report {REPORT_FILE}")
     return 0
