@@ -138,3 +138,25 @@ def test_paged_prefix_hit_equals_full_pass(pair):
             out = m.compute_logits(m(torch.tensor(toks), torch.arange(ctx, ctx + len(toks)), caches, meta))
             if table is table_b:
                 assert (out - ref[ctx : ctx + len(toks)]).abs().max() < TOL
+
+
+def test_indexer_ties_break_alike_in_chunked_and_full_passes(pair):
+    """With the indexer's queries zeroed every score ties at 0: the earliest visible entries are kept, the same in a
+    full pass, a chunked pass and cached decode (transformers' topk order is arbitrary there, so only ours)."""
+    m = DeepSeekV4V0(pair[0].config).eval()
+    m.load_state_dict(pair[0].state_dict())
+    for layer in m.model.layers:
+        comp = layer.self_attn.compressor
+        if comp is not None and comp.indexer is not None:
+            torch.nn.init.zeros_(comp.indexer.q_b_proj.weight)
+    g = torch.Generator().manual_seed(6)
+    a = torch.randint(0, 256, (43,), generator=g).tolist()
+    full = run(m, cache_for(m, 1), [(0, 0, a)])
+    caches = cache_for(m, 1)
+    parts = [run(m, caches, [(0, 0, a[:9])]), run(m, caches, [(0, 9, a[9:30])])]
+    parts += [run(m, caches, [(0, i, a[i : i + 1])]) for i in range(30, 43)]
+    assert (torch.cat(parts) - full).abs().max() < TOL
+    keep = m.model.layers[1].self_attn.compressor.indexer.select(
+        torch.zeros(1, 64), torch.zeros(1, 48), torch.ones(1, 4), torch.zeros(1, 4), torch.randn(10, 16),
+        torch.ones(1, 10, dtype=torch.bool))
+    assert keep[0].nonzero().flatten().tolist() == [0, 1, 2]

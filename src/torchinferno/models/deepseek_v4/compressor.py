@@ -106,7 +106,7 @@ class Indexer(_Pooler):
     """Lightning indexer of CSA: its own overlapping compressor at ``index_head_dim`` and top-k selection.
 
     ``score[q, w] = sum_h (weights_proj(h_q)_h * Hi^-0.5) * ReLU(q_h . K_w) * Di^-0.5``; each query keeps the
-    ``index_topk`` highest-scoring *visible* entries (all of them when fewer are visible).
+    ``index_topk`` highest-scoring *visible* entries (all of them when fewer are visible; the earliest among ties).
     """
 
     def __init__(self, hidden: int, q_lora_rank: int, n_heads: int, head_dim: int, topk: int, rate: int, eps: float):
@@ -127,7 +127,9 @@ class Indexer(_Pooler):
         scores = (scores * w[:, :, None]).sum(dim=1).masked_fill(~visible, float("-inf"))  # [Q, n]
         if self.topk >= n:
             return visible
-        idx = scores.topk(self.topk, dim=-1).indices
+        # A stable sort keeps the earliest entry among equal scores (ReLU makes exact ties at 0 real), so a
+        # chunked pass, a prefix hit and the full pass select alike; transformers' topk agrees when untied.
+        idx = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, : self.topk]
         keep = torch.zeros_like(visible).scatter_(1, idx, True)
         return keep & visible
 
