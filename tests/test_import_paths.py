@@ -27,6 +27,7 @@ PATHS = [
     ("torchinferno.graph", "replace_subgraph_pattern", "torchinferno.graph.patterns", "replace_subgraph_pattern"),
     ("torchinferno", "load_text_tokenizer", "torchinferno.text.tokenizer", "load_tokenizer"),
     ("torchinferno", "load_model_auto", "torchinferno.checkpoint.auto", "load_model_auto"),
+    ("torchinferno", "DeepSeekV4ForCausalLM", "torchinferno.models.deepseek_v4.model", "DeepSeekV4ForCausalLM"),
     ("torchinferno.runtime.sampling", "sample", "torchinferno.text.sampling", "sample"),
     ("torchinferno.runtime.paged", "BlockPool", "torchinferno.cache.block_pool", "BlockPool"),
     ("torchinferno.runtime.paged", "PagedKVCache", "torchinferno.cache.kv_cache", "PagedKVCache"),

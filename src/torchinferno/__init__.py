@@ -28,6 +28,9 @@ _LAZY = {
     "DSv4Config": "torchinferno.models.dsv4.config",
     "DSv4ForCausalLM": "torchinferno.models.dsv4.model",
     "tiny_dsv4_config": "torchinferno.models.dsv4.config",
+    "DeepSeekV4Config": "torchinferno.models.deepseek_v4.config",
+    "DeepSeekV4ForCausalLM": "torchinferno.models.deepseek_v4.model",
+    "tiny_deepseek_v4_config": "torchinferno.models.deepseek_v4.config",
     "dequantize_fp8_block": "torchinferno.checkpoint.fp8",
 }
 

@@ -20,6 +20,7 @@ COMMAND_GROUPS = (
     "torchinferno.cli.bench_suite_cmds",
     "torchinferno.cli.gpu_cmds",
     "torchinferno.cli.deepseek_cmds",
+    "torchinferno.cli.deepseek_v4_cmds",
     "torchinferno.cli.profile_cmds",  # before variants_cmds: its model-variants adds promoted variants
     "torchinferno.cli.variants_cmds",  # validate-model-variants (model-variants is in profile_cmds)
     "torchinferno.cli.sim_cmds",

@@ -12,11 +12,13 @@ _FAMILIES: dict[str, str] = {
     "llama3": "torchinferno.models.llama3.family:FAMILY",
     "deepseek-v3.2": "torchinferno.models.deepseek_v32.family:FAMILY",
     "dsv4": "torchinferno.models.dsv4.family:FAMILY",
+    "deepseek-v4": "torchinferno.models.deepseek_v4.family:FAMILY",
 }
 _ALIASES: dict[str, str] = {
     "llama": "llama3",
     "dsv3.2": "deepseek-v3.2",
     "deepseek": "deepseek-v3.2",
+    "deepseek_v4": "deepseek-v4",
 }
 
 

@@ -1,0 +1,52 @@
+"""The deepseek-v4 ``ModelFamily`` value registered in ``models/registry.py``."""
+
+from __future__ import annotations
+
+import torch
+
+from torchinferno.errors import ConfigError
+from torchinferno.models.deepseek_v4 import config as cfg
+from torchinferno.models.deepseek_v4 import weights
+from torchinferno.models.deepseek_v4.model import cache_layout
+from torchinferno.models.deepseek_v4.registry import DEFAULT_VARIANT, VARIANTS
+from torchinferno.models.promoted import load_variant_class
+from torchinferno.models.protocol import KVLayerSpec, KVSpec, ModelFamily
+
+
+def build(config: cfg.DeepSeekV4Config, device="meta", dtype: torch.dtype = torch.float32, variant: str = DEFAULT_VARIANT,
+          attention_backend=None):
+    """Build a deepseek-v4 model. On ``meta`` nothing is allocated; call ``materialize`` before loading.
+
+    The attention reads its own per-token cache rows, so ``attention_backend`` (a GQA backend) must be None.
+    """
+    if attention_backend is not None:
+        raise ConfigError("deepseek-v4 uses its own sliding/compressed attention; attention_backend must be None")
+    cls = load_variant_class(VARIANTS, variant, "deepseek-v4")
+    with torch.device(device):
+        model = cls(config)
+    return model.to(dtype=dtype)
+
+
+def kv_spec(config: cfg.DeepSeekV4Config) -> KVSpec:
+    """Per layer kind: ``kv [head_dim]`` for sliding layers; HCA adds ``ckv, cgate [head_dim]``; CSA adds
+    ``ckv, cgate [2*head_dim]`` and the indexer's ``ikv, igate [2*index_head_dim]`` (raw per-token projections the
+    compressed entries are rebuilt from)."""
+    return KVSpec(layers=tuple(KVLayerSpec(kind=f"dsv4-{t}", tensors=cache_layout(config, t)) for t in config.layer_types))
+
+
+FAMILY = ModelFamily(
+    name="deepseek-v4",
+    aliases=("deepseek_v4",),
+    hf_model_types=(cfg.HF_MODEL_TYPE,),
+    config_cls=cfg.DeepSeekV4Config,
+    sizes=cfg.SIZES,
+    config_from_hf=cfg.config_from_hf,
+    config_to_hf=cfg.config_to_hf,
+    build=build,
+    load_weights=weights.load_weights,
+    export_weights=weights.export_weights,
+    kv_spec=kv_spec,
+    variants_module="torchinferno.models.deepseek_v4.registry",
+    notes="DeepSeek-V4: mHC hyper-connections, sliding / CSA (indexer top-k) / HCA compressed attention with sinks, "
+          "hash + top-k sqrt-softplus MoE; validated against transformers DeepseekV4ForCausalLM",
+)
