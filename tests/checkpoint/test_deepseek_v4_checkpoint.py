@@ -174,3 +174,13 @@ def test_convert_release_streams_to_a_layout_both_load(model, tmp_path):
     bad["layers.3.ffn.experts.9.w1.weight"] = torch.zeros(2, 2)
     with pytest.raises(CheckpointError, match=r"layers\.3\.ffn\.experts\.9\.w1\.weight"):
         convert_release(write(tmp_path / "bad", bad, config_to_hf(model.config)), tmp_path / "conv2")
+
+
+def test_mxfp4_layout_low_nibble_first_and_ue8m0_scales():
+    packed = torch.tensor([[0x21] + [0x00] * 15, [0xF9] + [0x77] * 15], dtype=torch.uint8)  # [2, 16] -> 32 values
+    scale = torch.tensor([[128], [125]], dtype=torch.uint8)  # 2^1, 2^-2
+    w = dequantize_mxfp4(packed, scale, "w")
+    assert w[0, :2].tolist() == [1.0, 2.0] and w[0, 2:].abs().sum() == 0  # 0x21: low 1 -> 0.5, high 2 -> 1.0; x2
+    assert w[1, :2].tolist() == [-0.125, -1.5] and w[1, 2:4].tolist() == [1.5, 1.5]  # 0x9 -> -0.5, 0xF -> -6; x1/4
+    with pytest.raises(CheckpointError, match="'w'"):
+        dequantize_mxfp4(packed, scale[:, :0], "w")

@@ -26,6 +26,7 @@ from torchinferno.models.common.attention import write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack
 from torchinferno.models.common.rope import (
+    RopeScaling,
     default_inv_freq,
     rope_cos_sin,
     yarn_inv_freq,
@@ -291,7 +292,7 @@ class DeepSeekV4ForCausalLM(CausalLMBase):
         """cos, sin [max_pos, r] fp32: the ``main`` table's r/2 columns, then the ``compress`` table's."""
         c = self.config
         r = c.qk_rope_head_dim
-        main_cos, main_sin = rope_cos_sin(r, c.rope_theta, c.max_position_embeddings, _default())
+        main_cos, main_sin = rope_cos_sin(r, c.rope_theta, c.max_position_embeddings, RopeScaling())
         s = c.compress_scaling
         if s.rope_type == "yarn":  # transformers forces attention_factor=1.0 for V4's compress rope
             inv, _ = yarn_inv_freq(r, c.compress_rope_theta, s)
@@ -331,9 +332,3 @@ def randomize_untrained_(model: nn.Module, seed: int = 0) -> nn.Module:
             rows = [torch.randperm(E, generator=g)[: b.shape[1]] for _ in range(b.shape[0])]
             b.copy_(torch.stack(rows))
     return model
-
-
-def _default():
-    from torchinferno.models.common.rope import RopeScaling
-
-    return RopeScaling()
