@@ -25,6 +25,7 @@ from torch import nn
 from torchinferno.models.common.attention import write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack
+from torchinferno.models.common.module_utils import KeepFP32Tensors
 from torchinferno.models.common.rope import (
     RopeScaling,
     default_inv_freq,
@@ -76,7 +77,9 @@ class GroupedLinear(nn.Linear):
         return torch.einsum("ngk,gmk->ngm", x, w)
 
 
-class V4Attention(nn.Module):
+class V4Attention(KeepFP32Tensors, nn.Module):
+    fp32_tensors = ("sinks",)  # fp32 in a bf16 model, as transformers keeps it
+
     def __init__(self, cfg: DeepSeekV4Config, layer_type: str):
         super().__init__()
         H, hd = cfg.num_attention_heads, cfg.head_dim
@@ -204,8 +207,10 @@ class SharedExpert(nn.Module):
         return self.down_proj(F.silu(g) * u)
 
 
-class Router(nn.Module):
-    """sqrt(softplus) scores; top-k on scores + ``e_score_correction_bias`` or, hash-routed, ``tid2eid[token]``."""
+class Router(KeepFP32Tensors, nn.Module):
+    """sqrt(softplus) scores; top-k on scores + ``e_score_correction_bias`` (kept fp32) or, hash-routed, ``tid2eid[token]``."""
+
+    fp32_tensors = ("e_score_correction_bias",)
 
     def __init__(self, cfg: DeepSeekV4Config, hashed: bool):
         super().__init__()
