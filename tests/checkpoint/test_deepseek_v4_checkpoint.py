@@ -184,3 +184,14 @@ def test_mxfp4_layout_low_nibble_first_and_ue8m0_scales():
     assert w[1, :2].tolist() == [-0.125, -1.5] and w[1, 2:4].tolist() == [1.5, 1.5]  # 0x9 -> -0.5, 0xF -> -6; x1/4
     with pytest.raises(CheckpointError, match="'w'"):
         dequantize_mxfp4(packed, scale[:, :0], "w")
+
+
+def test_bf16_load_equals_transformers_bf16(model, tmp_path):
+    """bf16: same fp32-kept tensors, rope tables rounded to bf16 and an fp32 sink softmax, as transformers does."""
+    model.save_pretrained(tmp_path / "ours")
+    ours = load_model_auto(tmp_path / "ours", dtype="bfloat16")
+    hm = transformers.DeepseekV4ForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.bfloat16,
+                                                            attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = hm(IDS[None], use_cache=False).logits[0].float()
+    assert torch.equal(logits(ours), ref)

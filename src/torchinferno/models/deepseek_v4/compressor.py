@@ -40,6 +40,8 @@ class V4RMSNorm(KeepFP32, nn.Module):
 def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, H, D]: interleaved rope on the trailing ``2 * cos.shape[-1]`` dims (cos/sin [N, r/2]); rest untouched."""
     r = 2 * cos.shape[-1]
+    # transformers hands cos/sin over in the activation dtype (rounded in bf16), then rotates in fp32
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x[..., :-r], apply_rope_interleaved(x[..., -r:], cos, sin)], dim=-1)
 
 

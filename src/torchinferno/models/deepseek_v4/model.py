@@ -144,10 +144,10 @@ class V4Attention(KeepFP32Tensors, nn.Module):
         if ent is not None:
             keys = torch.cat([keys, ent.to(keys.dtype)], dim=0)
             mask = torch.cat([mask, vis], dim=1)
-        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.scale  # [H, Q, K]
-        logits = logits.masked_fill(~mask[None], float("-inf"))
-        sinks = self.sinks.to(logits.dtype)[:, None, None].expand(-1, logits.shape[1], 1)
-        full = torch.cat([logits, sinks], dim=-1)
+        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.scale  # [H, Q, K] in the activation dtype
+        logits = logits.masked_fill(~mask[None], float("-inf")).float()
+        sinks = self.sinks.float()[:, None, None].expand(-1, logits.shape[1], 1)
+        full = torch.cat([logits, sinks], dim=-1)  # softmax in fp32 with the fp32 sink (as transformers promotes)
         probs = torch.softmax(full - full.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
         return torch.einsum("hqk,kd->qhd", probs.to(keys.dtype), keys)
 
