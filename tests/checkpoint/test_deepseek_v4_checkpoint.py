@@ -174,3 +174,24 @@ def test_convert_release_streams_to_a_layout_both_load(model, tmp_path):
     bad["layers.3.ffn.experts.9.w1.weight"] = torch.zeros(2, 2)
     with pytest.raises(CheckpointError, match=r"layers\.3\.ffn\.experts\.9\.w1\.weight"):
         convert_release(write(tmp_path / "bad", bad, config_to_hf(model.config)), tmp_path / "conv2")
+
+
+def test_mxfp4_layout_low_nibble_first_and_ue8m0_scales():
+    packed = torch.tensor([[0x21] + [0x00] * 15, [0xF9] + [0x77] * 15], dtype=torch.uint8)  # [2, 16] -> 32 values
+    scale = torch.tensor([[128], [125]], dtype=torch.uint8)  # 2^1, 2^-2
+    w = dequantize_mxfp4(packed, scale, "w")
+    assert w[0, :2].tolist() == [1.0, 2.0] and w[0, 2:].abs().sum() == 0  # 0x21: low 1 -> 0.5, high 2 -> 1.0; x2
+    assert w[1, :2].tolist() == [-0.125, -1.5] and w[1, 2:4].tolist() == [1.5, 1.5]  # 0x9 -> -0.5, 0xF -> -6; x1/4
+    with pytest.raises(CheckpointError, match="'w'"):
+        dequantize_mxfp4(packed, scale[:, :0], "w")
+
+
+def test_bf16_load_equals_transformers_bf16(model, tmp_path):
+    """bf16: same fp32-kept tensors, rope tables rounded to bf16 and an fp32 sink softmax, as transformers does."""
+    model.save_pretrained(tmp_path / "ours")
+    ours = load_model_auto(tmp_path / "ours", dtype="bfloat16")
+    hm = transformers.DeepseekV4ForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.bfloat16,
+                                                            attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = hm(IDS[None], use_cache=False).logits[0].float()
+    assert torch.equal(logits(ours), ref)

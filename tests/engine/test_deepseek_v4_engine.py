@@ -58,7 +58,10 @@ def test_bf16_engine_equals_bf16_generate(model):
     ref = [m16.generate(torch.tensor(p), max_new_tokens=6, ignore_eos=True)[len(p):].tolist() for p in ps]
     outs = LLM(m16, block_size=4).generate(ps, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == ref
-    assert m16.model.layers[0].attn_hc.fn.dtype == torch.float32  # mHC stays fp32 in a bf16 model
+    layer = m16.model.layers[2]  # mHC, norms, sinks, position biases and the router bias stay fp32 in a bf16 model
+    assert layer.attn_hc.fn.dtype == layer.self_attn.sinks.dtype == layer.self_attn.kv_norm.weight.dtype == torch.float32
+    assert layer.self_attn.compressor.position_bias.dtype == layer.mlp.gate.e_score_correction_bias.dtype == torch.float32
+    assert layer.self_attn.q_a_proj.weight.dtype == layer.self_attn.compressor.kv_proj.weight.dtype == torch.bfloat16
 
 
 def test_serve_smoke_model_kind_deepseek_v4(capsys):

@@ -2,8 +2,8 @@
 
 * FP8: ``X.weight`` ``float8_e4m3fn [N, K]`` + ``X.scale`` (or ``X.weight_scale_inv``) ``[ceil(N/128), ceil(K/128)]``,
   ue8m0 (``float8_e8m0fnu`` / ``uint8`` exponent) or fp32: ``W[i, j] = w[i, j] * s[i // 128, j // 128]``.
-* MXFP4: ``X.weight`` ``int8/uint8 [N, K/2]``, two e2m1 codes per byte (low nibble = even column) + ``X.scale``
-  ``[N, K/32]`` ue8m0: ``W[i, j] = e2m1(code[i, j]) * s[i, j // 32]``.
+* MXFP4: ``X.weight`` ``int8/uint8/float4_e2m1fn_x2 [N, K/2]``, two e2m1 codes per byte (low nibble = even
+  column, as transformers unpacks them) + ``X.scale`` ``[N, K/32]`` ue8m0: ``W[i, j] = e2m1(code[i, j]) * s[i, j // 32]``.
 
 :func:`dequantize_stream` pairs weights with their scales in a ``(name, tensor)`` stream (either order, any shard),
 passes everything else through (a float ``X.scale`` with no quantized ``X.weight`` is a plain parameter, yielded
@@ -70,8 +70,11 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, (e + 127).to(torch.uint8)
 
 
+_FP4_X2 = getattr(torch, "float4_e2m1fn_x2", None)  # newer torch: packed e2m1 pairs as a dtype
+
+
 def _is_quantized(t: torch.Tensor) -> bool:
-    return t.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8)
+    return t.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8) or (_FP4_X2 is not None and t.dtype == _FP4_X2)
 
 
 def dequantize_stream(tensors: Iterable[tuple[str, torch.Tensor]], out_dtype=torch.float32) -> Iterator[tuple[str, torch.Tensor]]:

@@ -28,6 +28,26 @@ class KeepFP32(nn.Module):
         return super()._apply(keep_fp32, recurse)
 
 
+class KeepFP32Tensors(nn.Module):
+    """Mixin: the module's own tensors named in ``fp32_tensors`` (not its children's, not its other tensors) stay
+    fp32 when the model is cast to a narrower float dtype (transformers' ``_keep_in_fp32_modules_strict`` for single
+    tensors such as attention sinks or a router's correction bias). Same invariant as :class:`KeepFP32`."""
+
+    fp32_tensors: tuple[str, ...] = ()
+
+    def _apply(self, fn, recurse=True):
+        keep = {id(t) for n in self.fp32_tensors if (t := self.__dict__.get("_parameters", {}).get(n)) is not None}
+        keep |= {id(t) for n in self.fp32_tensors if (t := self.__dict__.get("_buffers", {}).get(n)) is not None}
+
+        def keep_fp32(t: torch.Tensor) -> torch.Tensor:
+            out = fn(t)
+            if id(t) in keep and t.dtype == torch.float32 and out.is_floating_point() and out.element_size() < 4:
+                return t.to(device=out.device)
+            return out
+
+        return super()._apply(keep_fp32, recurse)
+
+
 def materialize(model: nn.Module, device: str | torch.device, dtype: torch.dtype | None = None) -> nn.Module:
     """Allocate (uninitialized) storage for a meta model on ``device`` and rebuild computed buffers."""
     if dtype is not None:

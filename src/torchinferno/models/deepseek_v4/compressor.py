@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchinferno.models.common.module_utils import KeepFP32
+from torchinferno.models.common.module_utils import KeepFP32, KeepFP32Tensors
 from torchinferno.models.common.rope import apply_rope_interleaved
 
 
@@ -40,6 +40,8 @@ class V4RMSNorm(KeepFP32, nn.Module):
 def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [N, H, D]: interleaved rope on the trailing ``2 * cos.shape[-1]`` dims (cos/sin [N, r/2]); rest untouched."""
     r = 2 * cos.shape[-1]
+    # transformers hands cos/sin over in the activation dtype (rounded in bf16), then rotates in fp32
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat([x[..., :-r], apply_rope_interleaved(x[..., -r:], cos, sin)], dim=-1)
 
 
@@ -60,8 +62,11 @@ def pool_windows(kv: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor, rate:
     return (kv * w).sum(dim=1)
 
 
-class _Pooler(nn.Module):
-    """Shared parts of the compressor and the indexer's compressor: kv/gate projections, position bias, norm."""
+class _Pooler(KeepFP32Tensors, nn.Module):
+    """Shared parts of the compressor and the indexer's compressor: kv/gate projections, position bias (kept fp32),
+    norm."""
+
+    fp32_tensors = ("position_bias",)
 
     def __init__(self, hidden: int, dim: int, rate: int, overlap: bool, eps: float):
         super().__init__()

@@ -167,7 +167,7 @@ def config_from_hf(d: dict) -> DeepSeekV4Config:
         kw["mlp_layer_types"] = tuple(mtypes[:n])
     if d.get("qk_rope_head_dim") is None and d.get("partial_rotary_factor") is not None:
         kw["qk_rope_head_dim"] = int(d["head_dim"] * d["partial_rotary_factor"])
-    rp = d.get("rope_parameters") or {}
+    rp = d.get("rope_parameters") or d.get("rope_scaling") or {}  # raw hub configs may still say rope_scaling
     if isinstance(rp.get("main"), dict) and isinstance(rp.get("compress"), dict):
         kw["rope_theta"] = float(rp["main"].get("rope_theta", kw.get("rope_theta", 10000.0)))
         comp = rp["compress"]
@@ -181,8 +181,8 @@ def config_from_hf(d: dict) -> DeepSeekV4Config:
     if rope_type == "yarn":
         if rp.get("attention_factor") not in (None, 1.0):
             raise ConfigError(f"config.json key 'rope_parameters.compress.attention_factor'={rp['attention_factor']!r}: only 1.0 is supported")
-        kw["compress_rope_scaling"] = {k: rp[k] for k in ("rope_type", "factor", "original_max_position_embeddings",
-                                                            "beta_fast", "beta_slow") if k in rp}
+        kw["compress_rope_scaling"] = {"rope_type": "yarn", **{k: rp[k] for k in ("factor", "original_max_position_embeddings",
+                                                                                "beta_fast", "beta_slow") if k in rp}}
     elif rope_type != "default":
         raise ConfigError(f"config.json key 'rope_parameters': rope_type {rope_type!r} is not supported (valid: default, yarn)")
     if isinstance(kw.get("eos_token_id"), list):

@@ -28,9 +28,9 @@ def build(config: cfg.DeepSeekV4Config, device="meta", dtype: torch.dtype = torc
 
 
 def kv_spec(config: cfg.DeepSeekV4Config) -> KVSpec:
-    """Per layer kind: ``kv [head_dim]`` for sliding layers; HCA adds ``ckv, cgate [head_dim]``; CSA adds
-    ``ckv, cgate [2*head_dim]`` and the indexer's ``ikv, igate [2*index_head_dim]`` (raw per-token projections the
-    compressed entries are rebuilt from)."""
+    """Per layer kind, one row per token: ``kv [head_dim]`` for sliding layers; HCA adds ``ckv, cgate [head_dim]``
+    (raw compressor projections) and ``centry [head_dim]`` (each window's entry, at its last token's slot); CSA adds
+    ``ckv, cgate [2*head_dim]``, ``centry`` and the indexer's ``ikv, igate [2*index_head_dim]``, ``ientry``."""
     return KVSpec(layers=tuple(KVLayerSpec(kind=f"dsv4-{t}", tensors=cache_layout(config, t)) for t in config.layer_types))
 
 

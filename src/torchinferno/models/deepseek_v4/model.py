@@ -25,7 +25,9 @@ from torch import nn
 from torchinferno.models.common.attention import write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack
+from torchinferno.models.common.module_utils import KeepFP32Tensors
 from torchinferno.models.common.rope import (
+    RopeScaling,
     default_inv_freq,
     rope_cos_sin,
     yarn_inv_freq,
@@ -75,7 +77,9 @@ class GroupedLinear(nn.Linear):
         return torch.einsum("ngk,gmk->ngm", x, w)
 
 
-class V4Attention(nn.Module):
+class V4Attention(KeepFP32Tensors, nn.Module):
+    fp32_tensors = ("sinks",)  # fp32 in a bf16 model, as transformers keeps it
+
     def __init__(self, cfg: DeepSeekV4Config, layer_type: str):
         super().__init__()
         H, hd = cfg.num_attention_heads, cfg.head_dim
@@ -140,10 +144,10 @@ class V4Attention(nn.Module):
         if ent is not None:
             keys = torch.cat([keys, ent.to(keys.dtype)], dim=0)
             mask = torch.cat([mask, vis], dim=1)
-        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.scale  # [H, Q, K]
-        logits = logits.masked_fill(~mask[None], float("-inf"))
-        sinks = self.sinks.to(logits.dtype)[:, None, None].expand(-1, logits.shape[1], 1)
-        full = torch.cat([logits, sinks], dim=-1)
+        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.scale  # [H, Q, K] in the activation dtype
+        logits = logits.masked_fill(~mask[None], float("-inf")).float()
+        sinks = self.sinks.float()[:, None, None].expand(-1, logits.shape[1], 1)
+        full = torch.cat([logits, sinks], dim=-1)  # softmax in fp32 with the fp32 sink (as transformers promotes)
         probs = torch.softmax(full - full.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
         return torch.einsum("hqk,kd->qhd", probs.to(keys.dtype), keys)
 
@@ -203,8 +207,10 @@ class SharedExpert(nn.Module):
         return self.down_proj(F.silu(g) * u)
 
 
-class Router(nn.Module):
-    """sqrt(softplus) scores; top-k on scores + ``e_score_correction_bias`` or, hash-routed, ``tid2eid[token]``."""
+class Router(KeepFP32Tensors, nn.Module):
+    """sqrt(softplus) scores; top-k on scores + ``e_score_correction_bias`` (kept fp32) or, hash-routed, ``tid2eid[token]``."""
+
+    fp32_tensors = ("e_score_correction_bias",)
 
     def __init__(self, cfg: DeepSeekV4Config, hashed: bool):
         super().__init__()
@@ -291,7 +297,7 @@ class DeepSeekV4ForCausalLM(CausalLMBase):
         """cos, sin [max_pos, r] fp32: the ``main`` table's r/2 columns, then the ``compress`` table's."""
         c = self.config
         r = c.qk_rope_head_dim
-        main_cos, main_sin = rope_cos_sin(r, c.rope_theta, c.max_position_embeddings, _default())
+        main_cos, main_sin = rope_cos_sin(r, c.rope_theta, c.max_position_embeddings, RopeScaling())
         s = c.compress_scaling
         if s.rope_type == "yarn":  # transformers forces attention_factor=1.0 for V4's compress rope
             inv, _ = yarn_inv_freq(r, c.compress_rope_theta, s)
@@ -331,9 +337,3 @@ def randomize_untrained_(model: nn.Module, seed: int = 0) -> nn.Module:
             rows = [torch.randperm(E, generator=g)[: b.shape[1]] for _ in range(b.shape[0])]
             b.copy_(torch.stack(rows))
     return model
-
-
-def _default():
-    from torchinferno.models.common.rope import RopeScaling
-
-    return RopeScaling()
