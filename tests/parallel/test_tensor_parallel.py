@@ -48,3 +48,37 @@ def test_llm_refuses_an_unsplittable_world_before_starting_workers():
 
     with pytest.raises(ConfigError, match="num_attention_heads=4 is not divisible by --tensor-parallel-size 3"):
         LLM(ModelSpec(model_kind="llama3", dtype="float32"), tensor_parallel_size=3)
+
+
+def _tied_config():
+    from dataclasses import replace
+
+    return replace(get_family("llama3").size("debug"), tie_word_embeddings=True, vocab_size=261)  # 261: padded shares
+
+
+def _tied_full():
+    from torchinferno.testing import randomize_
+
+    torch.manual_seed(0)
+    return randomize_(get_family("llama3").build(_tied_config(), device="cpu").eval())
+
+
+def _tied_rank_logits(comm):
+    from torchinferno.parallel.load import build_rank, shard_tensors
+
+    fam, full = get_family("llama3"), _tied_full()
+    model = build_rank(fam, _tied_config(), comm, lambda rule: shard_tensors(fam.export_weights(full), rule))
+    with torch.no_grad():
+        return model.compute_logits(model(torch.arange(7) + 3, torch.arange(7)))
+
+
+def test_tied_head_with_a_padded_vocabulary():
+    """The head reads the vocab-parallel embedding's rows (still one tensor after materializing); 261 rows
+    over 2 ranks pad the last share."""
+    from torchinferno.parallel.spawn import run_ranks
+
+    full = _tied_full()
+    with torch.no_grad():
+        want = full.compute_logits(full(torch.arange(7) + 3, torch.arange(7)))
+    for got in run_ranks(_tied_rank_logits, 2):
+        assert got.shape == (7, 261) and torch.allclose(got, want, atol=1e-5, rtol=0)

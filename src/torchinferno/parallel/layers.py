@@ -48,16 +48,25 @@ class VocabParallelEmbedding(nn.Embedding):
 class ParallelLMHead(nn.Module):
     """``hidden [N, D] -> logits [N, V]``: each rank's ``[N, per]`` slice, all-gathered and cut to ``V``.
 
-    ``weight`` is this rank's ``[per, D]`` rows (the embedding's own parameter when tied), so every rank
-    ends with the same full logits and samples the same token."""
+    ``weight`` is this rank's ``[per, D]`` rows: its own parameter, or with ``tied`` the embedding's (read at
+    every call and not registered here: a module move must not split one shared tensor into two), so every
+    rank ends with the same full logits and samples the same token."""
 
-    def __init__(self, weight: nn.Parameter, vocab_size: int, comm: Comm):
+    def __init__(self, vocab_size: int, comm: Comm, weight: nn.Parameter | None = None,
+                 tied: nn.Embedding | None = None):
         super().__init__()
-        self.weight = weight
+        if (weight is None) == (tied is None):
+            raise ValueError("give exactly one of weight or tied")
+        if weight is not None:
+            self.weight = weight
+        self._tied = (tied,) if tied is not None else ()  # a tuple: not a registered submodule
         self.vocab_size, self.comm = vocab_size, comm
 
+    def head_weight(self) -> torch.Tensor:
+        return self._tied[0].weight if self._tied else self.weight
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight)  # [N, per]
+        local = F.linear(hidden, self.head_weight())  # [N, per]
         return self.comm.all_gather_last(local)[..., : self.vocab_size]
 
 
