@@ -73,15 +73,25 @@ class ParallelLMHead(nn.Module):
 class ExpertParallelExperts(RoutedExperts):
     """This rank's experts ``[start, start + count)`` of the routed set (expert parallelism).
 
-    The router runs unsharded on every rank, so the choice of experts is identical everywhere; pairs
-    routed to another rank's expert get weight 0 here (their ids clamp into range), and the MoE block's
-    all-reduce adds the ranks' partial sums."""
+    The router runs unsharded on every rank, so the choice of experts is identical everywhere; this rank
+    computes only the (token, expert) pairs routed to its experts, one pair per row, and the MoE block's
+    all-reduce adds the ranks' partial sums. Under fake tensors (tracing) the pair count is unknown: every
+    pair runs, those of other ranks' experts with weight 0."""
 
     def __init__(self, start: int, count: int, hidden: int, inter: int, ops):
         super().__init__(count, hidden, inter, ops)
         self.start, self.count = start, count
 
-    def forward(self, x, ids, weights):
-        local = ids - self.start  # [T, K]
+    def forward(self, x, ids, weights):  # x [T, D], ids / weights [T, K] -> [T, D]
+        local = ids - self.start
         mine = (local >= 0) & (local < self.count)
-        return super().forward(x, local.clamp(0, self.count - 1), weights * mine.to(weights.dtype))
+        from torchinferno.models.common.moe import _is_fake
+
+        if _is_fake(x):
+            return super().forward(x, local.clamp(0, self.count - 1), weights * mine.to(weights.dtype))
+        t, k = mine.nonzero(as_tuple=True)  # this rank's pairs
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        if t.numel():
+            y = super().forward(x[t], local[t, k][:, None], weights[t, k][:, None])  # [P, D], one pair per row
+            out.index_add_(0, t, y.float())
+        return out.to(x.dtype)
