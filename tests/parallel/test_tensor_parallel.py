@@ -82,3 +82,24 @@ def test_tied_head_with_a_padded_vocabulary():
         want = full.compute_logits(full(torch.arange(7) + 3, torch.arange(7)))
     for got in run_ranks(_tied_rank_logits, 2):
         assert got.shape == (7, 261) and torch.allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_a_rank_reads_only_its_slices_from_safetensors(tmp_path):
+    from torchinferno.checkpoint.auto import save_pretrained
+    from torchinferno.models.llama3.parallel import tensor_rule
+    from torchinferno.parallel.load import shard_checkpoint
+    from torchinferno.testing import tiny_model
+
+    full = tiny_model("llama3")
+    ckpt = save_pretrained(full, tmp_path)
+    cfg, pcfg = full.config, ParallelConfig(2, 1)
+    got = dict(shard_checkpoint(ckpt, lambda name: tensor_rule(name, cfg, pcfg)))
+    ref = dict(get_family("llama3").export_weights(full))
+    q = "model.layers.0.self_attn.q_proj.weight"  # 4 heads of 16: rank 1 holds rows 32..63
+    assert torch.equal(got[q], ref[q][32:64])
+    o = "model.layers.1.self_attn.o_proj.weight"
+    assert torch.equal(got[o], ref[o][:, 32:64])
+    emb = "model.embed_tokens.weight"  # 259 rows: rank 1 holds 130..258 and one zero row of padding
+    assert got[emb].shape == (130, 64) and torch.equal(got[emb][:129], ref[emb][130:]) and not got[emb][129].any()
+    norm = "model.norm.weight"
+    assert torch.equal(got[norm], ref[norm])
