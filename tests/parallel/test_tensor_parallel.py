@@ -5,15 +5,30 @@ import torch
 
 from torchinferno.errors import ConfigError
 from torchinferno.models.registry import get_family
-from torchinferno.parallel.checks import check_split, compare_tp
+from torchinferno.parallel.checks import check_split, rank_outputs
 from torchinferno.parallel.config import ParallelConfig
 from torchinferno.parallel.plan import ShardRule
 
 
+def _tp4_rank(comm):
+    return rank_outputs(comm, "llama3"), _tied_rank_logits(comm)
+
+
 def test_llama3_tp4_equals_single_device():
     """Prompt logits within 1e-5 of TP=1; greedy and seeded temperature tokens equal on every rank (TP=4 keeps
-    a replica of one KV head per rank: 2 KV heads < 4 ranks). TP=2 of every family: test_variants_tp.py."""
-    assert compare_tp("llama3", 4) == ""
+    a replica of one KV head per rank: 2 KV heads < 4 ranks). TP=2 of every family: test_variants_tp.py.
+    Same world: a tied head over a padded vocabulary (261 rows in shares of 66; the head reads the
+    vocab-parallel embedding's rows, still one tensor after materializing)."""
+    from torchinferno.parallel.spawn import run_ranks
+
+    ref = rank_outputs(None, "llama3")
+    full = _tied_full()
+    with torch.no_grad():
+        tied_want = full.compute_logits(full(torch.arange(7) + 3, torch.arange(7)))
+    for out, tied in run_ranks(_tp4_rank, 4):
+        assert float((out["logits"] - ref["logits"]).abs().max()) <= 1e-5
+        assert out["greedy"] == ref["greedy"] and out["sampled"] == ref["sampled"]
+        assert tied.shape == (7, 261) and torch.allclose(tied, tied_want, atol=1e-5, rtol=0)
 
 
 def test_split_refusals_are_one_line():
@@ -70,18 +85,6 @@ def _tied_rank_logits(comm):
     model = build_rank(fam, _tied_config(), comm, lambda rule: shard_tensors(fam.export_weights(full), rule))
     with torch.no_grad():
         return model.compute_logits(model(torch.arange(7) + 3, torch.arange(7)))
-
-
-def test_tied_head_with_a_padded_vocabulary():
-    """The head reads the vocab-parallel embedding's rows (still one tensor after materializing); 261 rows
-    over 2 ranks pad the last share."""
-    from torchinferno.parallel.spawn import run_ranks
-
-    full = _tied_full()
-    with torch.no_grad():
-        want = full.compute_logits(full(torch.arange(7) + 3, torch.arange(7)))
-    for got in run_ranks(_tied_rank_logits, 2):
-        assert got.shape == (7, 261) and torch.allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_a_rank_reads_only_its_slices_from_safetensors(tmp_path):
