@@ -231,6 +231,22 @@ def _run_serve_argv(argv: list[str]) -> dict:
     return res
 
 
+def _follow_rank0(cfg: NativeSuiteConfig) -> int:
+    """A torchrun rank other than 0: run the offline benchmarks in lockstep with rank 0 (each ``LLM`` is this
+    rank's ``TorchrunExecutor``; their collectives pair up), writing nothing; rank 0 alone writes the results
+    and runs the serve benchmark (its server starts its own workers)."""
+    import tempfile
+    from dataclasses import replace
+
+    offline = [b for b in cfg.benchmarks if b in ("latency", "throughput")]
+    if not offline:
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        mine = replace(cfg, out_dir=tmp, benchmarks=offline)
+        _, rc = run_native_suite(plan_native_suite(mine), mine, log=lambda *_: None)
+    return rc
+
+
 def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dict, int]:
     from tqdm import tqdm
 
@@ -325,6 +341,11 @@ def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dic
 
 
 def native_suite(cfg: NativeSuiteConfig, run: bool, log=print) -> int:
+    from torchinferno.engine.torchrun_executor import torchrun_world
+
+    world = torchrun_world()
+    if run and world is not None and world[0] != 0:
+        return _follow_rank0(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = plan_native_suite(cfg)
