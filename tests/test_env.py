@@ -94,3 +94,15 @@ def test_import_prints_nothing():
     p = subprocess.run([sys.executable, "-c", "import torchinferno, torchinferno.env, torchinferno.cli.main, "
                         "torchinferno.openai_server"], capture_output=True, text=True, env=e, timeout=120)
     assert p.returncode == 0 and p.stderr == "" and p.stdout == ""
+
+
+def test_child_env_outside_torchrun_drops_the_launchers_variables(monkeypatch):
+    from torchinferno.env import child_env_outside_torchrun, read_env
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    e = read_env()
+    assert (e.torchrun_rank, e.torchrun_world_size, e.torchrun_local_rank) == (1, 2, None)
+    child = child_env_outside_torchrun()
+    assert not {"RANK", "WORLD_SIZE", "MASTER_PORT"} & set(child) and child.get("PATH") is not None

@@ -49,6 +49,19 @@ def read_env() -> Env:
     )
 
 
+# What torchrun sets in each process it launches: a child process that must not join that world (a server
+# started by rank 0 of a benchmark run) is started without them.
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                 "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
+                 "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+
+
+def child_env_outside_torchrun() -> dict[str, str]:
+    """This process's environment without torchrun's variables (for a child that runs its own world)."""
+    return {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+
+
 def _int_or_none(value: str | None) -> int | None:
     try:
         return None if value in (None, "") else int(value)

@@ -56,12 +56,12 @@ def test_run_all_three(tmp_path):
     assert Count.n >= 6
 
 
-def test_multi_device_pipeline_is_reported_unsupported(tmp_path):
+def test_multi_device_pipeline_runs_in_stages(tmp_path):
     d = tmp_path / "pp"
     rc = main(["llama-bench-suite", str(d), *ARGS, "--benchmarks", "latency", "--devices", "cpu", "cpu",
-               "--parallelism", "pipeline", "--run"])
+               "--parallelism", "pipeline", "--num-iters", "1", "--num-iters-warmup", "0", "--run"])
     status = json.loads((d / "run_status.json").read_text())
-    assert rc != 0 and status["latency"]["status"] == "unsupported"
+    assert rc == 0 and status["latency"]["status"] == "ok"
 
 
 README_TP_RUN = ["--run", "--parallelism", "tensor", "--benchmarks", "latency", "throughput", "serve", "--input-len", "32",
@@ -84,8 +84,11 @@ def test_default_plan_is_the_readme_llama70b_tp8(tmp_path):
 def test_readme_pipeline_plan_over_eight_devices(tmp_path):
     d = tmp_path / "pipeline"
     assert main(["llama-bench-suite", str(d), "--devices", *EIGHT, "--parallelism", "pipeline"]) == 0
-    cfg = json.loads((d / "commands.json").read_text())["config"]
+    plan = json.loads((d / "commands.json").read_text())
+    cfg = plan["config"]
     assert cfg["devices"] == EIGHT and cfg["parallelism"] == "pipeline" and cfg["tensor_parallel_size"] == 1
+    server = next(c for c in plan["commands"] if c["role"] == "server")["argv"]
+    assert server[server.index("--pipeline-parallel-size") + 1] == "8" and "--tensor-parallel-size" not in server
 
 
 def test_running_a_plan_needing_absent_gpus_is_one_line(tmp_path, capsys, monkeypatch):

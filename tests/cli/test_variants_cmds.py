@@ -81,7 +81,7 @@ def test_variant_that_raises_is_a_failed_row(monkeypatch, capsys):
 
 
 def test_bad_flags_are_one_line_errors(capsys):
-    for argv, needle in ((["--family", "dsv4", "--variant", "v9"], "unknown variant 'v9' for family dsv4 (valid: tp-v0, v0, v1)"),
+    for argv, needle in ((["--family", "dsv4", "--variant", "v9"], "unknown variant 'v9' for family dsv4 (valid: pipeline-v0, tp-v0, v0, v1)"),
                          (["--variant", "v0", "--family", "llama3"], "is the reference (v0) itself"),
                          (["--family", "nope"], "unknown model family 'nope'"),
                          (["--rtol", "0"], "--rtol must be positive")):
@@ -93,7 +93,8 @@ def test_bad_flags_are_one_line_errors(capsys):
 def test_model_variants_lists_dsv4(capsys):
     assert main(["model-variants", "--family", "dsv4", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["variant"], r["parent"]) for r in rows] == [("v0", None), ("v1", "v0"), ("tp-v0", "v0")]
+    assert [(r["variant"], r["parent"]) for r in rows] == [("v0", None), ("v1", "v0"), ("tp-v0", "v0"),
+                                                          ("pipeline-v0", "v0")]
 
 
 @pytest.mark.parametrize("family,pkg", [("dsv4", "dsv4"), ("deepseek-v3.2", "deepseek_v32")])

@@ -36,15 +36,3 @@ def test_llm_tp2_equals_tp1_and_a_dead_worker_fails_cleanly(tmp_path):
         llm.shutdown()
     assert not any(p.is_alive() for p in llm.engine.executor._procs)
 
-
-def test_llama_bench_suite_runs_tensor_parallel_on_two_cpu_ranks(tmp_path):
-    import json
-
-    from torchinferno.cli.main import main
-
-    d = tmp_path / "tp"
-    assert main(["llama-bench-suite", str(d), "--model-kind", "llama3", "--dtype", "float32", "--input-len", "8",
-                 "--output-len", "4", "--batch-size", "2", "--num-iters", "1", "--num-iters-warmup", "0",
-                 "--benchmarks", "latency", "--devices", "cpu", "cpu", "--parallelism", "tensor", "--run"]) == 0
-    assert json.loads((d / "run_status.json").read_text())["latency"]["status"] == "ok"
-    assert json.loads((d / "latency.json").read_text())["avg_latency"] > 0

@@ -21,7 +21,9 @@ llm = LLM(ModelSpec(model_kind="llama3", dtype="float32", prepack=False), tensor
 ps = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
       SamplingParams(max_tokens=6, temperature=0.9, seed=4, ignore_eos=True)]
 out = [o.token_ids for o in llm.generate([[5, 17, 99, 3], [7, 128, 64]], ps, use_tqdm=False)]
-print("RESULT", read_env().torchrun_rank, json.dumps(out, separators=(",", ":")), llm.engine.core.describe(), flush=True)
+rank = read_env().torchrun_rank
+with open(sys.argv[1] + f"/rank{rank}.json", "w") as f:  # one file per rank: their stdout lines interleave
+    json.dump({"tokens": out, "describe": llm.engine.core.describe()}, f)
 """
 
 
@@ -35,11 +37,10 @@ def test_torchrun_ranks_run_the_engine_in_lockstep(tmp_path):
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()), str(script)],
+                        "127.0.0.1", "--master-port", str(free_port()), str(script), str(tmp_path)],
                        capture_output=True, text=True, timeout=240, env=env, check=False)
-    lines = sorted(line for line in r.stdout.splitlines() if line.startswith("RESULT"))
-    assert r.returncode == 0 and len(lines) == 2, r.stderr[-2000:]
-    for rank, line in enumerate(lines):
-        _, got_rank, tokens, *describe = line.split(" ", 3)
-        assert int(got_rank) == rank and json.loads(tokens) == want
-        assert f"tensor-parallel rank {rank}/2 under torchrun" in describe[0]
+    assert r.returncode == 0, r.stderr[-2000:]
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["tokens"] == want
+        assert f"tensor-parallel rank {rank}/2 under torchrun" in got["describe"]

@@ -66,8 +66,10 @@ def test_bad_spellings_are_one_line_errors(tmp_path):
     assert "--model tiny" in _build_error(str(tmp_path), "--model-kind", "tiny-llama")
     assert "num_attention_heads=4 is not divisible by --tensor-parallel-size 8" in _build_error(
         *README, "--model-kind", "tiny-llama", "--llama-parallelism", "tensor", "--tensor-parallel-size", "8")
-    assert "pipeline is not supported" in _build_error(*README, "--llama-parallelism", "pipeline",
-                                                       "--tensor-parallel-size", "2")
+    assert "num_hidden_layers=2 is fewer than --pipeline-parallel-size 3" in _build_error(
+        *README, "--llama-parallelism", "pipeline", "--tensor-parallel-size", "3")
+    assert "together are not supported" in _build_error(*README, "--pipeline-parallel-size", "2",
+                                                        "--tensor-parallel-size", "2")
 
 
 def test_model_kind_must_match_a_checkpoint(tmp_path):

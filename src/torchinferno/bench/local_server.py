@@ -76,8 +76,12 @@ class LocalServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "w")
         try:
+            from torchinferno.env import child_env_outside_torchrun
+
+            # a server started by a torchrun rank starts its own workers: it must not join torchrun's world
             self.proc = subprocess.Popen(self._exec_argv(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env=child_env_outside_torchrun())
         except FileNotFoundError:
             log.close()
             raise ConfigError(f"cannot start server: {self.argv[0]!r} not found") from None

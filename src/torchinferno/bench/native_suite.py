@@ -98,8 +98,8 @@ def check_devices_present(cfg: NativeSuiteConfig) -> None:
 
 def _server_extra(cfg: NativeSuiteConfig) -> list[str]:
     extra = ["--max-model-len", str(cfg.max_model_len), "--max-num-seqs", str(cfg.max_num_seqs)]
-    if len(cfg.devices) > 1 and cfg.parallelism == "tensor":
-        extra += ["--tensor-parallel-size", str(len(cfg.devices))]
+    if len(cfg.devices) > 1:
+        extra += [f"--{cfg.parallelism}-parallel-size", str(len(cfg.devices))]
     return extra
 
 
@@ -160,12 +160,12 @@ def _build_model(cfg: NativeSuiteConfig):
 
 
 def _tensor_parallel(cfg: NativeSuiteConfig) -> int:
-    """Ranks of a tensor-parallel run: one per device (``cpu`` repeated, or ``cuda:0 .. cuda:N-1`` in order)."""
+    """Ranks of a tensor- or pipeline-parallel run: one per device (``cpu`` repeated, or ``cuda:0 .. cuda:N-1``)."""
     n = len(cfg.devices)
     if n == 1:
         return 1
     if cfg.devices not in (["cpu"] * n, [f"cuda:{i}" for i in range(n)]):
-        raise ConfigError(f"tensor parallelism runs rank r on cuda:r (or every rank on cpu); got --devices "
+        raise ConfigError(f"{cfg.parallelism} parallelism runs rank r on cuda:r (or every rank on cpu); got --devices "
                           f"{' '.join(cfg.devices)} (valid: cuda:0 .. cuda:{n - 1}, or cpu repeated)")
     return n
 
@@ -231,6 +231,22 @@ def _run_serve_argv(argv: list[str]) -> dict:
     return res
 
 
+def _follow_rank0(cfg: NativeSuiteConfig) -> int:
+    """A torchrun rank other than 0: run the offline benchmarks in lockstep with rank 0 (each ``LLM`` is this
+    rank's ``TorchrunExecutor``; their collectives pair up), writing nothing; rank 0 alone writes the results
+    and runs the serve benchmark (its server starts its own workers)."""
+    import tempfile
+    from dataclasses import replace
+
+    offline = [b for b in cfg.benchmarks if b in ("latency", "throughput")]
+    if not offline:
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        mine = replace(cfg, out_dir=tmp, benchmarks=offline)
+        _, rc = run_native_suite(plan_native_suite(mine), mine, log=lambda *_: None)
+    return rc
+
+
 def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dict, int]:
     from tqdm import tqdm
 
@@ -240,14 +256,6 @@ def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dic
     status: dict = {}
     benches = [c for c in plan["commands"] if c["role"] == "bench"]
     check_devices_present(cfg)
-    if len(cfg.devices) > 1 and cfg.needs_local_devices() and cfg.parallelism != "tensor":
-        msg = (f"{cfg.parallelism} parallelism over {len(cfg.devices)} devices ({', '.join(cfg.devices)}) is not "
-               "supported by TorchInferno's engine yet (use --parallelism tensor)")
-        for c in benches:
-            status[c["name"]] = {"status": "unsupported", "message": msg}
-        write_json(out / "run_status.json", status)
-        log(f"llama-bench-suite: {msg}")
-        return status, 2
     extra = {"engine": ENGINE, "model": cfg.model_desc, "dtype": cfg.dtype, "device": cfg.devices[0],
              "input_len": cfg.input_len, "output_len": cfg.output_len}
     offline = [c for c in benches if c["kind"] == "in-process"]
@@ -259,20 +267,21 @@ def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dic
         tp = _tensor_parallel(cfg)
         model, tok = _build_model(cfg) if tp == 1 else _rank_spec(cfg)
         log(f"loaded {cfg.model_desc} on {cfg.devices[0]} in {time.perf_counter() - t0:.1f}s" if tp == 1 else
-            f"{cfg.model_desc}: {tp} tensor-parallel worker ranks on {' '.join(cfg.devices)}")
+            f"{cfg.model_desc}: {tp} {cfg.parallelism}-parallel worker ranks on {' '.join(cfg.devices)}")
+        ranks = {f"{cfg.parallelism}_parallel_size": tp}
         for c in offline:
             t0 = time.perf_counter()
             try:
                 if c["benchmark"] == "latency":
                     llm = LLM(model, tokenizer=tok, max_model_len=cfg.max_model_len, max_num_seqs=cfg.batch_size,
-                              enable_prefix_caching=False, tensor_parallel_size=tp)
+                              enable_prefix_caching=False, **ranks)
                     res = latency_bench(llm, cfg.batch_size, cfg.input_len, cfg.output_len, cfg.num_iters,
                                         cfg.num_iters_warmup, cfg.seed)
                     res.update(extra, batch_size=cfg.batch_size, date=now())
                     log(f"latency: avg {res['avg_latency']:.3f}s over {cfg.num_iters} iters (batch {cfg.batch_size})")
                 else:
                     llm = LLM(model, tokenizer=tok, max_model_len=cfg.max_model_len, max_num_seqs=cfg.max_num_seqs,
-                              tensor_parallel_size=tp)
+                              **ranks)
                     log(f"throughput: {cfg.num_prompts} prompts ...")
                     res = throughput_bench(llm, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed)
                     res.update(extra, date=now())
@@ -332,6 +341,11 @@ def run_native_suite(plan: dict, cfg: NativeSuiteConfig, log=print) -> tuple[dic
 
 
 def native_suite(cfg: NativeSuiteConfig, run: bool, log=print) -> int:
+    from torchinferno.engine.torchrun_executor import torchrun_world
+
+    world = torchrun_world()
+    if run and world is not None and world[0] != 0:
+        return _follow_rank0(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = plan_native_suite(cfg)

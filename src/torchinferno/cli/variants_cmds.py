@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json-output", default=None, metavar="P", help="also write the results as JSON to P")
     p.add_argument("--registry", default=None, help="promoted-variant JSON (default: <cache dir>/promoted_variants.json)")
     p.add_argument("--include-tensor-parallel", action="store_true",
-                   help="also check the tensor-parallel variants (tp-v0): their parent sharded over spawned gloo ranks "
-                        "vs one device (logits within --rtol, greedy and seeded tokens equal on every rank)")
+                   help="also check the parallel variants (tp-v0, pipeline-v0): their parent sharded over spawned gloo "
+                        "ranks vs one device (logits within --rtol, greedy and seeded tokens equal on every rank)")
     p.set_defaults(func=cmd_validate_model_variants)
 
 
@@ -214,24 +214,25 @@ def validate_variant(family: str, variant: str, rtol: float, device: str = "cpu"
 
 
 def validate_tensor_parallel(variants: list, rtol: float) -> list[dict]:
-    """Rows for tensor-parallel variants ``(family, name, Variant)``: the parent at TP=``tensor_parallel`` on
-    spawned gloo ranks (one world per size) vs one device (``parallel.checks.tp_report``)."""
+    """Rows for parallel variants ``(family, name, Variant)`` (tp-v0, pipeline-v0): the parent on
+    ``Variant.parallel`` spawned gloo ranks (one world per size and mode) vs one device
+    (``parallel.checks.tp_report``)."""
     from torchinferno.parallel.checks import tp_report
 
     rows = []
-    for tp in sorted({v.tensor_parallel for _, _, v in variants}):
-        group = [(fam, name, v) for fam, name, v in variants if v.tensor_parallel == tp]
+    for tp, mode in sorted({v.parallel for _, _, v in variants}):
+        group = [(fam, name, v) for fam, name, v in variants if v.parallel == (tp, mode)]
         t0 = time.perf_counter()
         try:
-            report = tp_report([(fam, v.parent) for fam, _, v in group], tp)
-        except Exception as e:  # a world that fails is failed rows, not a crashed command
+            report = tp_report([(fam, v.parent) for fam, _, v in group], tp, mode=mode)
+        except Exception as e:  # noqa: BLE001  (a world that fails is failed rows, not a crashed command)
             report = [{"max_abs_err": None, "rel_err": None, "mismatch": f"{type(e).__name__}: {e}"} for _ in group]
         secs = round((time.perf_counter() - t0) / len(group), 3)
         for (fam, name, v), r in zip(group, report):
             ok = r["rel_err"] is not None and r["rel_err"] <= rtol and not r["mismatch"]
             row = {"family": fam, "variant": name, "parent": v.parent, "status": v.status, "rtol": rtol,
                    "max_abs_err": r["max_abs_err"], "rel_err": r["rel_err"], "ok": ok, "seconds": secs,
-                   "tensor_parallel": tp}
+                   "tensor_parallel" if mode == "tensor" else "pipeline_parallel": tp}
             if r["mismatch"]:
                 row["error"] = r["mismatch"]
             rows.append(row)
@@ -249,7 +250,7 @@ def cmd_validate_model_variants(a) -> int:
     rows, tp_rows = [], []
     for fam in _families(a.family):
         vs = _variants(fam, a.registry)
-        names = [n for n in vs if vs[n].parent is not None and (a.include_tensor_parallel or not vs[n].tensor_parallel)]
+        names = [n for n in vs if vs[n].parent is not None and (a.include_tensor_parallel or not vs[n].parallel[0])]
         if a.variant is not None:
             if a.variant not in vs:
                 if a.family is not None:
@@ -259,8 +260,8 @@ def cmd_validate_model_variants(a) -> int:
                 raise ConfigError(f"variant '{a.variant}' is the reference (v0) itself; pick a child variant")
             names = [a.variant]
         rows += [validate_variant(fam, n, a.rtol, a.device, a.decode_steps, registry=a.registry) for n in names
-                 if not vs[n].tensor_parallel]
-        tp_rows += [(fam, n, vs[n]) for n in names if vs[n].tensor_parallel]
+                 if not vs[n].parallel[0]]
+        tp_rows += [(fam, n, vs[n]) for n in names if vs[n].parallel[0]]
     rows += validate_tensor_parallel(tp_rows, a.rtol)
     if not rows:
         raise ConfigError(f"no variant '{a.variant}' in any family ({', '.join(_families(a.family))})")

@@ -80,6 +80,7 @@ class EngineConfig:
     async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
     batch_invariant: bool = False
     tensor_parallel_size: int = 1  # > 1: engine.multiproc_executor spawns one worker rank per device
+    pipeline_parallel_size: int = 1  # > 1: as many ranks, each a stage of layers (parallel/pipeline.py)
 
     def __post_init__(self) -> None:
         if self.batch_invariant:
@@ -88,12 +89,16 @@ class EngineConfig:
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.kv_cache_dtype = parse_kv_cache_dtype(self.kv_cache_dtype)
-        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "tensor_parallel_size"):
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
             v = getattr(self, name)
             if v is None and name != "block_size":
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ConfigError("tensor and pipeline parallelism together are not supported yet (set one of "
+                              "tensor_parallel_size / pipeline_parallel_size to 1)")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:

@@ -57,7 +57,7 @@ class LLM:
 
     def __init__(self, model: str | nn.Module, tokenizer=None, dtype: str | torch.dtype | None = None,
                  device: str | torch.device | None = None, quantization: str = "none", **engine_kwargs):
-        if engine_kwargs.get("tensor_parallel_size", 1) != 1:
+        if engine_kwargs.get("tensor_parallel_size", 1) != 1 or engine_kwargs.get("pipeline_parallel_size", 1) != 1:
             self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs)
             return
         from torchinferno.engine.assembly import ModelSpec, build_model

@@ -63,7 +63,7 @@ class LLMEngine:
         on that many worker processes (``engine.multiproc_executor``; the model is never built here), or on this
         torchrun rank's shard (``engine.torchrun_executor``)."""
         config = config or EngineConfig()
-        if config.tensor_parallel_size == 1:
+        if config.tensor_parallel_size == 1 and config.pipeline_parallel_size == 1:
             from torchinferno.engine.assembly import build_model
 
             return cls(build_model(spec), tokenizer, config, extra_eos_token_ids=extra_eos_token_ids)

@@ -41,7 +41,8 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def worker_main(rank: int, world: int, port: int, backend: str, spec, config: EngineConfig, conn) -> None:
+def worker_main(rank: int, world: int, port: int, backend: str, spec, config: EngineConfig, conn,
+                mode: str = "tensor") -> None:
     """Process entry point of one rank: build, report geometry, then run steps until told to stop."""
     from torchinferno.engine.executor import Worker
     from torchinferno.env import apply_platform_defaults
@@ -50,7 +51,7 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
 
     apply_platform_defaults()
     try:
-        comm = init_rank(rank, world, port, backend)
+        comm = init_rank(rank, world, port, backend, mode=mode)
         model = build_rank_model(spec, comm)
         worker = Worker(model, config)
         info = {"num_blocks": worker.kv_cache.num_blocks, "block_size": worker.kv_cache.block_size,
@@ -118,11 +119,12 @@ class MultiprocExecutor(Executor):
     def __init__(self, spec, config: EngineConfig, world: int | None = None, timeout_s: float = STARTUP_TIMEOUT_S):
         import torch.multiprocessing as mp
 
-        from torchinferno.parallel.checks import check_spec
+        from torchinferno.parallel.checks import check_spec, parallel_world
         from torchinferno.parallel.spawn import free_port
 
-        world = world or config.tensor_parallel_size
-        check_spec(spec, world)  # one line before any process starts: devices, heads / experts divisible
+        ranks, self.mode = parallel_world(config)
+        world = world or ranks
+        check_spec(spec, world, self.mode)  # one line before any process starts: devices, heads / experts divisible
         self.world = world
         self.device = torch.device(spec.device)
         self.backend = "nccl" if spec.device.startswith("cuda") else "gloo"
@@ -132,7 +134,7 @@ class MultiprocExecutor(Executor):
         self._procs, self._conns = [], []
         for rank in range(world):
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(rank, world, port, self.backend, spec, config, child),
+            p = ctx.Process(target=worker_main, args=(rank, world, port, self.backend, spec, config, child, self.mode),
                             name=f"torchinferno-tp-worker-{rank}", daemon=False)
             p.start()
             child.close()
@@ -209,7 +211,7 @@ class MultiprocExecutor(Executor):
         return [p.pid for p in self._procs]
 
     def describe(self) -> str:
-        return f"{self._describe}, tensor-parallel {self.world} ranks ({self.backend})"
+        return f"{self._describe}, {self.mode}-parallel {self.world} ranks ({self.backend})"
 
     def shutdown(self) -> None:
         self._finalizer()

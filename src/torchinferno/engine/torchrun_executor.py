@@ -45,19 +45,19 @@ class TorchrunExecutor(UniprocExecutor):
         world = torchrun_world()
         if world is None:
             raise ConfigError("TorchrunExecutor needs a torchrun launch (RANK and WORLD_SIZE > 1)")
-        rank, size, local = world
-        if config.tensor_parallel_size not in (1, size):
-            raise ConfigError(f"--tensor-parallel-size {config.tensor_parallel_size} does not match torchrun's "
-                              f"world of {size} ranks")
-        from torchinferno.parallel.checks import check_split_spec
+        from torchinferno.parallel.checks import check_split_spec, parallel_world
 
-        check_split_spec(spec, size)
+        rank, size, local = world
+        ranks, mode = parallel_world(config)
+        if ranks not in (1, size):
+            raise ConfigError(f"--{mode}-parallel-size {ranks} does not match torchrun's world of {size} ranks")
+        check_split_spec(spec, size, mode)
         backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local)
         if not dist.is_initialized():
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size)
-        self.comm = Comm(ParallelConfig(tp_size=size, rank=rank, backend=backend))
+        self.comm = Comm(ParallelConfig(tp_size=size, rank=rank, backend=backend, mode=mode))
         super().__init__(build_rank_model(spec, self.comm), config)
         agreed = torch.tensor([self.num_blocks, self.max_model_len], device=self.device if backend == "nccl" else "cpu")
         dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
@@ -65,7 +65,8 @@ class TorchrunExecutor(UniprocExecutor):
         self.model_config = getattr(self.model, "full_config", self.model.config)
 
     def describe(self) -> str:
-        return f"{super().describe()}, tensor-parallel rank {self.comm.rank}/{self.comm.world_size} under torchrun"
+        return (f"{super().describe()}, {self.comm.pcfg.mode}-parallel rank {self.comm.rank}/{self.comm.world_size} "
+                "under torchrun")
 
 
 def parallel_executor(spec, config: EngineConfig):

@@ -19,6 +19,14 @@ class Variant:
     status: str  # reference | validated | experimental | promoted
     notes: str = ""
     tensor_parallel: int = 0  # > 0: the parent sharded over this many ranks (parallel/plan.py); 0: one device
+    pipeline_parallel: int = 0  # > 0: the parent in this many stages of layers (parallel/pipeline.py)
+
+    @property
+    def parallel(self) -> tuple[int, str]:
+        """``(ranks, mode)`` the variant runs on; ``(0, "")`` on one device."""
+        if self.pipeline_parallel:
+            return self.pipeline_parallel, "pipeline"
+        return (self.tensor_parallel, "tensor") if self.tensor_parallel else (0, "")
 
     def load_class(self):
         module, cls = self.class_path.split(":")

@@ -14,14 +14,20 @@ def check_split(family: ModelFamily, config, tp_size: int) -> None:
     family.parallel_plan().check(config, ParallelConfig(tp_size=tp_size))
 
 
-def check_spec(spec, tp_size: int) -> None:
+def parallel_world(config) -> tuple[int, str]:
+    """``(ranks, mode)`` an engine config asks for: ``tensor_parallel_size`` or ``pipeline_parallel_size``."""
+    pp = getattr(config, "pipeline_parallel_size", 1)
+    return (pp, "pipeline") if pp > 1 else (config.tensor_parallel_size, "tensor")
+
+
+def check_spec(spec, tp_size: int, mode: str = "tensor") -> None:
     """``check_world`` and ``check_split`` for an ``engine.assembly.ModelSpec`` (its config only: no weights)."""
     check_world(tp_size, spec.device)
-    check_split_spec(spec, tp_size)
+    check_split_spec(spec, tp_size, mode)
 
 
-def check_split_spec(spec, tp_size: int) -> None:
-    """``check_split`` for an ``engine.assembly.ModelSpec`` (reads only its config)."""
+def check_split_spec(spec, tp_size: int, mode: str = "tensor") -> None:
+    """``check_split`` (pipeline: at least one layer per stage) for a ``ModelSpec`` (reads only its config)."""
     if tp_size == 1:
         return
     from torchinferno.models.registry import family_for_hf_config, get_family
@@ -35,6 +41,11 @@ def check_split_spec(spec, tp_size: int) -> None:
         hf = read_config(spec.checkpoint_dir())
         family = family_for_hf_config(hf)
         config = family.config_from_hf(hf)
+    if mode == "pipeline":
+        from torchinferno.parallel.pipeline import stage_range
+
+        stage_range(config.num_hidden_layers, tp_size, 0)
+        return
     check_split(family, config, tp_size)
 
 
@@ -91,16 +102,18 @@ def _rank_outputs_each(comm, models: tuple[tuple[str, str | None], ...], size: s
     return [rank_outputs(comm, kind, size, 0, variant, device=device) for kind, variant in models]
 
 
-def tp_report(models: list[tuple[str, str | None]], tp: int, size: str = "debug", device: str = "cpu") -> list[dict]:
-    """Each ``(family, variant)`` of the tiny ``size`` run at TP=``tp`` on one world of spawned ranks (gloo on
-    ``cpu``; NCCL on ``cuda``, rank r on cuda:r) and at TP=1 here. Per model: ``max_abs_err`` / ``rel_err`` (``max|TP - TP1| / max|TP1|``) of the prompt logits
+def tp_report(models: list[tuple[str, str | None]], tp: int, size: str = "debug", device: str = "cpu",
+              mode: str = "tensor") -> list[dict]:
+    """Each ``(family, variant)`` of the tiny ``size`` run on one world of ``tp`` spawned ranks (gloo on ``cpu``;
+    NCCL on ``cuda``, rank r on cuda:r; ``mode`` tensor: layers split, pipeline: stages of layers) and on one
+    device here. Per model: ``max_abs_err`` / ``rel_err`` (``max|TP - TP1| / max|TP1|``) of the prompt logits
     over every rank, and ``mismatch``: '' when greedy and seeded temperature tokens are equal on every rank."""
     from torchinferno.parallel.spawn import run_ranks
 
     models = tuple(models)
     refs = [rank_outputs(None, kind, size, variant=variant, device=device) for kind, variant in models]
     per_rank = run_ranks(_rank_outputs_each, tp, models, size, device,
-                         backend="nccl" if device.startswith("cuda") else "gloo")
+                         backend="nccl" if device.startswith("cuda") else "gloo", mode=mode)
     report = []
     for i, ((kind, _), ref) in enumerate(zip(models, refs)):
         err, mismatch = 0.0, ""
@@ -116,11 +129,11 @@ def tp_report(models: list[tuple[str, str | None]], tp: int, size: str = "debug"
 
 
 def compare_tp(kinds: str | tuple[str, ...], tp: int, size: str = "debug", variant: str | None = None,
-               atol: float = 1e-5, device: str = "cpu") -> str:
+               atol: float = 1e-5, device: str = "cpu", mode: str = "tensor") -> str:
     """'' if every kind's TP=``tp`` logits agree with TP=1 within ``atol`` and its tokens are equal on every rank
     (:func:`tp_report`), else what differs."""
     kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-    for row in tp_report([(k, variant) for k in kinds], tp, size, device):
+    for row in tp_report([(k, variant) for k in kinds], tp, size, device, mode):
         if row["max_abs_err"] > atol:
             return f"{row['family']}: logits differ from TP=1 by {row['max_abs_err']:.3g} (> {atol:g})"
         if row["mismatch"]:

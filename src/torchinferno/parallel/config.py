@@ -11,7 +11,7 @@ BACKENDS = ("gloo", "nccl", "fake")
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """``tp_size`` ranks split every layer; this process is ``rank``. ``backend``: ``gloo`` (CPU), ``nccl``
+    """``tp_size`` ranks split every layer (``mode="pipeline"``: hold a stage of layers each); this process is ``rank``. ``backend``: ``gloo`` (CPU), ``nccl``
     (CUDA) or ``fake`` (one process planning a world it does not run: ``runtime.fake_dist``).
 
     Invariant: ``0 <= rank < tp_size``; ``tp_size == 1`` is the unsharded model (no collectives run)."""
@@ -19,12 +19,15 @@ class ParallelConfig:
     tp_size: int = 1
     rank: int = 0
     backend: str = "gloo"
+    mode: str = "tensor"  # tensor: every layer split; pipeline: layers placed in stages (parallel/pipeline.py)
 
     def __post_init__(self) -> None:
         if self.tp_size < 1:
             raise ConfigError(f"--tensor-parallel-size must be >= 1 (got {self.tp_size})")
         if not 0 <= self.rank < self.tp_size:
             raise ConfigError(f"rank {self.rank} is outside a tensor-parallel world of {self.tp_size}")
+        if self.mode not in ("tensor", "pipeline"):
+            raise ConfigError(f"unknown parallelism {self.mode!r} (valid: tensor, pipeline)")
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown collective backend {self.backend!r} (valid: {', '.join(BACKENDS)})")
 

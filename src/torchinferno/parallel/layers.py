@@ -48,31 +48,50 @@ class VocabParallelEmbedding(nn.Embedding):
 class ParallelLMHead(nn.Module):
     """``hidden [N, D] -> logits [N, V]``: each rank's ``[N, per]`` slice, all-gathered and cut to ``V``.
 
-    ``weight`` is this rank's ``[per, D]`` rows (the embedding's own parameter when tied), so every rank
-    ends with the same full logits and samples the same token."""
+    ``weight`` is this rank's ``[per, D]`` rows: its own parameter, or with ``tied`` the embedding's (read at
+    every call and not registered here: a module move must not split one shared tensor into two), so every
+    rank ends with the same full logits and samples the same token."""
 
-    def __init__(self, weight: nn.Parameter, vocab_size: int, comm: Comm):
+    def __init__(self, vocab_size: int, comm: Comm, weight: nn.Parameter | None = None,
+                 tied: nn.Embedding | None = None):
         super().__init__()
-        self.weight = weight
+        if (weight is None) == (tied is None):
+            raise ValueError("give exactly one of weight or tied")
+        if weight is not None:
+            self.weight = weight
+        self._tied = (tied,) if tied is not None else ()  # a tuple: not a registered submodule
         self.vocab_size, self.comm = vocab_size, comm
 
+    def head_weight(self) -> torch.Tensor:
+        return self._tied[0].weight if self._tied else self.weight
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight)  # [N, per]
+        local = F.linear(hidden, self.head_weight())  # [N, per]
         return self.comm.all_gather_last(local)[..., : self.vocab_size]
 
 
 class ExpertParallelExperts(RoutedExperts):
     """This rank's experts ``[start, start + count)`` of the routed set (expert parallelism).
 
-    The router runs unsharded on every rank, so the choice of experts is identical everywhere; pairs
-    routed to another rank's expert get weight 0 here (their ids clamp into range), and the MoE block's
-    all-reduce adds the ranks' partial sums."""
+    The router runs unsharded on every rank, so the choice of experts is identical everywhere; this rank
+    computes only the (token, expert) pairs routed to its experts, one pair per row, and the MoE block's
+    all-reduce adds the ranks' partial sums. Under fake tensors (tracing) the pair count is unknown: every
+    pair runs, those of other ranks' experts with weight 0."""
 
     def __init__(self, start: int, count: int, hidden: int, inter: int, ops):
         super().__init__(count, hidden, inter, ops)
         self.start, self.count = start, count
 
-    def forward(self, x, ids, weights):
-        local = ids - self.start  # [T, K]
+    def forward(self, x, ids, weights):  # x [T, D], ids / weights [T, K] -> [T, D]
+        local = ids - self.start
         mine = (local >= 0) & (local < self.count)
-        return super().forward(x, local.clamp(0, self.count - 1), weights * mine.to(weights.dtype))
+        from torchinferno.models.common.moe import _is_fake
+
+        if _is_fake(x):
+            return super().forward(x, local.clamp(0, self.count - 1), weights * mine.to(weights.dtype))
+        t, k = mine.nonzero(as_tuple=True)  # this rank's pairs
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        if t.numel():
+            y = super().forward(x[t], local[t, k][:, None], weights[t, k][:, None])  # [P, D], one pair per row
+            out.index_add_(0, t, y.float())
+        return out.to(x.dtype)

@@ -57,15 +57,28 @@ def build_rank(family: ModelFamily, config, comm: Comm, tensors: Callable[[Rule]
                device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, variant: str | None = None,
                attention_backend: type[nn.Module] | None = None) -> nn.Module:
     """Rank ``comm.rank`` of ``family``'s model of ``config``; ``tensors(rule)`` yields the rank's HF tensors."""
-    pm = family.parallel_plan()
-    pm.check(config, comm.pcfg)
+    pcfg = comm.pcfg
     kw = {} if variant is None else {"variant": variant}
     if attention_backend is not None:
         kw["attention_backend"] = attention_backend
-    model = family.build(config, device="meta", **kw)
-    pm.shard_model(model, comm.pcfg, comm)
+    if pcfg.mode == "pipeline":
+        from torchinferno.parallel import pipeline
+
+        model = family.build(config, device="meta", **kw)
+        pipeline.shard_model(model, pcfg.tp_size, pcfg.rank)
+
+        def rule(name: str) -> ShardRule:
+            return pipeline.tensor_rule(name, config, pcfg.tp_size, pcfg.rank)
+    else:
+        pm = family.parallel_plan()
+        pm.check(config, pcfg)
+        model = family.build(config, device="meta", **kw)
+        pm.shard_model(model, pcfg, comm)
+
+        def rule(name: str) -> ShardRule:
+            return pm.tensor_rule(name, config, pcfg)
     materialize(model, device, dtype)
-    family.load_weights(model, tensors(lambda name: pm.tensor_rule(name, config, comm.pcfg)))
+    family.load_weights(model, tensors(rule))
     model.eval()
     model.family = family
     model.parallel = comm.pcfg

@@ -166,11 +166,11 @@ def shard_vocab(model: nn.Module, pcfg: ParallelConfig, comm: Comm) -> None:
         new = VocabParallelEmbedding(V, D, start, per, comm).to(emb.weight.dtype)
     model.model.embed_tokens = new
     if model.lm_head is None:  # tied: the head reads the embedding's own rows
-        model.lm_head = ParallelLMHead(new.weight, V, comm)
+        model.lm_head = ParallelLMHead(V, comm, tied=new)
     else:
         with torch.device("meta"):
             w = nn.Parameter(torch.empty(per, D, dtype=model.lm_head.weight.dtype))
-        model.lm_head = ParallelLMHead(w, V, comm)
+        model.lm_head = ParallelLMHead(V, comm, weight=w)
 
 
 def disable_fused_steps(model: nn.Module) -> None:

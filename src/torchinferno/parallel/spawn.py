@@ -27,7 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 120.0) -> Comm:
+def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 120.0,
+              mode: str = "tensor") -> Comm:
     """Join the loopback world as ``rank``; the returned :class:`Comm` uses the default group. On CPU (gloo)
     the rank takes its share of the cores for intra-op threads (ranks on one host would oversubscribe them)."""
     import datetime
@@ -40,34 +41,36 @@ def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s
 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    return Comm(ParallelConfig(tp_size=world, rank=rank, backend=backend))
+    return Comm(ParallelConfig(tp_size=world, rank=rank, backend=backend, mode=mode))
 
 
-def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, args: tuple, results) -> None:
-    comm = init_rank(rank, world, port, backend)
+def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, args: tuple, results, mode: str) -> None:
+    comm = init_rank(rank, world, port, backend, mode=mode)
     try:
         results.put((rank, pickle.dumps(fn(comm, *args))))  # plain bytes: no shared-memory handles to a dead process
     finally:
         dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str = "gloo", timeout_s: float = 120.0) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
+              mode: str = "tensor") -> list[Any]:
     """``[fn(comm, *args) for each rank]`` computed in ``world`` spawned processes (``fn`` importable, results
     picklable). Raises TorchInfernoError naming the rank if one fails or the world outlives ``timeout_s``.
     A rendezvous port taken by another process between picking and binding it is retried once on a new port."""
     try:
-        return _run_ranks(fn, world, args, backend, timeout_s)
+        return _run_ranks(fn, world, args, backend, timeout_s, mode)
     except TorchInfernoError as e:
         if "address already in use" not in str(e).lower():
             raise
-        return _run_ranks(fn, world, args, backend, timeout_s)
+        return _run_ranks(fn, world, args, backend, timeout_s, mode)
 
 
-def _run_ranks(fn: Callable[..., Any], world: int, args: tuple, backend: str, timeout_s: float) -> list[Any]:
+def _run_ranks(fn: Callable[..., Any], world: int, args: tuple, backend: str, timeout_s: float,
+               mode: str) -> list[Any]:
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     port = free_port()
-    procs = mp.start_processes(_entry, args=(fn, world, port, backend, args, results), nprocs=world, join=False,
+    procs = mp.start_processes(_entry, args=(fn, world, port, backend, args, results, mode), nprocs=world, join=False,
                                start_method="spawn")
     deadline = time.monotonic() + timeout_s
     out: dict[int, Any] = {}

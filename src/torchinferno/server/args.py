@@ -67,9 +67,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="N > 1: start N worker processes, each a torch.distributed rank holding 1/N of every layer "
                         "(gloo on CPU, NCCL on CUDA: one device per rank)")
+    p.add_argument("--pipeline-parallel-size", type=int, default=1,
+                   help="N > 1: start N worker processes, each a stage of consecutive layers (activations sent at "
+                        "stage boundaries; no micro-batch overlap yet)")
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
-                   help="how a multi-device model is split: tensor (with --tensor-parallel-size); pipeline is not "
-                        "supported yet")
+                   help="how --tensor-parallel-size N devices split the model: tensor (every layer split, the default) "
+                        "or pipeline (N stages of layers, as --pipeline-parallel-size N)")
     p.add_argument("--single-request-admission-wait-ms", type=float, default=None, metavar="MS",
                    help="accepted for the original's command lines; no effect: the scheduler admits waiting requests "
                         "at every step, never waiting for a batch to fill (what 0 asks for)")
@@ -111,9 +114,15 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
     """The model to serve; a checkpoint's family is checked against ``--model-kind`` (from config.json only)."""
     if args.tensor_parallel_size < 1:
         raise ConfigError(f"--tensor-parallel-size must be >= 1 (got {args.tensor_parallel_size})")
-    if args.llama_parallelism == "pipeline" and args.tensor_parallel_size > 1:
-        raise ConfigError("--llama-parallelism pipeline is not supported yet (use --llama-parallelism tensor with "
-                          "--tensor-parallel-size)")
+    if args.llama_parallelism == "pipeline" and args.tensor_parallel_size > 1:  # the original's spelling
+        if args.pipeline_parallel_size not in (1, args.tensor_parallel_size):
+            raise ConfigError("--llama-parallelism pipeline splits --tensor-parallel-size devices into stages; "
+                              "give --pipeline-parallel-size alone instead")
+        args.pipeline_parallel_size, args.tensor_parallel_size = args.tensor_parallel_size, 1
+    if args.pipeline_parallel_size < 1:
+        raise ConfigError(f"--pipeline-parallel-size must be >= 1 (got {args.pipeline_parallel_size})")
+    if args.pipeline_parallel_size > 1 and args.tensor_parallel_size > 1:
+        raise ConfigError("--tensor-parallel-size and --pipeline-parallel-size together are not supported yet")
     if args.single_request_admission_wait_ms:  # 0 is what we do anyway
         print(f"note: --single-request-admission-wait-ms {args.single_request_admission_wait_ms:g} has no effect: "
               "the scheduler admits waiting requests at every step", file=sys.stderr, flush=True)
@@ -123,10 +132,10 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
     family = _tiny_family(given, args.model_kind)
     if family is not None:
         spec = ModelSpec(model_kind=family, size=args.model_size, **common)
-        _check_parallel(spec, args.tensor_parallel_size)
+        _check_parallel(spec, args)
         return spec
     spec = ModelSpec(model=given or DEFAULT_MODEL, **common)
-    _check_parallel(spec, args.tensor_parallel_size)
+    _check_parallel(spec, args)
     if args.model_kind:
         from torchinferno.checkpoint.safetensors_io import read_config
         from torchinferno.models.registry import family_for_hf_config
@@ -138,12 +147,16 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
     return spec
 
 
-def _check_parallel(spec: ModelSpec, tp: int) -> None:
+def _check_parallel(spec: ModelSpec, args: argparse.Namespace) -> None:
     """A world the model cannot be split over is refused here, in one line, before any process starts."""
-    if tp > 1:
+    if args.pipeline_parallel_size > 1:
         from torchinferno.parallel.checks import check_spec
 
-        check_spec(spec, tp)
+        check_spec(spec, args.pipeline_parallel_size, "pipeline")
+    elif args.tensor_parallel_size > 1:
+        from torchinferno.parallel.checks import check_spec
+
+        check_spec(spec, args.tensor_parallel_size)
 
 
 def served_name(args: argparse.Namespace, spec: ModelSpec) -> str:
@@ -171,4 +184,5 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
                         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
                         kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
-                        batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size)
+                        batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size,
+                        pipeline_parallel_size=args.pipeline_parallel_size)

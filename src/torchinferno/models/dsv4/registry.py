@@ -19,5 +19,11 @@ VARIANTS = {
         notes="v0 sharded over --tensor-parallel-size ranks (models/dsv4/parallel.py); checked at TP=2 on gloo by "
               "validate-model-variants --include-tensor-parallel",
     ),
+    "pipeline-v0": Variant(
+        name="pipeline-v0", parent="v0", class_path="torchinferno.models.dsv4.v0:DSv4V0",
+        ops_module="torchinferno.models.dsv4.raw_ops", status="validated", pipeline_parallel=2,
+        notes="v0 in --pipeline-parallel-size stages of layers (parallel/pipeline.py; no micro-batch overlap yet); "
+              "checked at 2 stages on gloo by validate-model-variants --include-tensor-parallel",
+    ),
 }
 DEFAULT_VARIANT = "v1"
