@@ -33,6 +33,22 @@ class Variant:
         return getattr(importlib.import_module(module), cls)
 
 
+def parallel_variants(v0: Variant, plan_path: str) -> dict[str, Variant]:
+    """The ``tp-v0`` and ``pipeline-v0`` rows of a family: its ``v0`` sharded over ranks (the family's plan at
+    ``plan_path``) or placed in stages of layers; ``validate-model-variants --include-tensor-parallel`` checks both
+    at 2 ranks on gloo."""
+    same = dict(parent=v0.name, class_path=v0.class_path, ops_module=v0.ops_module, status="validated")
+    return {
+        "tp-v0": Variant(name="tp-v0", tensor_parallel=2, **same,
+                         notes=f"v0 sharded over --tensor-parallel-size ranks ({plan_path}); checked at TP=2 on gloo by "
+                               "validate-model-variants --include-tensor-parallel"),
+        "pipeline-v0": Variant(name="pipeline-v0", pipeline_parallel=2, **same,
+                               notes="v0 in --pipeline-parallel-size stages of layers (parallel/pipeline.py; no micro-batch "
+                                     "overlap yet); checked at 2 stages on gloo by validate-model-variants "
+                                     "--include-tensor-parallel"),
+    }
+
+
 def pick_variant(variants: dict[str, Variant], name: str, family: str) -> Variant:
     if name not in variants:
         raise ConfigError(f"unknown variant '{name}' for family {family} (valid: {', '.join(sorted(variants))})")

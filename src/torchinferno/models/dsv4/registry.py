@@ -1,6 +1,6 @@
 """Provenance ladder of the dsv4 family: every variant, its parent, class, ops module and status."""
 
-from torchinferno.models.variants import Variant
+from torchinferno.models.variants import Variant, parallel_variants
 
 VARIANTS = {
     "v0": Variant(
@@ -13,17 +13,6 @@ VARIANTS = {
         ops_module="torchinferno.models.dsv4.fused_ops", status="validated",
         notes="absorbed decode over the latent cache; RMSNorm / SwiGLU / neox rope routed to torchinferno.kernels",
     ),
-    "tp-v0": Variant(
-        name="tp-v0", parent="v0", class_path="torchinferno.models.dsv4.v0:DSv4V0",
-        ops_module="torchinferno.models.dsv4.raw_ops", status="validated", tensor_parallel=2,
-        notes="v0 sharded over --tensor-parallel-size ranks (models/dsv4/parallel.py); checked at TP=2 on gloo by "
-              "validate-model-variants --include-tensor-parallel",
-    ),
-    "pipeline-v0": Variant(
-        name="pipeline-v0", parent="v0", class_path="torchinferno.models.dsv4.v0:DSv4V0",
-        ops_module="torchinferno.models.dsv4.raw_ops", status="validated", pipeline_parallel=2,
-        notes="v0 in --pipeline-parallel-size stages of layers (parallel/pipeline.py; no micro-batch overlap yet); "
-              "checked at 2 stages on gloo by validate-model-variants --include-tensor-parallel",
-    ),
 }
+VARIANTS.update(parallel_variants(VARIANTS["v0"], "models/dsv4/parallel.py"))
 DEFAULT_VARIANT = "v1"
