@@ -13,6 +13,7 @@ from torchinferno.sim.cost_model import FEATURES, fit
 
 L_DECODE, G_DECODE, G_PER_SEQ = 0.3e-3, 4.0e-3, 40e-6  # host launch; device forward (+ per row)
 L_PREFILL, G_PREFILL_TAIL = 40e-3, 1.0e-3  # eager launch; device work left when the launch returns
+L_DRAINED = 90e-3  # eager launch with nothing in flight (run33: ~90-100 ms)
 APPLY = 0.1e-3  # host: apply results, driver bookkeeping
 
 
@@ -50,7 +51,7 @@ def _timeline(seed: int = 0):
         sched = _Sched(b if kind == "d" else (b - 1), n if kind == "p" else 0).s
         t0 = t
         if kind == "p":
-            t += L_PREFILL
+            t += L_DRAINED if inflight is None else L_PREFILL
             dev_end = max(t, dev_free) + G_PREFILL_TAIL
         else:
             t += L_DECODE
@@ -78,13 +79,15 @@ def test_async_fit_recovers_per_step_costs():
     cost, err = fit_rows(rows, async_steps=True)
     assert err < 0.08, err
     # an eager step is charged ~its launch (less the decode forward hidden under it); a decode its forward
-    prefill = cost.predict((1, 256, 0, 0, 256 * 128e-3, 0, 0, 1))
+    prefill = cost.predict((1, 256, 0, 0, 256 * 128e-3, 0, 0, 1, 0))
     assert prefill == pytest.approx(L_PREFILL, rel=0.15)
+    drained = cost.predict((1, 256, 0, 0, 256 * 128e-3, 0, 0, 1, 1))
+    assert drained == pytest.approx(L_DRAINED + G_PREFILL_TAIL, rel=0.1)
     decode8 = cost.predict((8, 0, 8, 800, 0, 0, 800, 0))
     assert decode8 == pytest.approx(L_DECODE + G_DECODE + 8 * G_PER_SEQ, rel=0.1)
     # per-step predictions (own prefill flag) add up to the time the engine took
     i_ps = FEATURES.index("prefill_step")
-    own = [tuple(f[:i_ps]) + (1.0 if f[1] > 0 else 0.0,) for f, _ in rows]
+    own = [tuple(f[:i_ps]) + (1.0 if f[1] > 0 else 0.0,) + tuple(f[i_ps + 1:]) for f, _ in rows]
     assert sum(cost.predict(f) for f in own) == pytest.approx(total, rel=0.08)
 
 
@@ -110,4 +113,5 @@ def test_calibrate_real_core_async_scheduling():
     # a decode row whose period launched a prefill (mixed loop) exists; prefill rows of a fixed probe resolve
     # after a decode launch, so the flag is not simply "has prefill tokens"
     assert any(f[i_ps] == 1 and f[1] == 0 for f, _ in rows) or any(f[i_ps] == 0 and f[1] > 0 for f, _ in rows)
+    assert any(f[FEATURES.index("drained_prefill")] == 1 for f, _ in rows)  # each fixed probe starts drained
     assert all(s > 0 for _, s in rows)

@@ -90,13 +90,15 @@ class StepAttribution:
     step (one with a prefill chunk: ~35-100 ms on an H200 for an 8B model, against ~0.3 ms for a CUDA-graph
     decode) lands in k-1's charge. So the row's ``prefill_step`` feature says whether the step *launched* in
     that period was eager; ``fit(..., async_steps=True)`` maps this back to a per-step cost (see ``fit``).
-    run33 charged the period alone and dropped the carried part: prefills looked ~1 ms, decodes before a
+    A step launched by a ``step()`` that resolved nothing carries ``drained_prefill`` (when it has a prefill
+    chunk); its row holds that launch. run33 charged the period alone and dropped the carried part: prefills looked ~1 ms, decodes before a
     prefill ~40 ms, and the fit was off by 52%.
     """
 
     def __init__(self):
         self.prev_end: float | None = None
         self.carry = 0.0
+        self.drained: set[int] = set()  # id of steps launched by a step() that resolved nothing
 
     def step(self, t0: float, t1: float, launched, resolved) -> tuple | None:
         """``(features, seconds)`` for this ``step()``, or None when it resolved nothing."""
@@ -104,9 +106,13 @@ class StepAttribution:
         self.prev_end = t1
         if resolved is None:
             self.carry += t1 - start
+            if launched is not None:
+                self.drained.add(id(launched))
             return None
         seconds, self.carry = self.carry + (t1 - start), 0.0
-        feats = list(step_features(resolved))
+        drained = id(resolved) in self.drained
+        self.drained.discard(id(resolved))
+        feats = list(step_features(resolved, drained=drained))
         feats[PREFILL_STEP] = step_features(launched)[PREFILL_STEP] if launched is not None else 0.0
         return tuple(feats), seconds
 

@@ -10,7 +10,10 @@ Features of a step (``step_features``), from the ``SchedulerOutput`` alone:
   sequence, as the torch paged decode does, costs this rather than ``decode_ctx``);
 * ``prefill_step``: 1 when the step holds a prefill chunk, else 0. On CUDA a pure decode step replays a CUDA
   graph while a step with a prefill chunk runs eagerly: a fixed host launch cost (~35-90 ms for an 8B model
-  in run33) that neither token count explains.
+  in run33) that neither token count explains;
+* ``drained_prefill``: 1 when the step holds a prefill chunk and was launched, under async scheduling, with
+  no step in flight (the first step of a burst: on CUDA its launch took ~90-100 ms in run33 against ~35-45 ms
+  behind a running decode). Always 0 in the synchronous engine.
 
 ``cost = c0 + sum(coef[f] * feature[f])``, fitted by non-negative least squares on measured steps
 (``fit``; numpy), with the knee picked from candidates by residual. The cost covers the whole engine step
@@ -33,13 +36,14 @@ from torchinferno.errors import ConfigError
 __all__ = ["FEATURES", "CostModel", "LinkModel", "fit", "step_features"]
 
 FEATURES = ("seqs", "prefill_tokens", "decode_tokens", "decode_ctx", "prefill_attn", "excess_tokens",
-            "decode_ctx_padded", "prefill_step")
+            "decode_ctx_padded", "prefill_step", "drained_prefill")
 
 
 def step_features(sched: SchedulerOutput, knee: float = 0.0,
-                  external_prefill: frozenset | set = frozenset()) -> tuple[float, ...]:
+                  external_prefill: frozenset | set = frozenset(), drained: bool = False) -> tuple[float, ...]:
     """The feature vector of one step (order of ``FEATURES``). Rows of requests in ``external_prefill`` whose
-    chunk is a prefill cost nothing (their KV arrived from a prefill replica)."""
+    chunk is a prefill cost nothing (their KV arrived from a prefill replica). ``drained``: launched under
+    async scheduling with nothing in flight."""
     seqs = ptok = dtok = dctx = pattn = maxctx = 0
     for s in sched.scheduled:
         n = len(s.token_ids)
@@ -58,7 +62,7 @@ def step_features(sched: SchedulerOutput, knee: float = 0.0,
         pattn += n * (start + n * 0.5)
     tokens = ptok + dtok
     return (seqs, ptok, dtok, dctx, pattn * 1e-3, max(0.0, tokens - knee) if knee > 0 else 0.0, dtok * maxctx,
-            1.0 if ptok else 0.0)
+            1.0 if ptok else 0.0, 1.0 if ptok and drained else 0.0)
 
 
 @dataclass(frozen=True)
@@ -99,10 +103,10 @@ class CostModel:
             c += w * x
         return c
 
-    def step_cost(self, sched: SchedulerOutput, external_prefill=frozenset()) -> float:
+    def step_cost(self, sched: SchedulerOutput, external_prefill=frozenset(), drained: bool = False) -> float:
         if not sched.scheduled:
             return self.empty_step_s
-        return self.predict(step_features(sched, self.knee, external_prefill))
+        return self.predict(step_features(sched, self.knee, external_prefill, drained))
 
     def with_kv_bytes(self, ratio: float) -> CostModel:
         """Context terms scaled by the KV bytes ratio (target dtype bytes / calibrated dtype bytes)."""
@@ -181,7 +185,8 @@ def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEAT
     step's device work runs during its own launch, so its wait is short while a graph decode's is the whole
     forward: a column ``D = [the row's step has no prefill]`` takes that wait. Per step, the model is then
     ``c0 + D`` and ``prefill_step`` weighs ``launch - D`` (clamped at 0): the same total time, charged to the
-    step that causes it."""
+    step that causes it. A ``drained_prefill`` row holds its own launch (carried), so its per-step weight is
+    the row weight less ``launch`` (the per-step ``c0 + prefill_step`` already pays that much)."""
     import numpy as np
 
     if len(rows) < 3:
@@ -205,9 +210,10 @@ def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEAT
             for j, v in zip(cols, sol[1:]):
                 coef[FEATURES[j]] = float(v)
             c0 = float(sol[0])
-            if async_steps:
-                d = float(sol[-1])
+            if async_steps:  # row terms -> per-step terms (docstring)
+                d, launch = float(sol[-1]), coef["prefill_step"]
                 c0 += d
-                coef["prefill_step"] = max(0.0, coef["prefill_step"] - d)
+                coef["prefill_step"] = max(0.0, launch - d)
+                coef["drained_prefill"] = max(0.0, coef["drained_prefill"] - launch)
             best = (err, CostModel(c0=c0, coef=coef, knee=float(knee)))
     return best[1], best[0]
