@@ -65,8 +65,21 @@ def shifted_rows(rows):
 
 def main(argv):
     src = argv[1] if len(argv) > 1 else "benchmarks/results/run33/steps_h200_8b.jsonl.gz"
-    rows = shifted_rows(load(src))
+    raw = load(src)
+    rows = shifted_rows(raw)
     cost, err = fit_rows(rows, async_steps=True)
+    # drained launches were not recorded: estimate their per-step extra from the time run33 lost (probe_seconds
+    # less the rows' sum) over their number (scenario starts + prefills after a drained pipeline)
+    cal_path = src.replace("steps_", "calib_").replace(".jsonl.gz", ".json")
+    probe_s = json.load(open(cal_path))["extra"]["probe_seconds"]
+    starts = set(scenario_starts(raw))
+    n_drained = len(starts) + sum(
+        1 for i, r in enumerate(raw[:-1]) if i + 1 not in starts and raw[i + 1]["features"]["prefill_tokens"] > 0
+        and r["seconds"] <= 0.010)
+    lost = probe_s - sum(r["seconds"] for r in raw)
+    est = max(0.0, lost / n_drained - cost.c0 - cost.coef["prefill_step"])
+    cost.coef["drained_prefill"] = est
+    print(f"  lost {lost:.3f} s over {n_drained} drained launches -> drained_prefill ~{est * 1e3:.1f} ms (estimate)")
     x = np.array([f for f, _ in rows])
     y = np.array([s for _, s in rows])
     print(f"  measured {y.sum():.3f} s over {len(rows)} rows")
@@ -76,7 +89,7 @@ def main(argv):
     terms = ", ".join(f"{k} {v:.3g}" for k, v in cost.coef.items() if v)
     print(f"refit {len(rows)} steps (mean |error| {err * 100:.1f}%, async_steps, no trimming): step = {cost.c0 * 1e3:.3f} ms + [{terms}] s")
     if len(argv) > 2:
-        cal = Calibration.load(src.replace("steps_", "calib_").replace(".jsonl.gz", ".json"))
+        cal = Calibration.load(cal_path)
         cal.cost, cal.fit_error, cal.source = cost, err, f"refit_run33:{src}"
         cal.save(argv[2])
         print(f"-> {argv[2]}")
