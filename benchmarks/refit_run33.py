@@ -71,7 +71,7 @@ def main(argv):
     # drained launches were not recorded: estimate their per-step extra from the time run33 lost (probe_seconds
     # less the rows' sum) over their number (scenario starts + prefills after a drained pipeline)
     cal_path = src.replace("steps_", "calib_").replace(".jsonl.gz", ".json")
-    probe_s = json.load(open(cal_path))["extra"]["probe_seconds"]
+    probe_s = Calibration.load(cal_path).extra["probe_seconds"]
     starts = set(scenario_starts(raw))
     n_drained = len(starts) + sum(
         1 for i, r in enumerate(raw[:-1]) if i + 1 not in starts and raw[i + 1]["features"]["prefill_tokens"] > 0
