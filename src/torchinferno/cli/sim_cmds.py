@@ -91,9 +91,10 @@ def _cmd_calibrate(a) -> int:
         for path in a.from_bench_generate or []:
             rows += rows_from_bench_generate(path, a.bench_prompt_tokens, a.bench_new_tokens)
             src.append(f"bench-generate:{path}")
-        cost, err = fit_rows(rows)
+        cost, err = fit_rows(rows, async_steps=a.async_steps)
         cal = Calibration(cost=cost, num_samples=len(rows), fit_error=err, source=",".join(src),
-                          model=a.model or "unknown", device=a.device, threads=a.threads or 0)
+                          model=a.model or "unknown", device=a.device, threads=a.threads or 0,
+                          extra={"async_scheduling": a.async_steps})
     else:
         import torch
 
@@ -276,6 +277,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fit from a steps JSONL (--steps-out) instead of probing a model (repeatable)")
     p.add_argument("--from-bench-generate", action="append", default=None,
                    help="add decode rows from a bench-generate --json-output report (repeatable; no prefill information)")
+    p.add_argument("--async-steps", action="store_true",
+                   help="the --from-steps rows were timed under async scheduling (CUDA default; see cost_model.fit)")
     p.add_argument("--bench-prompt-tokens", type=int, default=32, help="the bench-generate run's --prompt-tokens")
     p.add_argument("--bench-new-tokens", type=int, default=64, help="the bench-generate run's --new-tokens")
     p.add_argument("--seed", type=int, default=0)

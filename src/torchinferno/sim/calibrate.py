@@ -22,11 +22,13 @@ from torchinferno.engine.executor import Executor, UniprocExecutor
 from torchinferno.errors import ConfigError
 from torchinferno.sim.calibration import Calibration
 from torchinferno.sim.cost_model import FEATURES, fit, step_features
+
+PREFILL_STEP = FEATURES.index("prefill_step")
 from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import make_clock
 from torchinferno.sim.traffic import SimRequest
 
-__all__ = ["ProbeGrid", "RecordingExecutor", "calibrate_model", "fit_rows", "read_steps", "rows_from_bench_generate", "time_steps",
+__all__ = ["ProbeGrid", "RecordingExecutor", "StepAttribution", "calibrate_model", "fit_rows", "read_steps", "rows_from_bench_generate", "time_steps",
            "write_steps"]
 
 
@@ -56,8 +58,8 @@ class _Resolving:
 
 class RecordingExecutor(Executor):
     """Delegates to ``inner``; ``last`` is the last launched ``SchedulerOutput``, ``resolved`` the last one whose
-    result the core took: a timed ``step()`` waits for that one's device work, so its features go with the
-    step's period (the same step in the synchronous engine; the previous one with async scheduling)."""
+    result the core took (the same step in the synchronous engine; the previous one with async scheduling):
+    ``StepAttribution`` turns them and the step times into rows."""
 
     def __init__(self, inner: Executor):
         self.inner = inner
@@ -77,12 +79,50 @@ class RecordingExecutor(Executor):
         return self.inner.describe()
 
 
+class StepAttribution:
+    """Charges the wall time of timed ``step()`` calls to the ``SchedulerOutput``s they resolved, so that the
+    sum of the charges is the time the engine spent (what the simulator's clock must add up to).
+
+    A ``step()``'s period (previous ``step()``'s end to its end: driver bookkeeping included) is charged to
+    the step whose result it took; the period of a ``step()`` that took none (the first of a burst, which
+    only launches) is carried into the next charge. Synchronous engine: the step launched and resolved are
+    the same. Async scheduling (CUDA): ``step()`` k launches k, then waits for k-1; the launch of an eager
+    step (one with a prefill chunk: ~35-100 ms on an H200 for an 8B model, against ~0.3 ms for a CUDA-graph
+    decode) lands in k-1's charge. So the row's ``prefill_step`` feature says whether the step *launched* in
+    that period was eager; ``fit(..., async_steps=True)`` maps this back to a per-step cost (see ``fit``).
+    A step launched by a ``step()`` that resolved nothing carries ``drained_prefill`` (when it has a prefill
+    chunk); its row holds that launch. run33 charged the period alone and dropped the carried part: prefills looked ~1 ms, decodes before a
+    prefill ~40 ms, and the fit was off by 52%.
+    """
+
+    def __init__(self):
+        self.prev_end: float | None = None
+        self.carry = 0.0
+        self.drained: set[int] = set()  # id of steps launched by a step() that resolved nothing
+
+    def step(self, t0: float, t1: float, launched, resolved) -> tuple | None:
+        """``(features, seconds)`` for this ``step()``, or None when it resolved nothing."""
+        start = self.prev_end if self.prev_end is not None else t0
+        self.prev_end = t1
+        if resolved is None:
+            self.carry += t1 - start
+            if launched is not None:
+                self.drained.add(id(launched))
+            return None
+        seconds, self.carry = self.carry + (t1 - start), 0.0
+        drained = id(resolved) in self.drained
+        self.drained.discard(id(resolved))
+        feats = list(step_features(resolved, drained=drained))
+        feats[PREFILL_STEP] = step_features(launched)[PREFILL_STEP] if launched is not None else 0.0
+        return tuple(feats), seconds
+
+
 def time_steps(core: EngineCore, rec: RecordingExecutor, batch: int, ctx: int, new_tokens: int,
                rng: random.Random, vocab: int, tag: str, mixed: bool = False,
                clock: str = "wall") -> list[tuple[tuple, float]]:
     """Serve ``batch`` requests of ``ctx`` prompt tokens through the simulator's own driver loop on a wall
-    clock; one ``(features, seconds)`` per step, where seconds is the step period (previous step's end to this
-    one's: the engine step plus the driver's bookkeeping, which a simulated step must also cover)."""
+    clock; one ``(features, seconds)`` per resolved step (``StepAttribution``: the step period, the engine
+    step plus the driver's bookkeeping, which a simulated step must also cover)."""
     if mixed:  # a closed loop of 3 x batch requests, at most batch in flight: prefills join running decodes
         reqs = [SimRequest(f"{tag}-{i}", 0.0, [rng.randrange(vocab) for _ in range(rng.randint(8, ctx))],
                            rng.randint(2, 2 * new_tokens)) for i in range(3 * batch)]
@@ -90,13 +130,15 @@ def time_steps(core: EngineCore, rec: RecordingExecutor, batch: int, ctx: int, n
         reqs = [SimRequest(f"{tag}-{i}", 0.0, [rng.randrange(vocab) for _ in range(ctx)], new_tokens)
                 for i in range(batch)]
     rows: list[tuple[tuple, float]] = []
-    prev = [None]
+    att = StepAttribution()
 
     def hook(t0: float, t1: float) -> None:
-        sched, rec.resolved = rec.resolved, None
-        if sched is not None and sched.scheduled:
-            rows.append((step_features(sched), t1 - (prev[0] if prev[0] is not None else t0)))
-        prev[0] = t1
+        launched = rec.last if rec.last is not None and rec.last.scheduled else None
+        resolved = rec.resolved if rec.resolved is not None and rec.resolved.scheduled else None
+        rec.last = rec.resolved = None
+        got = att.step(t0, t1, launched, resolved)
+        if got is not None:
+            rows.append(got)
 
     rep = Replica(core, make_clock(clock), "probe")
     rep.step_hook = hook
@@ -105,11 +147,15 @@ def time_steps(core: EngineCore, rec: RecordingExecutor, batch: int, ctx: int, n
     return rows
 
 
-def fit_rows(rows, knees=None):
+def fit_rows(rows, knees=None, async_steps: bool = False, trim: float | None = None):
+    """``fit`` with knee candidates at token quartiles. ``trim`` (default: 3 for a synchronous engine, off
+    with ``async_steps``): on CUDA the slow steps are eager launches, real costs, not interference."""
     tokens = sorted({f[1] + f[2] for f, _ in rows})
     if knees is None:
         knees = (0.0,) + tuple(float(tokens[int(q * (len(tokens) - 1))]) for q in (0.25, 0.5, 0.75))
-    return fit(rows, knees=knees)
+    if trim is None:
+        trim = 0.0 if async_steps else 3.0
+    return fit(rows, knees=knees, trim=trim, async_steps=async_steps)
 
 
 def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> tuple[Calibration, list]:
@@ -142,7 +188,8 @@ def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> 
                              clock=grid.clock)
             rows.extend(got)
             log(f"sim-calibrate: batch {b:>3} mixed closed loop: {len(got)} steps")
-    cost, err = fit_rows(rows)
+    async_steps = bool(rec.config.async_scheduling)
+    cost, err = fit_rows(rows, async_steps=async_steps)
     kv = rec.inner.kv_cache
     mcfg = model.config
     cal = Calibration(
@@ -151,7 +198,7 @@ def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> 
         kv_dtype=str(kv.dtype).removeprefix("torch."), kv_bytes_per_elem=kv.dtype.itemsize,
         num_layers=int(getattr(mcfg, "num_hidden_layers", 0) or 0), hidden_size=int(getattr(mcfg, "hidden_size", 0) or 0),
         kv_bytes_per_token=int(kv.bytes_per_token), num_samples=len(rows), fit_error=err, source="probes",
-        extra={"clock": grid.clock, "probe_seconds": time.perf_counter() - t0, "grid": dict(grid.__dict__),
+        extra={"clock": grid.clock, "async_scheduling": async_steps, "probe_seconds": time.perf_counter() - t0, "grid": dict(grid.__dict__),
                "block_size": cfg.block_size, "max_num_batched_tokens": rec.config.max_num_batched_tokens},
     )
     return cal, rows

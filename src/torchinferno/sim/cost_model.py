@@ -7,7 +7,13 @@ Features of a step (``step_features``), from the ``SchedulerOutput`` alone:
 * ``prefill_attn``: sum over prefill chunks of ``chunk * (start + chunk / 2)`` / 1000 (query x key pairs / 1e3);
 * ``excess_tokens``: ``max(0, tokens - knee)``: the piecewise term (compute-bound past a knee in tokens);
 * ``decode_ctx_padded``: decode rows x the longest decode context (attention that pads the batch to its longest
-  sequence, as the torch paged decode does, costs this rather than ``decode_ctx``).
+  sequence, as the torch paged decode does, costs this rather than ``decode_ctx``);
+* ``prefill_step``: 1 when the step holds a prefill chunk, else 0. On CUDA a pure decode step replays a CUDA
+  graph while a step with a prefill chunk runs eagerly: a fixed host launch cost (~35-90 ms for an 8B model
+  in run33) that neither token count explains;
+* ``drained_prefill``: 1 when the step holds a prefill chunk and was launched, under async scheduling, with
+  no step in flight (the first step of a burst: on CUDA its launch took ~90-100 ms in run33 against ~35-45 ms
+  behind a running decode). Always 0 in the synchronous engine.
 
 ``cost = c0 + sum(coef[f] * feature[f])``, fitted by non-negative least squares on measured steps
 (``fit``; numpy), with the knee picked from candidates by residual. The cost covers the whole engine step
@@ -30,13 +36,14 @@ from torchinferno.errors import ConfigError
 __all__ = ["FEATURES", "CostModel", "LinkModel", "fit", "step_features"]
 
 FEATURES = ("seqs", "prefill_tokens", "decode_tokens", "decode_ctx", "prefill_attn", "excess_tokens",
-            "decode_ctx_padded")
+            "decode_ctx_padded", "prefill_step", "drained_prefill")
 
 
 def step_features(sched: SchedulerOutput, knee: float = 0.0,
-                  external_prefill: frozenset | set = frozenset()) -> tuple[float, ...]:
+                  external_prefill: frozenset | set = frozenset(), drained: bool = False) -> tuple[float, ...]:
     """The feature vector of one step (order of ``FEATURES``). Rows of requests in ``external_prefill`` whose
-    chunk is a prefill cost nothing (their KV arrived from a prefill replica)."""
+    chunk is a prefill cost nothing (their KV arrived from a prefill replica). ``drained``: launched under
+    async scheduling with nothing in flight."""
     seqs = ptok = dtok = dctx = pattn = maxctx = 0
     for s in sched.scheduled:
         n = len(s.token_ids)
@@ -54,7 +61,8 @@ def step_features(sched: SchedulerOutput, knee: float = 0.0,
         ptok += n
         pattn += n * (start + n * 0.5)
     tokens = ptok + dtok
-    return (seqs, ptok, dtok, dctx, pattn * 1e-3, max(0.0, tokens - knee) if knee > 0 else 0.0, dtok * maxctx)
+    return (seqs, ptok, dtok, dctx, pattn * 1e-3, max(0.0, tokens - knee) if knee > 0 else 0.0, dtok * maxctx,
+            1.0 if ptok else 0.0, 1.0 if ptok and drained else 0.0)
 
 
 @dataclass(frozen=True)
@@ -95,10 +103,10 @@ class CostModel:
             c += w * x
         return c
 
-    def step_cost(self, sched: SchedulerOutput, external_prefill=frozenset()) -> float:
+    def step_cost(self, sched: SchedulerOutput, external_prefill=frozenset(), drained: bool = False) -> float:
         if not sched.scheduled:
             return self.empty_step_s
-        return self.predict(step_features(sched, self.knee, external_prefill))
+        return self.predict(step_features(sched, self.knee, external_prefill, drained))
 
     def with_kv_bytes(self, ratio: float) -> CostModel:
         """Context terms scaled by the KV bytes ratio (target dtype bytes / calibrated dtype bytes)."""
@@ -144,7 +152,7 @@ def _nnls(a, b):
     return x
 
 
-def _fit_once(x, y, knee: float, use: list[int]):
+def _fit_once(x, y, knee: float, use: list[int], async_steps: bool = False):
     import numpy as np
 
     xk = x.copy()
@@ -152,6 +160,8 @@ def _fit_once(x, y, knee: float, use: list[int]):
     xk[:, 5] = np.maximum(0.0, tokens - knee) if knee > 0 else 0.0
     cols = [j for j in use if knee > 0 or j != 5]
     design = np.concatenate([np.ones((len(y), 1)), xk[:, cols]], axis=1)
+    if async_steps:  # last column: "this row's own step had no prefill" (a decode step's device wait)
+        design = np.concatenate([design, (x[:, 1] == 0).astype(np.float64)[:, None]], axis=1)
     w = 1.0 / np.maximum(y, 1e-9)  # relative error weights
     a = design * w[:, None]
     scale = np.maximum(np.abs(a).max(axis=0), 1e-30)  # column scaling: a well-conditioned solve
@@ -161,14 +171,22 @@ def _fit_once(x, y, knee: float, use: list[int]):
 
 
 def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEATURES,
-        trim: float = 3.0) -> tuple[CostModel, float]:
+        trim: float = 3.0, async_steps: bool = False) -> tuple[CostModel, float]:
     """Fit a ``CostModel`` to ``(features, seconds)`` rows (features computed with knee 0; the excess term is
     recomputed per knee candidate from ``prefill_tokens + decode_tokens``). Only ``features`` are free.
 
     Robust to interference (a shared machine): after a first fit, steps measured slower than predicted by
     more than ``trim`` x the median |relative error| are dropped and the fit is redone. A knee is kept only
     when it lowers the error by more than 10% relative to no knee. Returns the model and its mean |relative
-    error| on the rows it kept."""
+    error| on the rows it kept.
+
+    ``async_steps``: rows timed under async scheduling (``calibrate.StepAttribution``), where a row is the
+    resolved step's wait plus the launch of the *next* step, and ``prefill_step`` flags that launch. An eager
+    step's device work runs during its own launch, so its wait is short while a graph decode's is the whole
+    forward: a column ``D = [the row's step has no prefill]`` takes that wait. Per step, the model is then
+    ``c0 + D`` and ``prefill_step`` weighs ``launch - D`` (clamped at 0): the same total time, charged to the
+    step that causes it. A ``drained_prefill`` row holds its own launch (carried), so its per-step weight is
+    the row weight less ``launch`` (the per-step ``c0 + prefill_step`` already pays that much)."""
     import numpy as np
 
     if len(rows) < 3:
@@ -179,17 +197,23 @@ def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEAT
     use = [FEATURES.index(f) for f in features]
     best = None
     for knee in sorted(set(knees)):
-        sol, cols, rel = _fit_once(x, y, knee, use)
+        sol, cols, rel = _fit_once(x, y, knee, use, async_steps)
         if trim:
             mad = float(np.median(np.abs(rel)))
             keep = rel > -trim * max(mad, 1e-3)  # measured much slower than predicted: interference
             if keep.sum() >= max(3, len(y) // 2) and not keep.all():
-                sol, cols, rel2 = _fit_once(x[keep], y[keep], knee, use)
+                sol, cols, rel2 = _fit_once(x[keep], y[keep], knee, use, async_steps)
                 rel = rel2
         err = float(np.mean(np.abs(rel)))
         if best is None or err < best[0] * (0.9 if best[1].knee == 0 else 1.0):
             coef = dict.fromkeys(FEATURES, 0.0)
             for j, v in zip(cols, sol[1:]):
                 coef[FEATURES[j]] = float(v)
-            best = (err, CostModel(c0=float(sol[0]), coef=coef, knee=float(knee)))
+            c0 = float(sol[0])
+            if async_steps:  # row terms -> per-step terms (docstring)
+                d, launch = float(sol[-1]), coef["prefill_step"]
+                c0 += d
+                coef["prefill_step"] = max(0.0, launch - d)
+                coef["drained_prefill"] = max(0.0, coef["drained_prefill"] - launch)
+            best = (err, CostModel(c0=c0, coef=coef, knee=float(knee)))
     return best[1], best[0]

@@ -93,15 +93,16 @@ class _Pending:
     cost when its result is taken, once. Synchronous engine: at once. Async scheduling: when the core waits for
     it, one ``step()`` later, which is when the device would have finished it."""
 
-    __slots__ = ("cost", "ex", "out")
+    __slots__ = ("cost", "counted", "ex", "out")
 
-    def __init__(self, ex: SimulatedExecutor, cost: float, out: ModelRunnerOutput):
-        self.ex, self.cost, self.out = ex, cost, out
+    def __init__(self, ex: SimulatedExecutor, cost: float, out: ModelRunnerOutput, counted: bool = False):
+        self.ex, self.cost, self.out, self.counted = ex, cost, out, counted
 
     def result(self) -> ModelRunnerOutput:
         if self.cost is not None:
             self.ex.clock.advance(self.cost)
             self.ex.busy_s += self.cost
+            self.ex._outstanding -= self.counted
             self.cost = None
         return self.out
 
@@ -134,6 +135,7 @@ class SimulatedExecutor(Executor):
         self.clock = clock or VirtualClock()
         self.external_prefill: set[str] = set()
         self._forwards = 0
+        self._outstanding = 0  # launched steps whose result was not taken yet
         self.busy_s = 0.0
 
     def execute_async(self, sched: SchedulerOutput) -> _Pending:
@@ -141,7 +143,10 @@ class SimulatedExecutor(Executor):
         if sched.scheduled:
             self._forwards += 1
             out.sampled_token_ids = {s.request_id: DUMMY_TOKEN for s in sched.scheduled if s.sample}
-        return _Pending(self, self.cost_model.step_cost(sched, self.external_prefill), out)
+        drained = bool(self.config.async_scheduling) and self._outstanding == 0  # cost_model: drained_prefill
+        counted = bool(sched.scheduled)  # the core takes the result of every step that scheduled something
+        self._outstanding += counted
+        return _Pending(self, self.cost_model.step_cost(sched, self.external_prefill, drained), out, counted)
 
     @property
     def num_forward_calls(self) -> int:

@@ -35,6 +35,7 @@ class ValidateConfig:
     output_len: str = "uniform:16:64"
     seed: int = 0
     clock: str = "wall"  # how the real run is timed: "wall" or "cpu" (process CPU time; see executor.CpuClock)
+    warmup_requests: int = 8  # untimed requests of the workload's shapes served first (0: none)
 
 
 def compare(predicted: dict, measured: dict) -> dict:
@@ -48,6 +49,12 @@ def compare(predicted: dict, measured: dict) -> dict:
 def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: ValidateConfig, log=print) -> dict:
     vocab = getattr(model.config, "vocab_size", 1000) or 1000
     real_ex = UniprocExecutor(model, engine_config)
+    if vc.warmup_requests:  # first shapes pay compiles / GEMM heuristics / allocator growth: not timed
+        warm = generate(TrafficSpec(num_requests=vc.warmup_requests, prompt_len=vc.input_len, output_len="fixed:4",
+                                    vocab_size=vocab, seed=vc.seed + 10_007))
+        core = EngineCore(real_ex, (), vocab)
+        run_workload(warm, [Replica(core, make_clock(vc.clock), "warmup")], max_concurrency=max(vc.concurrency))
+        core.reset_prefix_cache()
     levels = {}
     for c in vc.concurrency:
         n = vc.requests_per_level or max(8, 2 * c)
