@@ -160,3 +160,31 @@ def test_cuda_alone_equals_inside_any_batch(family, params):
     for n in (1, 7, 31):
         assert _target_outputs(model, OTHERS[:n], params, True) == alone, n
     assert _target_outputs(model, OTHERS[:12], params, True, late=3) == alone, "late arrivals"
+
+
+def test_triton_backend_takes_the_torch_per_sequence_path_when_invariant(monkeypatch):
+    """On CUDA the Triton kernels (split-K decode tiled by batch, varlen prefill) must not run in this mode."""
+    import contextlib
+    import types
+
+    from torchinferno.models.common import attention_triton
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+
+    calls = []
+    fake = types.SimpleNamespace(**{n: (lambda *a, _n=n, **k: calls.append(_n)) for n in
+                                    ("write_kv_cache", "batched_paged_decode_attention", "paged_prefill_attention")})
+    monkeypatch.setattr(attention_triton, "tri", types.SimpleNamespace(usable=lambda t: True))  # "CUDA with Triton"
+    monkeypatch.setattr(attention_triton, "kapi", fake)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    eng = LLMEngine(tiny_model("llama3", attention_backend=TritonPagedAttention), None, max_model_len=128,
+                    batch_invariant=True)
+    eng.add_request("a", TARGET[:9], params)
+    eng.add_request("b", TARGET[:5], params)
+    while eng.has_unfinished():
+        eng.step()
+    assert calls == []
+    plain = LLMEngine(tiny_model("llama3", attention_backend=TritonPagedAttention), None, max_model_len=128)
+    plain.add_request("a", TARGET[:9], params)
+    with contextlib.suppress(TypeError, AttributeError, RuntimeError):  # the fake kernels return nothing
+        plain.step()
+    assert calls, "without the flag the Triton path is taken (so the check above can fail)"
