@@ -36,10 +36,10 @@ TARGET = [rng.randrange(3, 250) for _ in range(37)]
 OTHERS = [[rng.randrange(3, 250) for _ in range(rng.randrange(5, 120))] for _ in range(31)]
 
 
-def _target_outputs(model, others, params, invariant: bool, late: int = 0):
+def _target_outputs(model, others, params, invariant: bool, late: int = 0, **engine_kw):
     """The target's (token ids, logprobs) with ``others`` added before the first step, or after ``late`` steps
     (then the target decodes in steps that also prefill prompts)."""
-    eng = LLMEngine(model, None, max_model_len=256, batch_invariant=invariant)
+    eng = LLMEngine(model, None, max_model_len=256, batch_invariant=invariant, **engine_kw)
     orng = random.Random(1)
 
     def add_others():
@@ -155,11 +155,12 @@ def test_cuda_alone_equals_inside_any_batch(family, params):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     model = CUDA_MODELS[family]()
-    alone = _target_outputs(model, [], params, True)
+    kw = {"num_gpu_blocks": 1024}  # a small fixed pool: engines built one after another need no memory planning
+    alone = _target_outputs(model, [], params, True, **kw)
     assert alone[1], "no logprobs came back"
     for n in (1, 7, 31):
-        assert _target_outputs(model, OTHERS[:n], params, True) == alone, n
-    assert _target_outputs(model, OTHERS[:12], params, True, late=3) == alone, "late arrivals"
+        assert _target_outputs(model, OTHERS[:n], params, True, **kw) == alone, n
+    assert _target_outputs(model, OTHERS[:12], params, True, late=3, **kw) == alone, "late arrivals"
 
 
 def test_triton_backend_takes_the_torch_per_sequence_path_when_invariant(monkeypatch):
