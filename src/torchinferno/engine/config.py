@@ -61,7 +61,7 @@ class EngineConfig:
 
     ``batch_invariant=True``: a request's tokens and logprobs are bitwise the same alone or in any batch
     (``kernels.batch_invariant`` is applied to the model; a prompt is always prefilled whole, so chunked
-    prefill and prefix caching are off). CPU only for now. A request preempted under KV pressure is
+    prefill and prefix caching are off; on CUDA steps run eager: no CUDA graphs). A request preempted under KV pressure is
     recomputed in one prefill and is then not guaranteed the same numbers.
     """
 
@@ -86,6 +86,7 @@ class EngineConfig:
         if self.batch_invariant:
             self.enable_chunked_prefill = False
             self.enable_prefix_caching = False
+            self.enforce_eager = True  # a CUDA graph bucket pads the batch: M, and so cuBLAS's choice, would change
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         self.kv_cache_dtype = parse_kv_cache_dtype(self.kv_cache_dtype)

@@ -9,15 +9,23 @@ the step (measured: SmolLM2 bf16 on CPU, one prompt alone vs with 8 others: logp
   has the same shape whatever the batch, and a row's result depends only on that row. Kernels that already
   compute each row on its own (our AVX512-BF16 GEMV) are left alone;
 * routed experts: the same row tiles inside the grouped expert loop;
-* attention: decode attends one sequence at a time (no padding mask, the path a lone request takes), and
-  prefill always takes the masked path over the cached context, so a prompt split into chunks by a busy
-  step gets the numbers it gets whole;
-* the lean CPU decode step (a batch-dependent fast path) is dropped.
+* routers: the fp32 router GEMM on the same row tiles (``row_tile`` on the router module);
+* RMSNorm: on the same row tiles (the torch reference norm is a row reduction whose CUDA thread split
+  follows the number of rows; the Triton norm is one program per row and is tiled all the same);
+* attention: decode attends one sequence at a time (no padding mask, the path a lone request takes), also
+  for the one-token rows of a batch that mixes decodes with prompts; prefill is per sequence (whole prompt);
+  on CUDA the Triton backend (split-K decode whose tiling follows the batch, varlen prefill) is bypassed for
+  the torch per-sequence path (SDPA on a fixed-shape [1, H, q, D] call per sequence);
+* the lean decode steps (CPU GEMV step, fused batch-1 CUDA step) are dropped, and CUDA graphs are off
+  (``EngineConfig`` sets ``enforce_eager``): a graph bucket pads the batch, which would change M.
+
+On CUDA each row tile is one cuBLAS call of the same shape on a freshly allocated (aligned) buffer, so the
+algorithm cuBLAS picks, and its reduction order, are the same for a row whatever the batch. Norms and
+activations use the Triton kernels there (one program per row); sampling and log-softmax are per row.
 
 Invariant: after the transformation, a request's hidden states, logits and sampled tokens are bitwise the
 same alone or in any batch (tested for every family on CPU). It costs speed (RESULTS.md); it is opt-in
-(``--batch-invariant``). CUDA is refused for now: cuBLAS and the split-K decode attention need their own
-batch-invariant kernels.
+(``--batch-invariant``).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ROW_TILE", "BatchInvariantLinear", "tiled_linear", "make_batch_invariant"]
+__all__ = ["ROW_TILE", "BatchInvariantLinear", "tiled_linear", "tiled_rows", "make_batch_invariant"]
 
 ROW_TILE = 16
 
@@ -35,9 +43,35 @@ def _tiles(x2: torch.Tensor, fn, tile: int) -> torch.Tensor:
     """``fn`` over fixed [tile, K] row blocks of x2 [M, K] (zero-padded), concatenated back to [M, N]."""
     m = x2.shape[0]
     pad = (-m) % tile
-    if pad:
+    if x2.device.type == "cuda":
+        # A fresh buffer: every tile then starts at the same alignment (cuBLAS heuristics read pointer alignment).
+        buf = x2.new_zeros(m + pad, x2.shape[1])
+        buf[:m] = x2
+        x2 = buf
+    elif pad:
         x2 = torch.cat((x2, x2.new_zeros(pad, x2.shape[1])))
     return torch.cat([fn(x2[i:i + tile]) for i in range(0, x2.shape[0], tile)])[:m]
+
+
+def tiled_rows(fn, tile: int, *xs: torch.Tensor):
+    """``fn(*xs)`` for a row-wise ``fn`` (xs [..., D_i] sharing leading dims; returns a tensor or a tuple of
+    [..., N_j]) computed on fixed [tile, D_i] row blocks, so a row's result does not depend on how many rows
+    there are (a torch row reduction picks its thread split from the number of rows)."""
+    lead = xs[0].shape[:-1]
+    flat = [x.reshape(-1, x.shape[-1]) for x in xs]
+    m = flat[0].shape[0]
+    pad = (-m) % tile
+    padded = []
+    for x in flat:
+        buf = x.new_zeros(m + pad, x.shape[1])  # fresh, so every tile has the same alignment
+        buf[:m] = x
+        padded.append(buf)
+    outs = [fn(*(p[i:i + tile] for p in padded)) for i in range(0, m + pad, tile)]
+    if isinstance(outs[0], torch.Tensor):
+        y = torch.cat(outs)[:m]
+        return y.view(*lead, y.shape[-1])
+    cols = [torch.cat(col)[:m] for col in zip(*outs)]
+    return tuple(y.view(*lead, y.shape[-1]) for y in cols)
 
 
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, tile: int | None, bias: torch.Tensor | None = None):
@@ -83,16 +117,13 @@ def _row_invariant(module: nn.Module) -> bool:
 def make_batch_invariant(model: nn.Module, tile: int = ROW_TILE) -> dict:
     """Apply the transformation in place (module docstring); returns what changed, by kind.
 
-    Raises ``ConfigError`` on CUDA. Idempotent."""
-    from torchinferno.errors import ConfigError
+    Idempotent. CPU and CUDA alike (the engine also turns CUDA graphs off: ``EngineConfig.enforce_eager``)."""
     from torchinferno.kernels.cpu_linear import PackedLinear
 
-    p = next(model.parameters(), None)
-    if p is not None and p.device.type != "cpu":
-        raise ConfigError("--batch-invariant runs on CPU only for now (valid device: cpu); on CUDA cuBLAS and the "
-                          "split-K decode attention need batch-invariant kernels first")
-    changed = {"linears": 0, "experts": 0, "attention": 0}
+    changed = {"linears": 0, "row_tiled": 0, "attention": 0}
     for parent in list(model.modules()):
+        if isinstance(parent, BatchInvariantLinear):
+            continue  # its inner linear is wrapped already
         for name, child in list(parent.named_children()):
             if isinstance(child, BatchInvariantLinear):
                 continue
@@ -101,8 +132,8 @@ def make_batch_invariant(model: nn.Module, tile: int = ROW_TILE) -> dict:
                 changed["linears"] += 1
     for m in model.modules():
         if hasattr(m, "row_tile"):
-            m.row_tile = tile
-            changed["experts"] += 1
+            m.row_tile = tile  # experts, routers, norms
+            changed["row_tiled"] += 1
         if hasattr(m, "batch_invariant"):
             m.batch_invariant = True
             changed["attention"] += 1

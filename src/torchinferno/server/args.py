@@ -57,7 +57,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                         "with the device; same outputs). Default: on for CUDA, off on CPU")
     p.add_argument("--batch-invariant", action="store_true",
                    help="a request's tokens and logprobs are bitwise the same whatever else is batched with it "
-                        "(greedy and seeded; CPU only for now; slower; turns off chunked prefill and prefix caching)")
+                        "(greedy and seeded; CPU and CUDA; slower; turns off chunked prefill, prefix caching and CUDA graphs)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--max-request-body-bytes", type=int, default=16 * 1024 * 1024, metavar="N",

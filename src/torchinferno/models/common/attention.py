@@ -76,6 +76,9 @@ class TorchAttention(torch.nn.Module):
         out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
         for b, (s, qlen, ctx) in enumerate(meta.query_spans()):
             e, slen = s + qlen, ctx + qlen
+            if self.batch_invariant and qlen == 1 and ctx > 0 and kv_cache is not None:
+                out[s] = self._decode_one(q[s], meta.block_tables[b : b + 1], slen, kv_cache, gqa, cdt)
+                continue  # a decode row mixed with prompts: the numbers it gets in a decode-only step
             qb = q[s:e].transpose(0, 1).unsqueeze(0)  # [1, H, qlen, D]
             if ctx == 0 or kv_cache is None:
                 kb, vb = k[s:e], v[s:e]
@@ -105,16 +108,23 @@ class TorchAttention(torch.nn.Module):
         k_cache, v_cache = kv_cache
         write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
         write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
-        B, H, D = q.shape
-        out = q.new_empty(B, H, v.shape[-1])
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
         for b, length in enumerate(meta.seq_lens_list):
-            bt = meta.block_tables[b : b + 1]
-            kb = gather_kv(k_cache, bt, length).transpose(1, 2).to(cdt)  # [1, Hkv, L, D]
-            vb = gather_kv(v_cache, bt, length).transpose(1, 2).to(cdt)
-            o = F.scaled_dot_product_attention(q[b : b + 1].view(1, H, 1, D).to(cdt), kb, vb, scale=self.scale,
-                                               enable_gqa=gqa)
-            out[b] = o.view(H, -1).to(q.dtype)
+            out[b] = self._decode_one(q[b], meta.block_tables[b : b + 1], length, kv_cache, gqa, cdt)
         return out
+
+    def _decode_one(self, q1, bt, length: int, kv_cache, gqa: bool, cdt: torch.dtype):
+        """One sequence's one query q1 [H, D] over its ``length`` cached tokens (block table bt [1, nb]) -> [H, Dv].
+
+        The same fixed-shape SDPA call whatever else is in the step (q1 is copied to a fresh buffer so the call
+        also sees the same alignment)."""
+        k_cache, v_cache = kv_cache
+        H, D = q1.shape
+        kb = gather_kv(k_cache, bt, length).transpose(1, 2).to(cdt)  # [1, Hkv, L, D]
+        vb = gather_kv(v_cache, bt, length).transpose(1, 2).to(cdt)
+        qb = q1.reshape(1, H, 1, D).to(cdt, copy=True)
+        o = F.scaled_dot_product_attention(qb, kb, vb, scale=self.scale, enable_gqa=gqa)
+        return o.view(H, -1).to(q1.dtype)
 
     def _decode(self, q, k, v, kv_cache, meta: AttentionMetadata, gqa: bool, cdt: torch.dtype):
         # q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv]: one new token per sequence; write its K/V, then

@@ -54,12 +54,14 @@ class AttentionMetadata:
         q = self.query_lens_list
         return not q or max(q) == 1
 
-    def decode_row(self, b: int) -> "AttentionMetadata":
-        """The metadata of sequence ``b`` of a decode batch on its own (one query token)."""
+    def decode_row(self, b: int, token: int | None = None) -> "AttentionMetadata":
+        """The metadata of sequence ``b`` of a decode batch on its own (one query token); ``token``: the flat
+        index of that sequence's one query token when the batch also holds prompts (default ``b``)."""
+        t = b if token is None else token
         return AttentionMetadata(
-            query_start_loc=self.query_start_loc[:2] - self.query_start_loc[0] if b == 0 else
+            query_start_loc=self.query_start_loc[:2] - self.query_start_loc[0] if b == 0 and t == 0 else
             torch.tensor([0, 1], dtype=self.query_start_loc.dtype, device=self.query_start_loc.device),
-            seq_lens=self.seq_lens[b : b + 1], slot_mapping=self.slot_mapping[b : b + 1],
+            seq_lens=self.seq_lens[b : b + 1], slot_mapping=self.slot_mapping[t : t + 1],
             block_tables=self.block_tables[b : b + 1], block_size=self.block_size, query_lens_list=[1],
             seq_lens_list=[self.seq_lens_list[b]], has_padding=self.has_padding,
             block_tables_host=None if self.block_tables_host is None else [self.block_tables_host[b]],

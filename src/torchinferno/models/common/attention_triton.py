@@ -16,7 +16,8 @@ On CUDA tensors with Triton installed:
 Every path attends to K/V as the cache stores them: with an FP8 cache the fresh-prompt path
 rounds its new K/V the same way first (``kernels.kv_dtype``), so backends and paths agree.
 
-Elsewhere (CPU tensors, no Triton) it behaves exactly like ``TorchAttention``.
+Elsewhere (CPU tensors, no Triton) and in batch-invariant mode (``kernels.batch_invariant``) it behaves
+exactly like ``TorchAttention``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class TritonPagedAttention(TorchAttention):
     supports_cuda_graphs = True
 
     def forward(self, q, k, v, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata | None):
-        if kv_cache is None or meta is None or not tri.usable(q):
+        if kv_cache is None or meta is None or not tri.usable(q) or self.batch_invariant:
+            # batch-invariant mode: the torch per-sequence path (the split-K decode tiles by batch)
             return super().forward(q, k, v, kv_cache, meta)
         k_cache, v_cache = kv_cache
         kapi.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -18,9 +18,16 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.ops = ops
+        self.row_tile: int | None = None  # set by kernels.batch_invariant: normalize fixed row tiles
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """Without residual: rms_norm(x). With: (rms_norm(x + residual), x + residual)."""
+        if self.row_tile is not None:
+            from torchinferno.kernels.batch_invariant import tiled_rows
+
+            if residual is None:
+                return tiled_rows(lambda t: self.ops.rms_norm(t, self.weight, self.eps), self.row_tile, x)
+            return tiled_rows(lambda t, r: self.ops.add_rms_norm(t, r, self.weight, self.eps), self.row_tile, x, residual)
         if residual is None:
             return self.ops.rms_norm(x, self.weight, self.eps)
         return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
@@ -80,9 +87,12 @@ class SigmoidRouter(KeepFP32, nn.Module):
         self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
         self.norm_topk_prob, self.scaling = norm_topk_prob, scaling
         self.ops = ops
+        self.row_tile: int | None = None  # set by kernels.batch_invariant: the router GEMM on fixed row tiles
 
     def forward(self, x) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = torch.nn.functional.linear(x.float(), self.weight.float())
+        from torchinferno.kernels.batch_invariant import tiled_linear
+
+        logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
         return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
                               self.norm_topk_prob, self.scaling)
 

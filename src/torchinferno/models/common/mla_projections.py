@@ -85,3 +85,19 @@ class MLAProjections(nn.Module):
             return t[b : b + 1]
 
         return torch.cat([fn(*(one(t, b) for t in rows), meta.decode_row(b)) for b in range(meta.num_seqs)])
+
+    def decode_rows_of_mixed(self, o, fn, meta, *rows):
+        """Batch-invariant mixed batch (decodes and prompts in one step): ``o`` [T, ...] (the expanded result)
+        gets, for each one-token row with cached context, ``fn(*row_slices, row_meta)``: the numbers that row
+        gets in a decode-only step (``each_decode_row``). Returns ``o``."""
+        def one(t, s):
+            if t is None:
+                return None
+            if isinstance(t, tuple):
+                return type(t)(*(one(f, s) for f in t))
+            return t[s : s + 1]
+
+        for b, (s, qlen, ctx) in enumerate(meta.query_spans()):
+            if qlen == 1 and ctx > 0:
+                o[s : s + 1] = fn(*(one(t, s) for t in rows), meta.decode_row(b, token=s))
+        return o

@@ -121,6 +121,9 @@ class DeepSeekMLA(MLAProjections):
                 o = self._decode_absorbed(q_nope, q_pe, idx, kv_cache, meta)
         else:
             o = self._expanded(q_nope, q_pe, latent, idx, kv_cache, meta)
+            if self.batch_invariant and self.absorb_decode and kv_cache is not None and meta is not None:
+                o = self.decode_rows_of_mixed(o, lambda qn, qp, ix, m: self._decode_absorbed(qn, qp, ix, kv_cache, m),
+                                              meta, q_nope, q_pe, idx)
         return self.o_proj(o.reshape(T, H * self.v_dim))
 
     def _expanded(self, q_nope, q_pe, latent, idx: IndexerProj | None, kv_cache, meta):

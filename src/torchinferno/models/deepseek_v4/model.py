@@ -217,6 +217,7 @@ class Router(KeepFP32Tensors, nn.Module):
         self.hashed, self.top_k, self.scaling = hashed, cfg.num_experts_per_tok, cfg.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(cfg.n_routed_experts, cfg.hidden_size))
         nn.init.normal_(self.weight, std=0.02)
+        self.row_tile: int | None = None  # set by kernels.batch_invariant: the gate GEMM on fixed row tiles
         if hashed:
             self.register_buffer("tid2eid", torch.zeros(cfg.vocab_size, cfg.num_experts_per_tok, dtype=torch.long))
         else:
@@ -224,7 +225,9 @@ class Router(KeepFP32Tensors, nn.Module):
 
     def forward(self, x, input_ids):
         """x [T, D], input_ids [T] -> (weights [T, k], expert ids [T, k])."""
-        scores = F.softplus(F.linear(x, self.weight)).sqrt()
+        from torchinferno.kernels.batch_invariant import tiled_linear
+
+        scores = F.softplus(tiled_linear(x, self.weight, self.row_tile)).sqrt()
         if self.hashed:
             ids = self.tid2eid[input_ids].long()
         else:

@@ -50,6 +50,9 @@ class LatentAttention(MLAProjections):
                     o = self._decode_absorbed(q_nope, q_pe, kv_cache[0], meta)
                 return self.o_proj(o.reshape(T, H * self.v_dim))
         o = self._expanded(q_nope, q_pe, latent, kv_cache, meta)
+        if self.batch_invariant and self.absorb_decode and kv_cache is not None and meta is not None:
+            o = self.decode_rows_of_mixed(o, lambda qn, qp, m: self._decode_absorbed(qn, qp, kv_cache[0], m),
+                                          meta, q_nope, q_pe)
         return self.o_proj(o.reshape(T, H * self.v_dim))
 
     def _expanded(self, q_nope, q_pe, latent, kv_cache, meta: AttentionMetadata | None):
