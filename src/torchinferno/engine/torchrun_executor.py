@@ -14,6 +14,8 @@ so every rank can hold every block table; only offline engines (``LLM``, ``llama
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 import torch.distributed as dist
 
@@ -55,8 +57,12 @@ class TorchrunExecutor(UniprocExecutor):
         backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(local)
-        if not dist.is_initialized():
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size)
+            # A gloo group still alive when the interpreter exits can abort the rank ("terminate called without an
+            # active exception", SIGABRT) after its work is done: destroy it at exit unless shutdown() did.
+            atexit.register(_destroy_group)
         self.comm = Comm(ParallelConfig(tp_size=size, rank=rank, backend=backend, mode=mode))
         super().__init__(build_rank_model(spec, self.comm), config)
         agreed = torch.tensor([self.num_blocks, self.max_model_len], device=self.device if backend == "nccl" else "cpu")
@@ -64,9 +70,20 @@ class TorchrunExecutor(UniprocExecutor):
         self.num_blocks, self.max_model_len = (int(v) for v in agreed.tolist())
         self.model_config = getattr(self.model, "full_config", self.model.config)
 
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self._owns_group:
+            _destroy_group()
+            self._owns_group = False
+
     def describe(self) -> str:
         return (f"{super().describe()}, {self.comm.pcfg.mode}-parallel rank {self.comm.rank}/{self.comm.world_size} "
                 "under torchrun")
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def parallel_executor(spec, config: EngineConfig):
