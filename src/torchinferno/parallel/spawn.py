@@ -48,6 +48,7 @@ def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, args: t
     comm = init_rank(rank, world, port, backend, mode=mode)
     try:
         results.put((rank, pickle.dumps(fn(comm, *args))))  # plain bytes: no shared-memory handles to a dead process
+        dist.barrier()  # no rank tears the group down while another is still in a collective with it
     finally:
         dist.destroy_process_group()
 
