@@ -1,10 +1,6 @@
 #!/usr/bin/env bash
 # One device call for issue 17 (+ CUDA checks of this session's changes). Run from the repo root on the GPU machine.
-set -o pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=src NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=src:/tmp/site
+source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env.txt"
 timeout ${T_BENCH:-330} python3 benchmarks/serve_vs_offline.py --json-output "$OUT/serve_vs_offline.json" \
   --server-log "$OUT/server.log" "$@" 2>&1 | tee "$OUT/bench.log"

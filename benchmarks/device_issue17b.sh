@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Device call (issues 17 + 16): Helion on CUDA, serve vs LLM.generate with the engine step log, LLM defaults vs tuned
 # on offline 1k/1k. Run from the repo root on the GPU machine with the .whl folder carried (device README).
-set -o pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=src:/tmp/site
+source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env.txt"
 if [[ ${STAGES:-helion,serve,offline} == *helion* ]]; then
   timeout ${T_HELION:-120} python3 -m pytest tests/workbench/test_workbench_helion.py -p no:cacheprovider -rA -q 2>&1 \

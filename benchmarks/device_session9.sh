@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Device call: CUDA tests of the step-backend refactor and the merged engine, then the simulator calibrated and
 # validated on the H200 (issue 21). Run from the repo root on the GPU machine with .whl carried.
-set -o pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=src:/tmp/site
+source benchmarks/device_env.sh
 timeout ${T_TESTS:-200} python3 -m pytest tests/kernels/test_cuda_decode_step.py tests/kernels/test_cuda_graphs.py \
   tests/engine tests/server/test_engine_failure.py -q -x -p no:cacheprovider -n 8 2>&1 | tail -6 | tee "$OUT/tests.log"
 M="--model-kind llama3 --size llama3-8b --device cuda --dtype bfloat16 --max-model-len 4096"

@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Device call: batch-invariant mode on CUDA (tests + cost) and the simulator re-calibrated/validated on the H200 with
 # the async-scheduling attribution. Run from the repo root on the GPU machine with .whl carried.
-set -o pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=src:/tmp/site
+source benchmarks/device_env.sh
 timeout ${T_BI:-150} python3 -m pytest -p no:cacheprovider -m cuda tests/kernels/test_batch_invariant.py -rA 2>&1 \
   | grep -E "^(PASSED|FAILED|ERROR|SKIPPED)|^E " | head -30 | tee "$OUT/bi_tests.log"
 timeout ${T_BIC:-120} python3 benchmarks/batch_invariant_cost.py --model-kind llama3 --model-size llama3-8b --device cuda \

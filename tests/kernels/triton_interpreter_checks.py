@@ -75,7 +75,7 @@ def fused_step() -> None:
     spec = model.family.kv_spec(model.config)
     prompt = [5, 17, 99, 3, 42, 7, 8]
     want = S._decode_hidden(model, spec.allocate(8, 4, torch.float32, CPU), prompt, 5)
-    fused = LeanStepModel(model, cuda_decode.CudaDecodeStep(model, pdl=False), "cuda")
+    fused = LeanStepModel(model, cuda_decode.CudaDecodeStep(model, pdl=False))
     got = S._decode_hidden(fused, spec.allocate(8, 4, torch.float32, CPU), prompt, 5)
     rel = float((got - want).norm() / want.norm())
     assert rel < 1e-5, rel

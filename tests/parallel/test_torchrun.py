@@ -8,7 +8,7 @@ import sys
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.assembly import ModelSpec
 from torchinferno.engine.llm import LLM
-from torchinferno.parallel.spawn import free_port
+from torchinferno.ports import free_port
 
 SCRIPT = """
 import json, sys

@@ -18,7 +18,7 @@ from torchinferno.sim.cost_model import (
     fit,
     step_features,
 )
-from torchinferno.sim.driver import Replica, percentile, run_workload
+from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import SimulatedExecutor
 from torchinferno.sim.traffic import LengthDist, TrafficSpec, arrival_times, generate
 
@@ -149,14 +149,6 @@ def test_traffic_distributions_and_errors():
     for r in shared:
         by.setdefault(r.prefix_group, set()).add(tuple(r.prompt_token_ids[:32]))
     assert all(len(v) == 1 for v in by.values())
-
-
-def test_percentile_matches_numpy():
-    import numpy as np
-
-    xs = [random.Random(1).random() for _ in range(101)]
-    for q in (50, 90, 99):
-        assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
 
 
 def test_bench_serve_client_uses_the_simulators_arrivals(monkeypatch):

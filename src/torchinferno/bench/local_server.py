@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,9 @@ import time
 from pathlib import Path
 
 from torchinferno.errors import ConfigError
+from torchinferno.ports import free_port
 
 __all__ = ["free_port", "LocalServer", "torchinferno_serve_argv", "wait_for_health"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchinferno_serve_argv(model: str | None, model_kind: str | None, port: int, device: str = "cpu",

@@ -120,7 +120,7 @@ class MultiprocExecutor(Executor):
         import torch.multiprocessing as mp
 
         from torchinferno.parallel.checks import check_spec, parallel_world
-        from torchinferno.parallel.spawn import free_port
+        from torchinferno.ports import free_port
 
         ranks, self.mode = parallel_world(config)
         world = world or ranks

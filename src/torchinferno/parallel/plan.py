@@ -174,10 +174,9 @@ def shard_vocab(model: nn.Module, pcfg: ParallelConfig, comm: Comm) -> None:
 
 
 def disable_fused_steps(model: nn.Module) -> None:
-    """The lean CPU / fused CUDA decode steps read whole weights: a sharded model runs its modules (runners ask
-    ``make_*_decode_step`` when they wrap the model: models/common/step_model)."""
-    model.make_cpu_decode_step = lambda: None
-    model.make_cuda_decode_step = lambda **_: None
+    """The lean CPU / fused CUDA decode steps read whole weights: mark the model sharded, so runners keep its module
+    path (models/common/step_model)."""
+    model.sharded = True
 
 
 # ---------------------------------------------------------------------------------------- tensors

@@ -8,7 +8,6 @@ down (no process outlives :func:`run_ranks`).
 from __future__ import annotations
 
 import pickle
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +18,7 @@ import torch.multiprocessing as mp
 from torchinferno.errors import TorchInfernoError
 from torchinferno.parallel.comm import Comm
 from torchinferno.parallel.config import ParallelConfig
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from torchinferno.ports import free_port
 
 
 def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 120.0,

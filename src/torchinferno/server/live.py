@@ -5,24 +5,19 @@ For tests, notebooks and benchmarks that need a real HTTP endpoint without a sub
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from torchinferno.ports import free_port
 
 
 class LiveServer:
     """``LiveServer(["--model-kind", "llama3"])`` takes the flags of ``torchinferno serve``."""
 
     def __init__(self, argv: list[str], start_timeout: float = 60.0):
-        import uvicorn
-
         import argparse
+
+        import uvicorn
 
         from torchinferno.server.launch import add_server_args, build
 

@@ -17,6 +17,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.core import EngineCore, validate_request
 from torchinferno.engine.core_types import EngineCoreRequest
@@ -102,13 +104,8 @@ class RunResult:
 
 
 def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return math.nan
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+    """numpy's (linear) percentile, NaN for no values."""
+    return float(np.percentile(xs, q)) if xs else math.nan
 
 
 def summarize(records: list[RequestRecord]) -> dict:

@@ -24,10 +24,9 @@ __all__ = ["LeanStepModel", "step_model", "unwrap"]
 class LeanStepModel:
     """``model`` whose forwards try ``step`` first (module docstring)."""
 
-    def __init__(self, model, step, kind: str):
+    def __init__(self, model, step):
         self.base = model  # not ``model``: reads of ``.model`` (the decoder stack) fall through to the family model
         self.step = step
-        self.kind = kind  # "cpu" | "cuda": which lean step (for describe strings)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches=None, attn_meta=None) -> torch.Tensor:
         out = self.step(input_ids, positions, kv_caches, attn_meta)  # [T, D] or None: not handled
@@ -48,16 +47,18 @@ class LeanStepModel:
 
 
 def step_model(model, device: torch.device | str, lean: bool = True, **cuda_options):
-    """``model`` wrapped with its family's lean decode step for ``device``, or ``model`` itself when it has none
-    (or ``lean`` is False: e.g. batch-invariant mode, which needs the module path)."""
-    if not lean or getattr(model, "batch_invariant", False):
+    """``model`` wrapped with its family's lean decode step for ``device``, or ``model`` itself when it has none,
+    ``lean`` is False, or the model needs its module path: batch-invariant mode, or a tensor/pipeline shard (the
+    steps read whole weights; ``parallel.plan.disable_fused_steps``)."""
+    if not lean or getattr(model, "batch_invariant", False) or getattr(model, "sharded", False):
         return model
     kind = torch.device(device).type
-    if kind == "cpu" and not _prepacked(model):
-        return model  # the lean CPU step is built for pre-packed weights (kernels/cpu_linear.py)
-    make = getattr(model, f"make_{kind}_decode_step", None) if kind in ("cpu", "cuda") else None
-    step = make(**cuda_options) if callable(make) and kind == "cuda" else make() if callable(make) else None
-    return model if step is None else LeanStepModel(model, step, kind)
+    step = None
+    if kind == "cuda" and callable(getattr(model, "make_cuda_decode_step", None)):
+        step = model.make_cuda_decode_step(**cuda_options)
+    elif kind == "cpu" and callable(getattr(model, "make_cpu_decode_step", None)) and _prepacked(model):
+        step = model.make_cpu_decode_step()  # the lean CPU step is built for pre-packed weights (kernels/cpu_linear.py)
+    return model if step is None else LeanStepModel(model, step)
 
 
 def _prepacked(model) -> bool:
