@@ -15,6 +15,7 @@ so every rank can hold every block table; only offline engines (``LLM``, ``llama
 from __future__ import annotations
 
 import atexit
+import datetime
 
 import torch
 import torch.distributed as dist
@@ -82,8 +83,16 @@ class TorchrunExecutor(UniprocExecutor):
 
 
 def _destroy_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Meet the other ranks (gloo: a bounded barrier, so a dead peer cannot hang the exit), then tear the group down:
+    no rank destroys it while another is still in a collective."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo":
+        try:
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+        except RuntimeError:  # a peer is gone: nothing left to wait for
+            pass
+    dist.destroy_process_group()
 
 
 def parallel_executor(spec, config: EngineConfig):
