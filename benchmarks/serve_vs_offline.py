@@ -89,17 +89,21 @@ def online(args, counts: dict[int, int], extra: str) -> list[dict]:
     with LocalServer(argv, port, log_path=args.server_log, startup_timeout_s=args.startup_timeout) as s:
         print(f"[serve] ready in {time.perf_counter() - t:.1f} s ({' '.join(argv[1:])})", flush=True)
         for c in args.concurrency:
-            cfg = ServeBenchConfig(base_url=s.base_url, num_prompts=counts[c], input_len=args.input_len,
-                                   output_len=args.output_len, max_concurrency=c, ignore_eos=True, seed=c,
-                                   disable_tqdm=True, num_warmups=min(2, c), prompt_format="tokens").validate()
-            r = run_serve_bench(cfg, log=lambda *_: None)
-            row = {"flags": extra, "concurrency": c, "prompts": counts[c], "output_tok_s": r["output_throughput"],
-                   "ttft_p50_ms": r["median_ttft_ms"], "ttft_p99_ms": r["p99_ttft_ms"], "itl_p50_ms": r["median_itl_ms"],
-                   "tpot_p50_ms": r["median_tpot_ms"], "completed": r["completed"]}
-            rows.append(row)
-            print(f"[serve {extra or 'defaults'}] C={c:4d}: {row['output_tok_s']:9.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:.0f} ms "
-                  f"p99 {row['ttft_p99_ms']:.0f} ms  ITL p50 {row['itl_p50_ms']:.2f} ms  ({row['completed']}/{counts[c]})",
-                  flush=True)
+            for client in args.http_clients:
+                cfg = ServeBenchConfig(base_url=s.base_url, num_prompts=counts[c], input_len=args.input_len,
+                                       output_len=args.output_len, max_concurrency=c, ignore_eos=True, seed=c,
+                                       disable_tqdm=True, num_warmups=min(2, c), prompt_format="tokens",
+                                       http_client=client).validate()
+                r = run_serve_bench(cfg, log=lambda *_: None)
+                row = {"flags": extra, "client": r["http_client"], "concurrency": c, "prompts": counts[c],
+                       "output_tok_s": r["output_throughput"], "ttft_p50_ms": r["median_ttft_ms"],
+                       "ttft_p99_ms": r["p99_ttft_ms"], "itl_p50_ms": r["median_itl_ms"],
+                       "tpot_p50_ms": r["median_tpot_ms"], "completed": r["completed"]}
+                rows.append(row)
+                print(f"[serve {extra or 'defaults'} | {row['client']}] C={c:4d}: {row['output_tok_s']:9.1f} tok/s  "
+                      f"TTFT p50 {row['ttft_p50_ms']:.0f} ms p99 {row['ttft_p99_ms']:.0f} ms  ITL p50 "
+                      f"{row['itl_p50_ms']:.2f} ms  TPOT p50 {row['tpot_p50_ms']:.2f} ms  ({row['completed']}/{counts[c]})",
+                      flush=True)
     return rows
 
 
@@ -117,6 +121,8 @@ def main(argv=None) -> int:
     p.add_argument("--offline-extra", type=json.loads, default={}, help='LLM engine kwargs as JSON, e.g. {"max_num_seqs": 256}')
     p.add_argument("--serve-variants", nargs="+", default=[""],
                    help="one server run per entry, each a string of extra serve flags ('' = defaults)")
+    p.add_argument("--http-clients", nargs="+", default=["auto"], choices=["auto", "aiohttp", "httpx"],
+                   help="bench-serve's client library for the streams; several = one run each, same server")
     p.add_argument("--phases", default="offline,online")
     p.add_argument("--server-log", default="/tmp/serve_vs_offline_server.log")
     p.add_argument("--startup-timeout", type=float, default=300.0)
@@ -130,10 +136,11 @@ def main(argv=None) -> int:
         res["online"] = [row for extra in args.serve_variants for row in online(args, counts, extra)]
     if "offline" in res and "online" in res:
         base = {r["concurrency"]: r for r in res["offline"]["defaults"]}
-        print("\nserve flags        C     serve tok/s   LLM.generate tok/s   ratio   serve TTFT p99   serve ITL p50 / offline step")
+        print("\nserve flags | client          C     serve tok/s   LLM.generate tok/s   ratio   serve TTFT p99   "
+              "serve ITL p50 / offline step")
         for r in res["online"]:
             b = base[r["concurrency"]]
-            print(f"{r['flags'] or 'defaults':18s} {r['concurrency']:<5d} {r['output_tok_s']:11.1f}   {b['output_tok_s']:18.1f}   "
+            print(f"{(r['flags'] or 'defaults') + ' | ' + r['client']:27s} {r['concurrency']:<5d} {r['output_tok_s']:11.1f}   {b['output_tok_s']:18.1f}   "
                   f"{r['output_tok_s'] / b['output_tok_s']:5.2f}   {r['ttft_p99_ms']:12.0f} ms   "
                   f"{r['itl_p50_ms']:.2f} / {b['ms_per_token_per_seq']:.2f} ms")
     if args.json_output:

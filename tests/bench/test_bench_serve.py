@@ -21,6 +21,7 @@ def _run(tmp_path, base_url, *extra):
 
 @pytest.mark.parametrize("endpoint,extra", [
     ("/v1/completions", ["--request-rate", "200", "--burstiness", "0.5", "--max-concurrency", "3"]),
+    ("/v1/completions", ["--http-client", "httpx"]),
     ("/v1/chat/completions", []),
 ])
 def test_bench_serve_live(tmp_path, tiny_base_url, endpoint, extra):
@@ -33,10 +34,12 @@ def test_bench_serve_live(tmp_path, tiny_base_url, endpoint, extra):
             assert f"{s}_{m}_ms" in r
     assert r["completed"] == r["num_prompts"] == 6 and r["failed"] == 0
     assert r["model_id"] == "tiny" and r["engine"] == "torchinferno"
+    assert r["http_client"] == ("httpx" if "httpx" in extra else "aiohttp")
     assert r["output_lens"] == [6] * 6  # ignore_eos + usage.completion_tokens
     if endpoint == "/v1/completions":
         assert r["input_lens"] == [12] * 6  # token-id prompts of exactly --input-len
-        assert r["max_concurrency"] == 3 and r["request_rate"] == 200 and r["burstiness"] == 0.5
+        if "--max-concurrency" in extra:
+            assert r["max_concurrency"] == 3 and r["request_rate"] == 200 and r["burstiness"] == 0.5
     else:
         assert all(n >= 12 for n in r["input_lens"])  # the chat template adds tokens
         assert r["request_rate"] == "inf"
@@ -75,3 +78,23 @@ def test_bench_serve_bad_flags(capsys):
     assert e.value.code != 0
     rc = main(["bench-serve", "--base-url", "ftp://x", "--num-prompts", "1"])
     assert rc == 1 and "must start with http" in capsys.readouterr().err
+
+
+def test_bench_serve_clients_agree(tmp_path, tiny_base_url):
+    """aiohttp and httpx streams parse to the same greedy texts and token counts (the client library changes
+    only what the client costs, never what it measures)."""
+    runs = {}
+    for client in ("aiohttp", "httpx"):
+        rc, r = _run(tmp_path, tiny_base_url, "--http-client", client, "--max-concurrency", "2")
+        assert rc == 0 and r["http_client"] == client
+        runs[client] = r
+    assert runs["aiohttp"]["generated_texts"] == runs["httpx"]["generated_texts"]
+    assert runs["aiohttp"]["output_lens"] == runs["httpx"]["output_lens"] == [6] * 6
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "httpx"])
+def test_bench_serve_error_status(tmp_path, tiny_base_url, client):
+    """A non-200 answer becomes a failed request naming the status and the server's message, on either client."""
+    rc, r = _run(tmp_path, tiny_base_url, "--http-client", client, "--model", "no-such-model")
+    assert r["completed"] == 0 and r["failed"] == 6
+    assert all(e.startswith("HTTP 404:") and "no-such-model" in e for e in r["errors"]), r["errors"][0]

@@ -38,6 +38,9 @@ def add_serve_client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--label", default=None)
     p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--http-client", default="auto", choices=["auto", "aiohttp", "httpx"],
+                   help="library for the timed streams: auto = aiohttp when installed (as vllm bench serve; "
+                        "httpx saturates its core at a few thousand chunks/s), else httpx")
 
 
 def add_bench_serve_args(p: argparse.ArgumentParser) -> None:
@@ -68,4 +71,5 @@ def serve_config_from_args(a, base_url: str):
         endpoint=a.endpoint, request_rate=a.request_rate, burstiness=a.burstiness, max_concurrency=a.max_concurrency,
         seed=a.seed, ignore_eos=a.ignore_eos, temperature=a.temperature, num_warmups=a.num_warmups, percentiles=pcts,
         api_key=a.api_key, label=a.label, disable_tqdm=a.disable_tqdm, prompt_format=a.prompt_format,
+        http_client=a.http_client,
     ).validate()

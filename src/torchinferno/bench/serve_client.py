@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from torchinferno.bench.serve_prompts import Prompt, make_prompts
+from torchinferno.bench.sse_stream import BadStatus, as_streamer, open_streamer, resolve_http_client
 from torchinferno.bench.stats import summarize_ms
 from torchinferno.errors import ConfigError
 
@@ -63,6 +64,7 @@ class ServeBenchConfig:
     request_timeout_s: float = 600.0
     prompt_format: str = "auto"  # auto | tokens | text
     same_prompt: bool = False  # every request sends the first prompt (prefix-cache / self-consistency runs)
+    http_client: str = "auto"  # the streams' client library: auto (aiohttp if installed) | aiohttp | httpx
 
     def validate(self) -> "ServeBenchConfig":
         if self.endpoint not in ENDPOINTS:
@@ -79,6 +81,7 @@ class ServeBenchConfig:
             raise ConfigError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         if self.prompt_format not in ("auto", "tokens", "text"):
             raise ConfigError(f"unknown prompt format {self.prompt_format!r} (valid: auto, tokens, text)")
+        resolve_http_client(self.http_client)
         self.base_url = self.base_url.rstrip("/")
         if self.base_url.endswith("/v1"):
             self.base_url = self.base_url[:-3]
@@ -168,7 +171,8 @@ def _payload(cfg: ServeBenchConfig, model: str, prompt: Prompt) -> dict:
 
 
 async def send_request(client, cfg: ServeBenchConfig, model: str, prompt: Prompt) -> RequestResult:
-    """One streaming request; never raises (errors land in ``RequestResult.error``)."""
+    """One streaming request over ``client`` (an ``SSEStreamer`` or an httpx.AsyncClient); never raises (errors
+    land in ``RequestResult.error``)."""
     out = RequestResult(prompt_len=prompt.expected_len)
     url = cfg.base_url + cfg.endpoint
     st = time.perf_counter()
@@ -178,18 +182,9 @@ async def send_request(client, cfg: ServeBenchConfig, model: str, prompt: Prompt
     usage_tokens = usage_prompt = None
     text_parts: list[str] = []
     try:
-        async with client.stream("POST", url, json=_payload(cfg, model, prompt), headers=_headers(cfg),
-                                 timeout=cfg.request_timeout_s) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode("utf-8", "replace")
-                try:
-                    msg = json.loads(body).get("error", {}).get("message") or body
-                except (ValueError, AttributeError):
-                    msg = body
-                out.error = f"HTTP {resp.status_code}: {str(msg).strip()[:300]}"
-                out.latency = time.perf_counter() - st
-                return out
-            async for line in resp.aiter_lines():
+        async with as_streamer(client).lines(url, _payload(cfg, model, prompt), _headers(cfg),
+                                             cfg.request_timeout_s) as lines:
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -222,6 +217,14 @@ async def send_request(client, cfg: ServeBenchConfig, model: str, prompt: Prompt
                 if usage:
                     usage_tokens = usage.get("completion_tokens", usage_tokens)
                     usage_prompt = usage.get("prompt_tokens", usage_prompt)
+    except BadStatus as e:
+        try:
+            msg = json.loads(e.body).get("error", {}).get("message") or e.body
+        except (ValueError, AttributeError):
+            msg = e.body
+        out.error = f"HTTP {e.status}: {str(msg).strip()[:300]}"
+        out.latency = time.perf_counter() - st
+        return out
     except Exception as e:  # connection reset, timeout, ... -> a failed request, not a crashed run
         out.error = f"{type(e).__name__}: {str(e) or 'request failed'}"
         out.latency = time.perf_counter() - st
@@ -259,7 +262,8 @@ async def _run(cfg: ServeBenchConfig, log) -> dict:
     import httpx
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=cfg.request_timeout_s, trust_env=False) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.request_timeout_s, trust_env=False) as client, \
+            open_streamer(cfg.http_client, cfg.request_timeout_s) as streamer:
         info = await check_server(client, cfg)
         model = info["model"]
         as_tokens = cfg.prompt_format == "tokens" or (cfg.prompt_format == "auto" and not cfg.chat)
@@ -269,9 +273,9 @@ async def _run(cfg: ServeBenchConfig, log) -> dict:
             prompts = [prompts[0]] * len(prompts)
         log(f"bench-serve: {cfg.num_prompts} prompts ({how}), input {cfg.input_len} / output {cfg.output_len} tokens, "
             f"rate {cfg.request_rate} req/s, burstiness {cfg.burstiness}, max concurrency {cfg.max_concurrency}, "
-            f"{cfg.endpoint} on {cfg.base_url} (model '{model}', engine '{info['engine']}')")
+            f"{cfg.endpoint} on {cfg.base_url} (model '{model}', engine '{info['engine']}', client {streamer.kind})")
         for i in range(cfg.num_warmups):
-            w = await send_request(client, cfg, model, prompts[i % len(prompts)])
+            w = await send_request(streamer, cfg, model, prompts[i % len(prompts)])
             if not w.success:
                 raise ConfigError(f"warm-up request failed: {w.error}")
 
@@ -284,10 +288,10 @@ async def _run(cfg: ServeBenchConfig, log) -> dict:
 
         async def one(i: int) -> RequestResult:
             if sem is None:
-                r = await send_request(client, cfg, model, prompts[i])
+                r = await send_request(streamer, cfg, model, prompts[i])
             else:
                 async with sem:
-                    r = await send_request(client, cfg, model, prompts[i])
+                    r = await send_request(streamer, cfg, model, prompts[i])
             if pbar is not None:
                 pbar.update(1)
             return r
@@ -303,6 +307,7 @@ async def _run(cfg: ServeBenchConfig, log) -> dict:
             pbar.close()
     result = compute_result(cfg, model, outputs, duration)
     result["engine"] = info["engine"]
+    result["http_client"] = streamer.kind
     result["prompt_source"] = how
     return result
 
