@@ -95,6 +95,6 @@ def test_bench_serve_clients_agree(tmp_path, tiny_base_url):
 @pytest.mark.parametrize("client", ["aiohttp", "httpx"])
 def test_bench_serve_error_status(tmp_path, tiny_base_url, client):
     """A non-200 answer becomes a failed request naming the status and the server's message, on either client."""
-    rc, r = _run(tmp_path, tiny_base_url, "--http-client", client, "--model", "no-such-model")
+    _, r = _run(tmp_path, tiny_base_url, "--http-client", client, "--model", "no-such-model")
     assert r["completed"] == 0 and r["failed"] == 6
     assert all(e.startswith("HTTP 404:") and "no-such-model" in e for e in r["errors"]), r["errors"][0]

@@ -15,11 +15,11 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from torchinferno.errors import ConfigError
 
-__all__ = ["HTTP_CLIENTS", "BadStatus", "SSEStreamer", "resolve_http_client", "open_streamer", "as_streamer"]
+__all__ = ["HTTP_CLIENTS", "BadStatus", "SSEStreamer", "as_streamer", "open_streamer", "resolve_http_client"]
 
 HTTP_CLIENTS = ("auto", "aiohttp", "httpx")
 
