@@ -52,7 +52,11 @@ def test_slow_consumer_gets_merged_outputs_and_the_step_log_adds_up(tmp_path):
     assert [t for o in slow_outs for t in o.new_token_ids] == want.token_ids
     assert "".join(o.text_delta for o in slow_outs) == want.text
     assert len(slow_outs) < len(fast_outs)  # merged: fewer, bigger deltas
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    meta, *rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert meta["meta"]["max_num_seqs"] == 4 and meta["meta"]["block_size"] == 16 and meta["meta"]["kv_bytes_per_token"] > 0
     assert rows and all(r["dt"] >= 0 for r in rows)
+    launched = [r["step"] for r in rows if r["step"] is not None]
+    resolved = [r["resolved"] for r in rows if r["resolved"] is not None]
+    assert launched == resolved  # every launched batch is applied once, in order (synchronous on CPU: same call)
     assert sum(r.get("tokens", 0) for r in rows) == 2 * (len(prompt) + 24 - 1)
     assert sum(r.get("prefill_tokens", 0) for r in rows) == 2 * len(prompt)

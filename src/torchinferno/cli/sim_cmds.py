@@ -7,6 +7,8 @@ import argparse
 import json
 import math
 
+from torchinferno.errors import ConfigError
+
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     from torchinferno.cli.common import DEFAULT_MODEL
@@ -83,7 +85,13 @@ def _cmd_calibrate(a) -> int:
     )
     from torchinferno.sim.calibration import Calibration
 
-    if a.from_steps or a.from_bench_generate:
+    if a.from_step_log:
+        from torchinferno.sim.step_log_fit import calibration_from_step_logs
+
+        if a.from_steps or a.from_bench_generate:
+            raise ConfigError("--from-step-log fits a served engine alone: leave out --from-steps / --from-bench-generate")
+        cal = calibration_from_step_logs(a.from_step_log)
+    elif a.from_steps or a.from_bench_generate:
         rows, src = [], []
         for path in a.from_steps or []:
             rows += read_steps(path)
@@ -118,6 +126,18 @@ def _cmd_validate(a) -> int:
     from torchinferno.sim.calibration import Calibration
     from torchinferno.sim.validate import ValidateConfig, validate
 
+    if a.bench_results:
+        from torchinferno.sim.validate import validate_served
+
+        if not a.calibration:
+            raise ConfigError("--bench-results needs --calibration (sim-calibrate --from-step-log of the served run)")
+        res = validate_served(Calibration.load(a.calibration), a.bench_results, a.seed)
+        print(f"sim-validate: max |relative error| {res['max_abs_relative_error'] * 100:.1f}%, "
+              f"mean {res['mean_abs_relative_error'] * 100:.1f}%")
+        if a.json_output:
+            with open(a.json_output, "w") as f:
+                json.dump(res, f, indent=2)
+        return 0
     model = _load_model(a)
     cfg = _engine_config(a)
     if a.calibration:
@@ -277,6 +297,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fit from a steps JSONL (--steps-out) instead of probing a model (repeatable)")
     p.add_argument("--from-bench-generate", action="append", default=None,
                    help="add decode rows from a bench-generate --json-output report (repeatable; no prefill information)")
+    p.add_argument("--from-step-log", action="append", default=None,
+                   help="fit from a served run's step log (serve --step-log FILE; .gz too; repeatable): the served "
+                        "engine's steps and limits, no model needed")
     p.add_argument("--async-steps", action="store_true",
                    help="the --from-steps rows were timed under async scheduling (CUDA default; see cost_model.fit)")
     p.add_argument("--bench-prompt-tokens", type=int, default=32, help="the bench-generate run's --prompt-tokens")
@@ -292,6 +315,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input-len", default="uniform:32:256")
     p.add_argument("--output-len", default="uniform:16:64")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bench-results", nargs="+", default=None, metavar="JSON",
+                   help="validate against served runs instead: bench-serve result files (their lengths, rate and "
+                        "concurrency are replayed; --calibration from the server's step log); no model is loaded")
     p.add_argument("--json-output", default=None)
     p.set_defaults(func=_cmd_validate)
 

@@ -110,13 +110,17 @@ class EngineCore:
         self.limits = RequestLimits(self.max_model_len, vocab_size, self.config.max_logprobs)
         self.pool = BlockPool(executor.num_blocks, executor.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.pool, self.max_model_len)
-        self._inflight: tuple[SchedulerOutput, StepHandle] | None = None  # async scheduling: launched, unapplied
+        self._inflight: tuple[SchedulerOutput, StepHandle, int] | None = None  # async: launched, unapplied (+ index)
         self._steps = 0
         self._max_seqs = self._max_tokens = 0
         self._computed_tokens = self._gen_tokens = 0
         self._finished = self._aborted = 0
         self.record_shapes = False  # set by the step log: keep ``last_shape`` of each scheduled batch
         self.last_shape: StepShape | None = None
+        # Index (``stats().num_steps`` at launch) of the batch the last ``step()`` launched / whose result it applied;
+        # None when it launched / applied nothing. Equal in the synchronous engine; the previous launch under async.
+        self.last_launched: int | None = None
+        self.last_resolved: int | None = None
         # Prompt logprobs computed so far, sent with the request's first output (prompt_logprobs requests only).
         self._prompt_lps: dict[str, list[TokenLogprob]] = {}
 
@@ -152,9 +156,12 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         if self.config.async_scheduling:
             return self._step_async()
+        self.last_launched = self.last_resolved = None
         if not self.scheduler.has_unfinished():
             return []
         sched = self._schedule()
+        if sched.scheduled:
+            self.last_launched = self.last_resolved = self._steps
         return self._apply(sched, self.executor.execute(sched))
 
     def _step_async(self) -> list[EngineCoreOutput]:
@@ -164,8 +171,10 @@ class EngineCore:
             sched = self._schedule()
             handle = self.executor.execute_async(sched)  # every SchedulerOutput reaches the executor, in order
             if sched.scheduled:
-                launched = (sched, handle)
+                launched = (sched, handle, self._steps)
         prev, self._inflight = self._inflight, launched
+        self.last_launched = launched[2] if launched is not None else None
+        self.last_resolved = prev[2] if prev is not None else None
         return [] if prev is None else self._apply(prev[0], prev[1].result())
 
     def _schedule(self) -> SchedulerOutput:

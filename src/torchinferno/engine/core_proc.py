@@ -134,20 +134,25 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
 
     log = None
     if cfg.step_log:
-        from torchinferno.engine.step_log import StepLog
+        from torchinferno.engine.step_log import StepLog, step_log_meta
 
-        log = StepLog(cfg.step_log)
+        log = StepLog(cfg.step_log, step_log_meta(core))
         core.record_shapes = True
     clock = time.perf_counter
+    idle = 0.0  # seconds waiting for requests with nothing to run since the last logged step
     status = 0
     try:
         running = True
         while running and not stopping:
             busy = core.has_unfinished()
-            if not busy and not inbox.poll(IDLE_POLL_MS):
-                if os.getppid() != parent:  # the API process is gone: nobody to serve
-                    break
-                continue
+            if not busy:
+                t_wait = clock()
+                ready = inbox.poll(IDLE_POLL_MS)
+                idle += clock() - t_wait
+                if not ready:
+                    if os.getppid() != parent:  # the API process is gone: nobody to serve
+                        break
+                    continue
             got = False
             while running:
                 try:
@@ -165,7 +170,8 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
                     core.last_shape = None
                     t0 = clock()
                     outs = core.step()
-                    log.record(t0, clock(), core.last_shape, len(outs))
+                    log.record(t0, clock(), core.last_shape, len(outs), idle, core.last_launched, core.last_resolved)
+                    idle = 0.0
                 outbox.send(enc.encode(EngineCoreOutputs(outs, core.stats().as_list())))
             elif got:
                 outbox.send(enc.encode(EngineCoreOutputs([], core.stats().as_list())))

@@ -11,18 +11,21 @@ TPOT p50/p99; each as ``{"predicted", "measured", "relative_error"}`` (``(predic
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.core import EngineCore
 from torchinferno.engine.executor import UniprocExecutor
+from torchinferno.errors import ConfigError
 from torchinferno.sim.calibration import Calibration
 from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import SimulatedExecutor, make_clock
-from torchinferno.sim.traffic import TrafficSpec, generate
+from torchinferno.sim.traffic import TrafficSpec, generate, load_trace
 
-__all__ = ["FIGURES", "ValidateConfig", "compare", "validate"]
+__all__ = ["FIGURES", "ValidateConfig", "compare", "measured_from_bench", "validate", "validate_served"]
 
 FIGURES = ("output_throughput", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
 
@@ -80,3 +83,56 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
     return {"calibration": calibration.to_dict(), "engine": real_ex.describe(),
             "workload": {"input_len": vc.input_len, "output_len": vc.output_len, "seed": vc.seed}, "clock": vc.clock,
             "levels": levels, "max_abs_relative_error": max(errs), "mean_abs_relative_error": sum(errs) / len(errs)}
+
+
+def measured_from_bench(doc: dict) -> dict:
+    """The ``FIGURES`` of a bench-serve (or ``vllm bench serve``) result JSON, in seconds."""
+    def ms(name: str, q: str) -> float:
+        key = f"p{q}_{name}_ms" if f"p{q}_{name}_ms" in doc else ("median_" + name + "_ms" if q == "50" else None)
+        if key is None or key not in doc:
+            raise ConfigError(f"bench result has no {q}th percentile of {name} (run bench-serve with "
+                              "--metric-percentiles 50,90,99)")
+        return float(doc[key]) / 1e3
+
+    return {"output_throughput": float(doc["output_throughput"]), "p50_ttft_s": ms("ttft", "50"),
+            "p99_ttft_s": ms("ttft", "99"), "p50_tpot_s": ms("tpot", "50"), "p99_tpot_s": ms("tpot", "99")}
+
+
+def validate_served(calibration: Calibration, results: list[str], seed: int = 0, log=print) -> dict:
+    """The simulator against served runs: each of ``results`` is a bench-serve result JSON (its requests'
+    lengths, rate, burstiness and concurrency cap are replayed through the simulator, ``sim.traffic.load_trace``)
+    and ``calibration`` must carry the served engine's limits (``sim-calibrate --from-step-log`` records them).
+    Same output shape as ``validate``, levels keyed by the result's concurrency (or file name)."""
+    limits = calibration.extra.get("engine_limits")
+    if not limits:
+        raise ConfigError("the calibration records no engine limits (KV blocks, step budget): fit it from the served "
+                          "run's step log (sim-calibrate --from-step-log) to validate against bench-serve results")
+    cfg = EngineConfig(block_size=int(limits["block_size"]), max_num_seqs=limits.get("max_num_seqs"),
+                       max_num_batched_tokens=limits.get("max_num_batched_tokens"),
+                       enable_prefix_caching=bool(limits.get("enable_prefix_caching", True)),
+                       async_scheduling=bool(calibration.extra.get("async_scheduling", False)))
+    levels = {}
+    for path in results:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"bench result {path}: {e}") from None
+        measured = measured_from_bench(doc)
+        reqs = load_trace(path, seed=seed)
+        cap = doc.get("max_concurrency")
+        sim_ex = SimulatedExecutor(calibration.cost, cfg, num_blocks=int(limits["num_blocks"]),
+                                   max_model_len=int(limits["max_model_len"]), device=calibration.device)
+        t0 = time.perf_counter()
+        predicted = run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
+                                 max_concurrency=cap).summary()
+        wall_sim = time.perf_counter() - t0
+        figs = compare(predicted, measured)
+        name = str(cap) if cap is not None else Path(path).stem
+        levels[name] = {"requests": len(reqs), "figures": figs, "result": str(path), "wall_s_sim": wall_sim}
+        log(f"concurrency {name:>3} ({len(reqs)} requests of {path}; simulated in {wall_sim * 1e3:.0f} ms)")
+        for k, v in figs.items():
+            log(f"  {k:<18} predicted {v['predicted']:>10.4f}  measured {v['measured']:>10.4f}  "
+                f"error {v['relative_error'] * 100:+6.1f}%")
+    errs = [abs(v["relative_error"]) for lv in levels.values() for v in lv["figures"].values()]
+    return {"calibration": calibration.to_dict(), "engine": "served (bench-serve results)", "levels": levels,
+            "max_abs_relative_error": max(errs), "mean_abs_relative_error": sum(errs) / len(errs)}

@@ -1,0 +1,124 @@
+"""Calibrate the simulator from a served run: ``serve --step-log FILE`` -> ``sim-calibrate --from-step-log FILE``.
+
+A step log (``engine.step_log``) holds every engine-core step of a real server under real traffic: the batch it
+launched, the batch whose result it applied, its host time and the loop time around it. That is the same
+information the probes of ``sim.calibrate`` collect in process, measured where users serve, so a calibration
+can be fitted from the run that a benchmark measured (``bench-serve``) and checked against another one.
+
+Attribution is ``calibrate.StepAttribution``'s: the period of a step (the loop time since the previous step's
+end — ``gap`` less ``idle``, the part spent waiting with nothing to run — plus ``dt``) is charged to the batch
+whose result it applied; a period that applied nothing (the first launch of a burst under async scheduling) is
+carried into the next charge and marks that launch ``drained``; ``prefill_step`` says whether the batch launched in
+the period ran eagerly (it had a prefill chunk).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from torchinferno.errors import ConfigError
+from torchinferno.sim.calibrate import fit_rows
+from torchinferno.sim.calibration import Calibration
+from torchinferno.sim.cost_model import FEATURES
+
+__all__ = ["calibration_from_step_logs", "read_step_log", "rows_from_step_log", "shape_features"]
+
+PREFILL_STEP = FEATURES.index("prefill_step")
+DRAINED = FEATURES.index("drained_prefill")
+
+
+def read_step_log(path: str | Path) -> tuple[dict, list[dict]]:
+    """``(meta, step rows)`` of a step log (``.gz`` too). Raises ConfigError naming the file and line."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"step log not found: {p}")
+    opener = gzip.open if p.suffix == ".gz" else open
+    meta, rows = None, []
+    with opener(p, "rt") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigError(f"{p}:{n}: not JSON") from None
+            if "meta" in d:
+                meta = d["meta"]
+                continue
+            if "dt" not in d:
+                raise ConfigError(f"{p}:{n}: not a step row (no 'dt')")
+            rows.append(d)
+    if meta is None or "resolved" not in (rows[0] if rows else {"resolved": 0}):
+        raise ConfigError(f"{p} is a step log without the calibration fields (written before step_log_version 2); "
+                          "record a new one with serve --step-log")
+    return meta, rows
+
+
+def shape_features(row: dict, drained: bool = False) -> list[float]:
+    """The cost model's feature vector (``FEATURES`` order, knee 0) of a logged batch shape."""
+    dec, pre = row.get("decode_seqs", 0), row.get("prefill_tokens", 0)
+    feats = dict.fromkeys(FEATURES, 0.0)
+    feats.update(seqs=row.get("seqs", 0), prefill_tokens=pre, decode_tokens=dec, decode_ctx=row.get("decode_ctx", 0),
+                 prefill_attn=row.get("prefill_attn", 0.0), decode_ctx_padded=dec * row.get("decode_ctx_max", 0),
+                 prefill_step=1.0 if pre else 0.0, drained_prefill=1.0 if pre and drained else 0.0)
+    return [float(feats[f]) for f in FEATURES]
+
+
+def rows_from_step_log(rows: list[dict]) -> list[tuple[tuple, float]]:
+    """``(features, seconds)`` per applied batch (module docstring). Rows without a launched or applied batch
+    (an empty step) only carry their time."""
+    shapes: dict[int, dict] = {}
+    drained: set[int] = set()
+    out: list[tuple[tuple, float]] = []
+    carry = 0.0
+    for r in rows:
+        period = r["dt"] + max(0.0, (r.get("gap") or 0.0) - r.get("idle", 0.0))
+        launched, resolved = r.get("step"), r.get("resolved")
+        if launched is not None:
+            shapes[launched] = r
+        if resolved is None or resolved not in shapes:
+            carry += period
+            if launched is not None and launched != resolved:
+                drained.add(launched)
+            continue
+        seconds, carry = carry + period, 0.0
+        feats = shape_features(shapes.pop(resolved), resolved in drained)
+        drained.discard(resolved)
+        if launched is not None and launched != resolved:  # async: the period launched another batch
+            feats[PREFILL_STEP] = 1.0 if shapes[launched].get("prefill_tokens", 0) else 0.0
+        elif launched is None:
+            feats[PREFILL_STEP] = 0.0
+        out.append((tuple(feats), seconds))
+    return out
+
+
+def calibration_from_step_logs(paths: list[str], log=print) -> Calibration:
+    """Fit one calibration from the steps of one or more step logs of the same engine (same meta)."""
+    metas, steps = [], []
+    for path in paths:
+        meta, rows = read_step_log(path)
+        got = rows_from_step_log(rows)
+        log(f"sim-calibrate: {path}: {len(rows)} logged steps -> {len(got)} timed batches")
+        metas.append(meta)
+        steps += got
+    if not steps:
+        raise ConfigError("the step logs hold no timed batch (did the server serve anything?)")
+    meta = metas[0]
+    keys = ("async_scheduling", "engine", "kv_dtype", "block_size")
+    for p, m in zip(paths[1:], metas[1:]):
+        if any(m.get(k) != meta.get(k) for k in keys):
+            raise ConfigError(f"step log {p} is of another engine than {paths[0]} ({', '.join(keys)} differ)")
+    async_steps = bool(meta.get("async_scheduling"))
+    cost, err = fit_rows(steps, async_steps=async_steps)
+    return Calibration(
+        cost=cost, model=str(meta.get("model", "unknown")), device=str(meta.get("device", "unknown")),
+        dtype=str(meta.get("dtype", "unknown")), kv_dtype=str(meta.get("kv_dtype", "unknown")),
+        kv_bytes_per_elem=int(meta.get("kv_bytes_per_elem", 0)), num_layers=int(meta.get("num_layers", 0)),
+        hidden_size=int(meta.get("hidden_size", 0)), kv_bytes_per_token=int(meta.get("kv_bytes_per_token", 0)),
+        num_samples=len(steps), fit_error=err, source=",".join(f"step-log:{p}" for p in paths),
+        extra={"async_scheduling": async_steps, "engine_limits": {k: meta.get(k) for k in (
+            "block_size", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+            "enable_prefix_caching")}},
+    )
