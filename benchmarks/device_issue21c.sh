@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Device call (issue 21): the simulator against served runs on the H200 — serve twice with --step-log, bench-serve
+# at C 1/16/64/256, calibrate from run A's step log, predict run B's results (benchmarks/served_sim_validate.py).
+source benchmarks/device_env.sh
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env.txt"
+timeout ${T_SIM:-420} python3 benchmarks/served_sim_validate.py --device cuda --out "$OUT/sim21" 2>&1 \
+  | tee "$OUT/sim21.log" | grep -E "^\[|==|mean \||error" | tail -40
+gzip -f "$OUT"/sim21/steps_*.jsonl 2>/dev/null
+true

@@ -1,0 +1,80 @@
+"""The simulator against served runs (issue 21), in one command: serve a model twice with ``--step-log`` (runs A
+and B), drive each with ``bench-serve`` at each concurrency, fit a calibration from A's step log
+(``sim-calibrate --from-step-log``) and predict B's bench-serve results with it (``sim-validate --bench-results``):
+out-of-sample, against what a user measures over HTTP. Also B's own in-sample fit, for comparison.
+
+    PYTHONPATH=src python3 benchmarks/served_sim_validate.py --device cuda --out $OUT/sim21
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+from pathlib import Path
+
+
+def serve_and_bench(args, run: str, out: Path) -> list[str]:
+    from torchinferno.bench.local_server import LocalServer, free_port
+    from torchinferno.bench.serve_client import ServeBenchConfig, run_serve_bench
+
+    port = free_port()
+    which = [args.model] if args.model else ["--model-kind", args.model_kind, "--model-size", args.model_size]
+    argv = ["torchinferno", "serve", *which, "--device", args.device, "--dtype", args.dtype, "--port", str(port),
+            "--step-log", str(out / f"steps_{run}.jsonl"), *shlex.split(args.serve_flags)]
+    paths = []
+    t = time.perf_counter()
+    with LocalServer(argv, port, log_path=out / f"server_{run}.log", startup_timeout_s=args.startup_timeout) as s:
+        print(f"[{run}] server ready in {time.perf_counter() - t:.1f} s", flush=True)
+        for c in args.concurrency:
+            n = max(8, args.waves * c) if c < 256 else 2 * c
+            cfg = ServeBenchConfig(base_url=s.base_url, num_prompts=n, input_len=args.input_len, output_len=args.output_len,
+                                   max_concurrency=c, ignore_eos=True, seed=c, disable_tqdm=True, num_warmups=min(2, c),
+                                   prompt_format="tokens").validate()
+            r = run_serve_bench(cfg, log=lambda *_: None)
+            p = out / f"bench_{run}_c{c}.json"
+            p.write_text(json.dumps(r))
+            paths.append(str(p))
+            print(f"[{run}] C={c:4d}: {r['output_throughput']:9.1f} tok/s  TTFT p50 {r['median_ttft_ms']:.0f} ms  "
+                  f"TPOT p50 {r['median_tpot_ms']:.2f} ms  ({r['completed']}/{n})", flush=True)
+    return paths
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--model-kind", default="llama3")
+    p.add_argument("--model-size", default="llama3-8b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--serve-flags", default="", help="extra serve flags for both runs")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--waves", type=int, default=4)
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from torchinferno.sim.step_log_fit import calibration_from_step_logs
+    from torchinferno.sim.validate import validate_served
+
+    runs = {run: serve_and_bench(args, run, out) for run in ("a", "b")}
+    summary = {}
+    for name, cal_run, val_run in (("out_of_sample", "a", "b"), ("in_sample", "b", "b")):
+        cal = calibration_from_step_logs([str(out / f"steps_{cal_run}.jsonl")])
+        cal.save(out / f"cal_{cal_run}.json")
+        print(f"\n== {name}: calibrated on run {cal_run} ({cal.num_samples} steps, fit error {cal.fit_error * 100:.1f}%), "
+              f"predicting run {val_run}")
+        res = validate_served(cal, runs[val_run])
+        (out / f"validate_{name}.json").write_text(json.dumps(res, indent=2))
+        summary[name] = {"mean": res["mean_abs_relative_error"], "max": res["max_abs_relative_error"]}
+        print(f"{name}: mean |error| {res['mean_abs_relative_error'] * 100:.1f}%, max {res['max_abs_relative_error'] * 100:.1f}%")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
