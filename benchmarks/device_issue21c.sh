@@ -4,6 +4,7 @@
 source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env.txt"
 timeout ${T_SIM:-420} python3 benchmarks/served_sim_validate.py --device cuda --out "$OUT/sim21" 2>&1 \
-  | tee "$OUT/sim21.log" | grep -E "^\[|==|mean \||error" | tail -40
+  | tee "$OUT/sim21.log" | grep -E "^\[|==|mean \||error|admission" | tail -48
 gzip -f "$OUT"/sim21/steps_*.jsonl 2>/dev/null
+tar -C "$OUT" -czf "$OUT/sim21.tgz" sim21 && rm -rf "$OUT/sim21"  # one file: the device returns a few files only
 true

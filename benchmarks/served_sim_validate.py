@@ -1,6 +1,6 @@
 """The simulator against served runs (issue 21), in one command: serve a model twice with ``--step-log`` (runs A
 and B), drive each with ``bench-serve`` at each concurrency, fit a calibration from A's step log
-(``sim-calibrate --from-step-log``) and predict B's bench-serve results with it (``sim-validate --bench-results``):
+(``sim-calibrate --from-step-log``, the API server's admission time fitted to A's TTFTs) and predict B's bench-serve results with it (``sim-validate --bench-results``):
 out-of-sample, against what a user measures over HTTP. Also B's own in-sample fit, for comparison.
 
     PYTHONPATH=src python3 benchmarks/served_sim_validate.py --device cuda --out $OUT/sim21
@@ -59,12 +59,15 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from torchinferno.sim.step_log_fit import calibration_from_step_logs
-    from torchinferno.sim.validate import validate_served
+    from torchinferno.sim.validate import fit_admission, validate_served
 
     runs = {run: serve_and_bench(args, run, out) for run in ("a", "b")}
     summary = {}
     for name, cal_run, val_run in (("out_of_sample", "a", "b"), ("in_sample", "b", "b")):
         cal = calibration_from_step_logs([str(out / f"steps_{cal_run}.jsonl")])
+        adm, adm_err = fit_admission(cal, runs[cal_run])
+        cal.extra["admission_s"] = adm
+        print(f"API admission fitted on run {cal_run}: {adm * 1e3:.2f} ms per request (p50 TTFT error {adm_err * 100:.1f}%)")
         cal.save(out / f"cal_{cal_run}.json")
         print(f"\n== {name}: calibrated on run {cal_run} ({cal.num_samples} steps, fit error {cal.fit_error * 100:.1f}%), "
               f"predicting run {val_run}")

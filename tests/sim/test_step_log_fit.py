@@ -96,8 +96,9 @@ def test_served_run_calibrates_and_validates(tmp_path):
     finally:
         engine.shutdown()
     cal = tmp_path / "cal.json"
-    assert main(["sim-calibrate", "--from-step-log", str(log), "--out", str(cal)]) == 0
-    assert json.loads(cal.read_text())["extra"]["engine_limits"]["max_num_seqs"] == 8
+    assert main(["sim-calibrate", "--from-step-log", str(log), "--out", str(cal), "--fit-admission-to", *results]) == 0
+    extra = json.loads(cal.read_text())["extra"]
+    assert extra["engine_limits"]["max_num_seqs"] == 8 and 0 <= extra["admission_s"] <= 0.02
     res_path = tmp_path / "val.json"
     assert main(["sim-validate", "--bench-results", *results, "--calibration", str(cal),
                  "--json-output", str(res_path)]) == 0
@@ -108,3 +109,18 @@ def test_served_run_calibrates_and_validates(tmp_path):
         for fig in lv["figures"].values():
             assert fig["predicted"] > 0 and fig["measured"] > 0 and math.isfinite(fig["relative_error"])
     assert main(["sim-validate", "--bench-results", results[0]]) != 0  # no --calibration: one clear line
+
+
+def test_admission_spreads_a_burst():
+    """The API server admits one request per ``admission_s``: a burst of 8 sends reaches the core over 8 x that."""
+    def run(adm):
+        ex = SimulatedExecutor(TRUE, EngineConfig(max_num_seqs=8, max_num_batched_tokens=4096), num_blocks=512,
+                               max_model_len=1024)
+        reqs = generate(TrafficSpec(num_requests=8, prompt_len="fixed:64", output_len="fixed:4", seed=1))
+        res = run_workload(reqs, [Replica(EngineCore(ex), ex.clock, "r")], admission_s=adm)
+        return sorted(r.first_s - r.send_s for r in res.records)
+
+    base, slow = run(0.0), run(5e-3)
+    assert base[0] == base[-1] < 8 * 5e-3  # no admission: one prefill step for the whole burst
+    assert slow[0] >= 5e-3  # the first request waits one admission
+    assert slow[-1] >= 8 * 5e-3  # the last one is admitted after all eight

@@ -91,6 +91,16 @@ def _cmd_calibrate(a) -> int:
         if a.from_steps or a.from_bench_generate:
             raise ConfigError("--from-step-log fits a served engine alone: leave out --from-steps / --from-bench-generate")
         cal = calibration_from_step_logs(a.from_step_log)
+        if a.fit_admission_to:
+            from torchinferno.sim.validate import fit_admission
+
+            adm, err = fit_admission(cal, a.fit_admission_to, a.seed)
+            cal.extra["admission_s"] = adm
+            cal.extra["admission_fit"] = {"results": list(a.fit_admission_to), "p50_ttft_error": err}
+            print(f"sim-calibrate: API admission {adm * 1e3:.2f} ms per request (p50 TTFT of "
+                  f"{len(a.fit_admission_to)} bench results within {err * 100:.1f}% on average)")
+    elif a.fit_admission_to:
+        raise ConfigError("--fit-admission-to needs --from-step-log (the served engine the results measured)")
     elif a.from_steps or a.from_bench_generate:
         rows, src = [], []
         for path in a.from_steps or []:
@@ -300,6 +310,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from-step-log", action="append", default=None,
                    help="fit from a served run's step log (serve --step-log FILE; .gz too; repeatable): the served "
                         "engine's steps and limits, no model needed")
+    p.add_argument("--fit-admission-to", nargs="+", default=None, metavar="JSON",
+                   help="with --from-step-log: bench-serve results of the same served run; fit the API server's "
+                        "per-request admission time (HTTP, tokenization, the hop to the core) to their p50 TTFT")
     p.add_argument("--async-steps", action="store_true",
                    help="the --from-steps rows were timed under async scheduling (CUDA default; see cost_model.fit)")
     p.add_argument("--bench-prompt-tokens", type=int, default=32, help="the bench-generate run's --prompt-tokens")

@@ -132,11 +132,14 @@ def summarize(records: list[RequestRecord]) -> dict:
 
 
 def run_workload(requests: list[SimRequest], replicas: list[Replica], router=None, *,
-                 max_concurrency: int | None = None, transfer=None, max_steps: int | None = None) -> RunResult:
+                 max_concurrency: int | None = None, transfer=None, max_steps: int | None = None,
+                 admission_s: float = 0.0) -> RunResult:
     """Serve ``requests`` on ``replicas`` (module docstring). ``router(req, candidates) -> Replica`` picks among
     the replicas that take new requests (default: the first). P/D: when some replicas have role ``prefill``,
     a request is prefilled there (one token), then moved to a ``decode`` replica after ``transfer(req)``
-    seconds, where its prompt KV costs nothing to compute."""
+    seconds, where its prompt KV costs nothing to compute. ``admission_s``: the API server in front admits one
+    request at a time and spends this long on each (HTTP, validation, tokenization, the hop to the core), so a
+    burst of sends reaches the core spread out; 0 = requests reach the core when sent."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ConfigError(f"max concurrency must be >= 1, got {max_concurrency}")
     entry = [r for r in replicas if r.role in ("both", "prefill")]
@@ -151,27 +154,41 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     by_id = {r.request_id: r for r in requests}
     recs = {r.request_id: RequestRecord(r.request_id, r.prompt_len, r.output_len, r.arrival_s) for r in requests}
     moves: list = []  # heap of (time, seq, request_id, first_token): KV on its way to a decode replica
+    admits: list = []  # heap of (time, seq, request_id): requests the API server is still admitting
+    admit_free = -math.inf  # when the API server is done with the requests sent so far
     inflight, gate, steps, seq = 0, -math.inf, 0, 0
     cap = max_concurrency or math.inf
+
+    def enter(req, t: float) -> None:
+        rep = pick(req, entry)
+        recs[req.request_id].replica = rep.name
+        rep.add(req.request_id, req.prompt_token_ids, 1 if rep.role == "prefill" else req.output_len, t)
+
     while True:
         t_send = max(pending[0].arrival_s, gate) if pending and inflight < cap else math.inf
+        t_admit = admits[0][0] if admits else math.inf
         t_move = moves[0][0] if moves else math.inf
         busy = None
         for r in replicas:
             if r.has_work() and (busy is None or r.now() < busy.now()):
                 busy = r
         t_step = busy.now() if busy is not None else math.inf
-        t = min(t_send, t_move, t_step)
+        t = min(t_send, t_admit, t_move, t_step)
         if t == math.inf:
             break
         if t_send == t and t_send <= t_step:
             req = pending.popleft()
-            rec = recs[req.request_id]
-            rec.send_s = t
+            recs[req.request_id].send_s = t
             inflight += 1
-            rep = pick(req, entry)
-            rec.replica = rep.name
-            rep.add(req.request_id, req.prompt_token_ids, 1 if rep.role == "prefill" else req.output_len, t)
+            if admission_s > 0:
+                admit_free = max(admit_free, t) + admission_s
+                seq += 1
+                heapq.heappush(admits, (admit_free, seq, req.request_id))
+            else:
+                enter(req, t)
+        elif t_admit == t and t_admit <= t_step:
+            _, _, rid = heapq.heappop(admits)
+            enter(by_id[rid], t)
         elif t_move == t and t_move <= t_step:
             _, _, rid, tok = heapq.heappop(moves)
             req = by_id[rid]

@@ -25,7 +25,8 @@ from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import SimulatedExecutor, make_clock
 from torchinferno.sim.traffic import TrafficSpec, generate, load_trace
 
-__all__ = ["FIGURES", "ValidateConfig", "compare", "measured_from_bench", "validate", "validate_served"]
+__all__ = ["FIGURES", "ValidateConfig", "compare", "measured_from_bench", "fit_admission", "simulate_served", "validate",
+           "validate_served"]
 
 FIGURES = ("output_throughput", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
 
@@ -98,11 +99,7 @@ def measured_from_bench(doc: dict) -> dict:
             "p99_ttft_s": ms("ttft", "99"), "p50_tpot_s": ms("tpot", "50"), "p99_tpot_s": ms("tpot", "99")}
 
 
-def validate_served(calibration: Calibration, results: list[str], seed: int = 0, log=print) -> dict:
-    """The simulator against served runs: each of ``results`` is a bench-serve result JSON (its requests'
-    lengths, rate, burstiness and concurrency cap are replayed through the simulator, ``sim.traffic.load_trace``)
-    and ``calibration`` must carry the served engine's limits (``sim-calibrate --from-step-log`` records them).
-    Same output shape as ``validate``, levels keyed by the result's concurrency (or file name)."""
+def _served_config(calibration: Calibration) -> tuple[EngineConfig, dict]:
     limits = calibration.extra.get("engine_limits")
     if not limits:
         raise ConfigError("the calibration records no engine limits (KV blocks, step budget): fit it from the served "
@@ -111,25 +108,71 @@ def validate_served(calibration: Calibration, results: list[str], seed: int = 0,
                        max_num_batched_tokens=limits.get("max_num_batched_tokens"),
                        enable_prefix_caching=bool(limits.get("enable_prefix_caching", True)),
                        async_scheduling=bool(calibration.extra.get("async_scheduling", False)))
+    return cfg, limits
+
+
+def _load_result(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"bench result {path}: {e}") from None
+
+
+def simulate_served(calibration: Calibration, path: str, seed: int = 0, admission_s: float | None = None) -> dict:
+    """The simulator's figures for one bench-serve result (``validate_served``), as ``driver.summarize`` gives them."""
+    cfg, limits = _served_config(calibration)
+    doc = _load_result(path)
+    reqs = load_trace(path, seed=seed)
+    sim_ex = SimulatedExecutor(calibration.cost, cfg, num_blocks=int(limits["num_blocks"]),
+                               max_model_len=int(limits["max_model_len"]), device=calibration.device)
+    adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
+    res = run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
+                       max_concurrency=doc.get("max_concurrency"), admission_s=adm).summary()
+    res["requests"] = len(reqs)
+    return res
+
+
+def fit_admission(calibration: Calibration, results: list[str], seed: int = 0) -> tuple[float, float]:
+    """The API server's per-request admission time (``driver.run_workload``'s ``admission_s``) that best predicts
+    the p50 TTFT of ``results`` (bench-serve runs of the server whose step log gave ``calibration``): a grid over
+    0-20 ms refined around its best point. Returns ``(seconds, mean |relative error| of p50 TTFT)``."""
+    measured = [measured_from_bench(_load_result(p))["p50_ttft_s"] for p in results]
+
+    def err(a: float) -> float:
+        pred = [simulate_served(calibration, p, seed, a)["p50_ttft_s"] for p in results]
+        return sum(abs(x - m) / m for x, m in zip(pred, measured)) / len(measured)
+
+    grid = [0.0, 0.1e-3, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 8e-3, 12e-3, 20e-3]
+    scored = [(err(a), a) for a in grid]
+    best_e, best = min(scored)
+    i = grid.index(best)
+    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    for a in (lo + (hi - lo) * k / 8 for k in range(1, 8)):
+        e = err(a)
+        if e < best_e:
+            best_e, best = e, a
+    return best, best_e
+
+
+def validate_served(calibration: Calibration, results: list[str], seed: int = 0, log=print) -> dict:
+    """The simulator against served runs: each of ``results`` is a bench-serve result JSON (its requests'
+    lengths, rate, burstiness and concurrency cap are replayed through the simulator, ``sim.traffic.load_trace``)
+    and ``calibration`` must carry the served engine's limits (``sim-calibrate --from-step-log`` records them) and
+    may carry the API server's admission time (``fit_admission``, ``--fit-admission-to``).
+    Same output shape as ``validate``, levels keyed by the result's concurrency (or file name)."""
     levels = {}
     for path in results:
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"bench result {path}: {e}") from None
+        doc = _load_result(path)
         measured = measured_from_bench(doc)
-        reqs = load_trace(path, seed=seed)
         cap = doc.get("max_concurrency")
-        sim_ex = SimulatedExecutor(calibration.cost, cfg, num_blocks=int(limits["num_blocks"]),
-                                   max_model_len=int(limits["max_model_len"]), device=calibration.device)
         t0 = time.perf_counter()
-        predicted = run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
-                                 max_concurrency=cap).summary()
+        predicted = simulate_served(calibration, path, seed)
+        n = predicted.pop("requests")
         wall_sim = time.perf_counter() - t0
         figs = compare(predicted, measured)
         name = str(cap) if cap is not None else Path(path).stem
-        levels[name] = {"requests": len(reqs), "figures": figs, "result": str(path), "wall_s_sim": wall_sim}
-        log(f"concurrency {name:>3} ({len(reqs)} requests of {path}; simulated in {wall_sim * 1e3:.0f} ms)")
+        levels[name] = {"requests": n, "figures": figs, "result": str(path), "wall_s_sim": wall_sim}
+        log(f"concurrency {name:>3} ({n} requests of {path}; simulated in {wall_sim * 1e3:.0f} ms)")
         for k, v in figs.items():
             log(f"  {k:<18} predicted {v['predicted']:>10.4f}  measured {v['measured']:>10.4f}  "
                 f"error {v['relative_error'] * 100:+6.1f}%")
