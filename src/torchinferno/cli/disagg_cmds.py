@@ -1,0 +1,121 @@
+"""Disaggregated rank files (thin: ``torchinferno.runtime.disagg``): ``disagg-init`` writes one editable Python file
+per prefill/decode rank; ``disagg-smoke`` sends one request through a live prefill rank and decode rank."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub) -> None:
+    p = sub.add_parser("disagg-init", help="write one standalone, editable rank file per prefill/decode rank",
+                       description="Write DIR/rank_<r>_prefill.py and rank_<r>_decode.py (port = base port + rank), "
+                                   "manifest.json and README.md. Each file owns one model and serves a local HTTP RPC.")
+    p.add_argument("dir", help="output directory (created)")
+    p.add_argument("--prefill-ranks", type=int, default=1)
+    p.add_argument("--decode-ranks", type=int, default=1)
+    p.add_argument("--base-port", type=int, default=8800)
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (checked when a rank file starts)")
+    p.add_argument("--host", default="127.0.0.1")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="registry name, HF dir or .gguf (default: the default model if "
+                                                   "converted locally, else a tiny random --family model)")
+    src.add_argument("--family", "--model-kind", dest="family", default=None,
+                     help="a tiny random model of this family (llama3, deepseek, dsv4, deepseek_v4; seeded)")
+    p.add_argument("--size", default="debug", help="size of the tiny --family model (default: debug)")
+    p.add_argument("--seed", type=int, default=0, help="weight seed of the tiny model (identical on every rank)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: float32 (bfloat16 for a checkpoint on CUDA)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=256, help="KV blocks per rank")
+    p.add_argument("--kv-ttl-s", type=float, default=60.0,
+                   help="a prefill rank frees a request's held KV after this long without /release")
+    p.set_defaults(func=_init)
+
+    s = sub.add_parser("disagg-smoke", help="send one request through a live prefill rank and decode rank",
+                       description="Prefill on --prefill-url, move the prompt's KV to --decode-url, decode there; print "
+                                   "the tokens, the KV bytes moved and timings. --check compares with a local "
+                                   "colocated generation of the same model.")
+    s.add_argument("--prefill-url", required=True)
+    s.add_argument("--decode-url", required=True)
+    s.add_argument("--prompt", type=int, nargs="+", required=True, help="prompt token ids")
+    s.add_argument("--new-tokens", type=int, default=2, help="tokens to generate (the first comes from the prefill)")
+    s.add_argument("--temperature", type=float, default=0.0)
+    s.add_argument("--top-k", type=int, default=-1)
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--ignore-eos", action="store_true")
+    s.add_argument("--check", action="store_true",
+                   help="also generate locally (colocated, same model and sampling) and fail unless tokens match")
+    s.add_argument("--timeout-s", type=float, default=120.0)
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    s.set_defaults(func=_smoke)
+
+
+def _init(a: argparse.Namespace) -> int:
+    from torchinferno.runtime.disagg_files import RankFilesSpec, write_rank_files
+
+    spec = RankFilesSpec(prefill_ranks=a.prefill_ranks, decode_ranks=a.decode_ranks, base_port=a.base_port,
+                         device=a.device, host=a.host, model=a.model, family=a.family, size=a.size, seed=a.seed,
+                         dtype=a.dtype, block_size=a.block_size, num_blocks=a.num_blocks, kv_ttl_s=a.kv_ttl_s)
+    files = write_rank_files(a.dir, spec)
+    for f in files:
+        print(f)
+    print(f"wrote {len(files)} rank files, manifest.json and README.md to {a.dir}; start each with: python3 FILE")
+    return 0
+
+
+def _smoke(a: argparse.Namespace) -> int:
+    import json
+
+    from torchinferno.errors import ConfigError
+    from torchinferno.runtime.disagg_http import RankClient, run_disagg_request
+
+    sampling = {"max_tokens": a.new_tokens, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
+                "seed": a.seed, "ignore_eos": a.ignore_eos}
+    prefill, decode = RankClient(a.prefill_url, a.timeout_s), RankClient(a.decode_url, a.timeout_s)
+    hp, hd = prefill.health(), decode.health()
+    if hp["role"] != "prefill" or hd["role"] != "decode":
+        raise ConfigError(f"--prefill-url serves a {hp['role']} rank and --decode-url a {hd['role']} rank")
+    res = run_disagg_request(prefill, decode, list(a.prompt), sampling)
+    expect = res.kv_bytes if res.finish_reason and res.kv_bytes == 0 else len(a.prompt) * hp["kv_bytes_per_token"]
+    out = {"request_id": res.request_id, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
+           "kv_bytes": res.kv_bytes, "kv_bytes_expected": expect, "wire_bytes": res.wire_bytes,
+           "timings_ms": {k: round(v * 1e3, 3) for k, v in res.timings.items()}}
+    if a.check:
+        out["colocated_token_ids"] = _colocated(hp, list(a.prompt), sampling)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(f"tokens: {' '.join(map(str, res.token_ids))} (finish: {res.finish_reason})")
+        print(f"kv bytes moved: {res.kv_bytes} ({len(a.prompt)} prompt tokens x {hp['kv_bytes_per_token']} B, "
+              f"{hp['family']} {hp['kv_dtype']}); wire bytes: {res.wire_bytes}")
+        print("timings: " + ", ".join(f"{k} {v} ms" for k, v in out["timings_ms"].items()))
+        if a.check:
+            print(f"colocated: {' '.join(map(str, out['colocated_token_ids']))}")
+    if res.kv_bytes != expect:
+        raise ConfigError(f"KV bytes moved {res.kv_bytes} != prompt tokens x KV bytes per token = {expect}")
+    if a.check and out["colocated_token_ids"] != res.token_ids:
+        raise ConfigError(f"disaggregated tokens {res.token_ids} != colocated tokens {out['colocated_token_ids']}")
+    if a.check and not a.json:
+        print("check: disaggregated tokens == colocated tokens")
+    return 0
+
+
+def _colocated(health: dict, prompt: list[int], sampling: dict) -> list[int]:
+    """The same model (from the prefill rank's /health), generated here in one process."""
+    import torch
+
+    from torchinferno.core.sampling_params import SamplingParams
+    from torchinferno.engine.assembly import ModelSpec, build_model
+    from torchinferno.engine.generate import StaticGenerator
+    from torchinferno.errors import ConfigError
+
+    device = health["device"]
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--check: the ranks run on {device}, which this machine does not have")
+    spec = ModelSpec(model=health["model"], model_kind=health["model_kind"], size=health["size"], seed=health["seed"],
+                     dtype=health["dtype"], device=device, prepack=False)
+    model = build_model(spec)
+    sp = SamplingParams(**sampling)
+    gen = StaticGenerator(model, 1, len(prompt) + sp.max_tokens, cache_dtype=getattr(torch, health["kv_dtype"]))
+    return gen.generate([prompt], sp)[0].token_ids
