@@ -96,7 +96,7 @@ b"TIDG" + u32 LE JSON length + JSON + safetensors, torchinferno/runtime/disagg_w
   POST /release   JSON {{"request_id"}} -> {{"released": true, "freed_blocks": n}}
 Refusals are 4xx JSON {{"error": "<one line>"}} (503 when no KV blocks are free) and change nothing.
 
-Run:  PYTHONPATH=<repo>/src python3 {file_name} [--port N] [--kv-ttl-s S] [--num-blocks N]
+Run:  PYTHONPATH=<repo>/src python3 {file_name} [--port N] [--kv-ttl-s S] [--num-blocks N] [--threads N]
 Drive: python -m torchinferno.cli disagg-smoke --prefill-url http://HOST:PREFILL_PORT --decode-url http://HOST:DECODE_PORT
 """
 

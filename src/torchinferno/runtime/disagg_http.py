@@ -127,7 +127,7 @@ def make_server(rank, host: str, port: int) -> ThreadingHTTPServer:
 
 
 def serve_rank(rank_cls, config, argv: list[str] | None = None, prog: str | None = None) -> int:
-    """A rank file's ``main``: optional ``--host/--port/--kv-ttl-s/--num-blocks`` overrides, build the rank, serve
+    """A rank file's ``main``: optional ``--host/--port/--kv-ttl-s/--num-blocks/--threads`` overrides, build the rank, serve
     until SIGTERM/SIGINT. Expected failures (no CUDA, bad config, port taken) print one line and return 1."""
     prog = prog or sys.argv[0]
     p = argparse.ArgumentParser(prog=prog, description=f"disaggregated {config.role} rank {config.rank}")
@@ -135,7 +135,12 @@ def serve_rank(rank_cls, config, argv: list[str] | None = None, prog: str | None
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--kv-ttl-s", type=float, default=None, help="free held prefill KV after this long without /release")
     p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     a = p.parse_args(argv)
+    if a.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, a.threads))
     config = config.with_overrides(host=a.host, port=a.port, kv_ttl_s=a.kv_ttl_s, num_blocks=a.num_blocks)
     try:
         rank = rank_cls(config)
