@@ -70,6 +70,22 @@ def test_tokens_equal_colocated_and_bytes_are_the_live_kv(ranks, sampling):
     assert (p.pool.num_free, d.pool.num_free) == (free_p, free_d)
 
 
+@pytest.mark.parametrize("fam", ["llama3", "deepseek_v4"])
+def test_fp8_kv_moves_as_stored(fam):
+    """An FP8 cache hands over its stored bytes (1 byte per value) and decodes like a colocated FP8-cache run."""
+    from torchinferno.engine.generate import StaticGenerator
+
+    fp8 = torch.float8_e4m3fn
+    p = DisaggRank(RankConfig("prefill", 0, 1, model_kind=fam, block_size=4, num_blocks=8, kv_cache_dtype="fp8"))
+    d = DisaggRank(RankConfig("decode", 1, 2, model_kind=fam, block_size=8, num_blocks=8, kv_cache_dtype="fp8"))
+    sampling = {"max_tokens": 4, "temperature": 0.0}
+    c, tensors, out = handoff(p, d, PROMPT, sampling)
+    assert {t.dtype for t in tensors.values()} == {fp8}
+    assert c["kv_bytes"] == len(PROMPT) * p.kv_spec.bytes_per_token(fp8) == len(PROMPT) * p.kv_spec.values_per_token()
+    ref = StaticGenerator(tiny_model(fam), 1, 32, cache_dtype=fp8).generate([PROMPT], SamplingParams(**sampling))
+    assert out["token_ids"] == ref[0].token_ids
+
+
 def test_the_decode_rank_reads_the_handed_over_kv(ranks):
     """Zeroed KV rows change the continuation: the decode rank does not recompute the prompt itself."""
     p, d, _, _ = ranks
@@ -162,3 +178,26 @@ def test_smoke_command_over_http_checks_against_colocated(ranks, capsys):
         for s in servers:
             s.shutdown()
             s.server_close()
+
+
+def test_any_corrupted_frame_is_a_400_never_a_crash():
+    """Random byte flips and truncations of a valid frame: decode_message raises RpcError(400) or parses."""
+    import random
+
+    from torchinferno.runtime.disagg_wire import decode_json
+
+    body = encode_message({"request_id": "f", "n": [1, 2]}, {"layer.0.k": torch.randn(3, 4),
+                                                             "sampler.rng_state": torch.zeros(5, dtype=torch.uint8)})
+    rnd = random.Random(0)
+    for _ in range(400):
+        b = bytearray(body)
+        for _ in range(rnd.randint(1, 6)):
+            b[rnd.randrange(len(b))] = rnd.randrange(256)
+        if rnd.random() < 0.3:
+            b = b[: rnd.randrange(len(b))]
+        try:
+            decode_message(bytes(b))
+        except RpcError as e:
+            assert e.status == 400 and "\n" not in str(e)
+    with pytest.raises(RpcError):
+        decode_json(b"[" * 100000)  # too deep: a 400, not a RecursionError

@@ -27,6 +27,9 @@ def register(sub) -> None:
                    help="default: float32 (bfloat16 for a checkpoint on CUDA)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=256, help="KV blocks per rank")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="auto (float32 on CPU, the model's dtype on CUDA), bfloat16, float16, float32, fp8, fp8_e5m2; "
+                        "FP8 KV moves as stored")
     p.add_argument("--kv-ttl-s", type=float, default=60.0,
                    help="a prefill rank frees a request's held KV after this long without /release")
     p.set_defaults(func=_init)
@@ -56,7 +59,8 @@ def _init(a: argparse.Namespace) -> int:
 
     spec = RankFilesSpec(prefill_ranks=a.prefill_ranks, decode_ranks=a.decode_ranks, base_port=a.base_port,
                          device=a.device, host=a.host, model=a.model, family=a.family, size=a.size, seed=a.seed,
-                         dtype=a.dtype, block_size=a.block_size, num_blocks=a.num_blocks, kv_ttl_s=a.kv_ttl_s)
+                         dtype=a.dtype, block_size=a.block_size, num_blocks=a.num_blocks, kv_ttl_s=a.kv_ttl_s,
+                         kv_cache_dtype=a.kv_cache_dtype)
     files = write_rank_files(a.dir, spec)
     for f in files:
         print(f)

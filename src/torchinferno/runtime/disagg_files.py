@@ -37,6 +37,7 @@ class RankFilesSpec:
     block_size: int = 16
     num_blocks: int = 256
     kv_ttl_s: float = 60.0
+    kv_cache_dtype: str = "auto"
 
     def validate(self) -> RankFilesSpec:
         if self.prefill_ranks < 1 or self.decode_ranks < 1:
@@ -55,6 +56,10 @@ class RankFilesSpec:
             tiny_kind_family(self.family)  # ConfigError listing the valid names
         if self.block_size < 1 or self.num_blocks < 1:
             raise ConfigError("--block-size and --num-blocks must be >= 1")
+        if self.kv_cache_dtype != "auto":
+            from torchinferno.kernels.kv_dtype import parse_kv_cache_dtype
+
+            parse_kv_cache_dtype(self.kv_cache_dtype)  # ConfigError listing the valid spellings
         return self
 
 
@@ -118,7 +123,7 @@ CONFIG = RankConfig(
     size={size!r},
     seed={seed},
     dtype={dtype!r},
-    kv_cache_dtype="auto",
+    kv_cache_dtype={kv_cache_dtype!r},
     block_size={block_size},
     num_blocks={num_blocks},
     kv_ttl_s={kv_ttl_s!r},
@@ -161,7 +166,8 @@ def write_rank_files(out_dir: str | Path, spec: RankFilesSpec) -> list[Path]:
             rank=r, ROLE=role.upper(), role=role, model_line=why, host=spec.host, port=spec.base_port + r,
             base_port=spec.base_port, n_p=spec.prefill_ranks, n_d=spec.decode_ranks, file_name=name,
             device=spec.device, model=model, model_kind=model_kind, size=spec.size, seed=spec.seed, dtype=dtype,
-            block_size=spec.block_size, num_blocks=spec.num_blocks, kv_ttl_s=float(spec.kv_ttl_s))
+            block_size=spec.block_size, num_blocks=spec.num_blocks, kv_ttl_s=float(spec.kv_ttl_s),
+            kv_cache_dtype=spec.kv_cache_dtype)
         path = out / name
         path.write_text(text)
         path.chmod(0o755)
@@ -169,7 +175,7 @@ def write_rank_files(out_dir: str | Path, spec: RankFilesSpec) -> list[Path]:
         ranks.append({"rank": r, "role": role, "file": name, "url": f"http://{spec.host}:{spec.base_port + r}"})
     manifest = {"prefill_ranks": spec.prefill_ranks, "decode_ranks": spec.decode_ranks, "base_port": spec.base_port,
                 "device": spec.device, "model": model, "model_kind": model_kind, "size": spec.size, "seed": spec.seed,
-                "dtype": dtype, "block_size": spec.block_size, "num_blocks": spec.num_blocks, "ranks": ranks}
+                "dtype": dtype, "kv_cache_dtype": spec.kv_cache_dtype, "block_size": spec.block_size, "num_blocks": spec.num_blocks, "ranks": ranks}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     p0, d0 = ranks[0], ranks[spec.prefill_ranks]
     (out / "README.md").write_text(

@@ -46,7 +46,8 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "seed
 class RankConfig:
     """What a rank file configures. Exactly one of ``model`` (registry name / HF dir / .gguf) and ``model_kind``
     (a tiny random model of that family, size ``size``, seeded with ``seed``: identical on every rank) is set.
-    ``kv_cache_dtype`` ``auto``: float32 on CPU (attention runs in fp32 there), the model's dtype on CUDA."""
+    ``kv_cache_dtype`` ``auto``: float32 on CPU (attention runs in fp32 there), the model's dtype on CUDA; or any
+    ``--kv-cache-dtype`` spelling (``fp8``: the payload carries the stored FP8 bytes as they are)."""
 
     role: str
     rank: int
@@ -114,12 +115,19 @@ class RankStats:
 
 
 def _kv_dtype(name: str, device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """``auto``: float32 on CPU, the model's dtype on CUDA; else a ``--kv-cache-dtype`` spelling (fp8 included)."""
+    from torchinferno.kernels.kv_dtype import parse_kv_cache_dtype
+
     if name == "auto":
         return torch.float32 if device.type == "cpu" else model_dtype
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise ConfigError(f"unknown kv_cache_dtype '{name}' (valid: auto, float32, bfloat16, float16)")
-    return dt
+    return parse_kv_cache_dtype(name) or model_dtype
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a tensor index_select/index_copy_ handle on every device: FP8 caches move as their raw bytes."""
+    from torchinferno.kernels.kv_dtype import is_fp8
+
+    return t.view(torch.uint8) if is_fp8(t.dtype) else t
 
 
 class DisaggRank:
@@ -218,7 +226,7 @@ class DisaggRank:
 
     def _payload(self, held: _Held) -> dict[str, torch.Tensor]:
         slots = self._slots(held.blocks, len(held.prompt))
-        out = {name: flat.index_select(0, slots) for name, _, _, flat in self._flat}
+        out = {name: _rows(flat).index_select(0, slots).view(flat.dtype) for name, _, _, flat in self._flat}
         if held.rng_state is not None:
             out[RNG_STATE_KEY] = held.rng_state
         return out
@@ -326,7 +334,7 @@ class DisaggRank:
                                             f"{str(e).splitlines()[0]}") from None
                 slots = self._slots(blocks, n)
                 for name, _, _, flat in self._flat:
-                    flat.index_copy_(0, slots, tensors[name].to(self.device))
+                    _rows(flat).index_copy_(0, slots, _rows(tensors[name]).to(self.device))
                 t1 = time.perf_counter()
                 out = [first]
                 finish = self._finish(first, 1, sp)

@@ -72,7 +72,7 @@ def decode_json(body: bytes, what: str = "request") -> dict[str, Any]:
     """A JSON object from ``body``; 400 naming ``what`` on anything else."""
     try:
         obj = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise RpcError(400, f"{what} body is not valid JSON: {str(e).splitlines()[0]}") from None
     if not isinstance(obj, dict):
         raise RpcError(400, f"{what} body must be a JSON object, got {type(obj).__name__}")
