@@ -163,6 +163,8 @@ def test_malformed_rpcs_get_4xx_and_change_nothing(ranks):
         (base, "/release", json.dumps({"request_id": "nobody"}).encode(), "unknown request_id 'nobody'"),
         (base, "/kv", json.dumps({"request_id": "nobody"}).encode(), "unknown request_id 'nobody'"),
         (base, "/nowhere", b"{}", "no route"),
+        (base, "/decode", frame, "served by decode ranks"),
+        (base + 1, "/prefill", json.dumps({"request_id": "x", "prompt_token_ids": [1]}).encode(), "served by prefill"),
         (base + 1, "/decode", frame[: len(frame) // 2], "truncated"),
         (base + 1, "/decode", b"{}", "truncated"),
         (base + 1, "/decode", encode_message(good, {**tensors, name: tensors[name].double()}), "dtype float64"),

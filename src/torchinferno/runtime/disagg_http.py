@@ -7,7 +7,7 @@ on one model (serialized by the rank's lock anyway), so an event loop, FastAPI o
 indirection without buying concurrency; and binary bodies are just ``Content-Length`` bytes.
 
 Routes: ``GET /health``; ``POST /prefill`` (JSON -> framed), ``POST /kv`` (JSON -> framed), ``POST /decode``
-(framed -> JSON), ``POST /release`` (JSON -> JSON). Errors are JSON ``{"error": "<one line>"}`` with the
+(framed -> JSON), ``POST /release`` (JSON -> JSON); /prefill and /kv on prefill ranks, /decode on decode ranks. Errors are JSON ``{"error": "<one line>"}`` with the
 ``RpcError`` status (other ``TorchInfernoError``: 400; a bug: 500 with its one line, the rank keeps serving).
 """
 
@@ -50,6 +50,9 @@ __all__ = [
 def _one_line(e: BaseException) -> str:
     s = str(e).strip()
     return s.splitlines()[0] if s else type(e).__name__
+
+
+_ROLE_ROUTES = {"/prefill": "prefill", "/kv": "prefill", "/decode": "decode"}
 
 
 def make_server(rank, host: str, port: int) -> ThreadingHTTPServer:
@@ -97,6 +100,9 @@ def make_server(rank, host: str, port: int) -> ThreadingHTTPServer:
                 if method != "POST" or route not in ("/prefill", "/kv", "/decode", "/release"):
                     raise RpcError(404, f"no route {method} {route or '/'} (routes: GET /health, POST /prefill, "
                                         "POST /kv, POST /decode, POST /release)")
+                if route in _ROLE_ROUTES and _ROLE_ROUTES[route] != rank.config.role:
+                    raise RpcError(404, f"POST {route} is served by {_ROLE_ROUTES[route]} ranks; this is "
+                                        f"{rank.config.role} rank {rank.config.rank}")
                 body = self._body()
                 if route == "/decode":
                     control, tensors = decode_message(body, "decode request")

@@ -63,7 +63,7 @@ class RankConfig:
     block_size: int = 16
     num_blocks: int = 256
     kv_ttl_s: float = 60.0
-    max_body_bytes: int = 1 << 30
+    max_body_bytes: int = 4 << 30  # a 70B bf16 prompt of 4096 tokens is ~1.3 GB of KV
 
     def validate(self) -> RankConfig:
         if self.role not in ROLES:
