@@ -70,6 +70,18 @@ def test_tokens_equal_colocated_and_bytes_are_the_live_kv(ranks, sampling):
     assert (p.pool.num_free, d.pool.num_free) == (free_p, free_d)
 
 
+def test_prefix_hit_on_the_prefill_rank_computes_only_the_rest(ranks):
+    """A prompt sharing 4 full blocks with an earlier one reuses them (cached_tokens) and still equals colocated."""
+    p, d, ref, _ = ranks
+    sampling = {"max_tokens": 4, "temperature": 0.0}
+    handoff(p, d, PROMPT, sampling, rid="first")
+    other = PROMPT[:16] + [251, 252, 253]
+    c, _, out = handoff(p, d, other, sampling, rid="second")
+    assert c["cached_tokens"] == 16 and c["kv_bytes"] == len(other) * p.kv_spec.bytes_per_token(torch.float32)
+    assert out["token_ids"] == generate(ref, [other], SamplingParams(**sampling))[0].token_ids
+    assert p.health()["prefix_cache"]["hit_rate"] > 0
+
+
 @pytest.mark.parametrize("fam", ["llama3", "deepseek_v4"])
 def test_fp8_kv_moves_as_stored(fam):
     """An FP8 cache hands over its stored bytes (1 byte per value) and decodes like a colocated FP8-cache run."""

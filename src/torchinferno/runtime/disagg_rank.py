@@ -1,8 +1,9 @@
 """One disaggregated rank (``runtime.disagg``): one model instance, a paged KV cache and its block pool, and the
 prefill / decode / release methods behind the rank files' local RPC.
 
-* ``prefill``: allocate blocks for the prompt, run the prompt forward (the family's real forward over the paged
-  layout), sample the first token, and return it with the prompt's live KV rows of every layer and KV kind
+* ``prefill``: take the prompt's blocks (leading full blocks cached by earlier prompts are reused: the prefix cache
+  of ``cache.block_pool``; only the rest is computed), run the prompt forward (the family's real forward over the
+  paged layout), sample the first token, and return it with the prompt's live KV rows of every layer and KV kind
   (``disagg_wire``'s payload). The rank *holds* those blocks until ``release`` (or ``kv_ttl_s`` passes), so the
   driver can re-read them (``kv``) to retry on another decode rank; a driver whose decode rank fails releases them.
 * ``decode``: check the payload against this rank's ``KVSpec`` and dtype, allocate blocks for prompt + new tokens,
@@ -63,6 +64,7 @@ class RankConfig:
     block_size: int = 16
     num_blocks: int = 256
     kv_ttl_s: float = 60.0
+    prefix_caching: bool = True  # a prefill rank reuses full blocks of earlier prompts (decode ranks never look up)
     max_body_bytes: int = 4 << 30  # a 70B bf16 prompt of 4096 tokens is ~1.3 GB of KV
 
     def validate(self) -> RankConfig:
@@ -152,7 +154,8 @@ class DisaggRank:
         self.kv_dtype = _kv_dtype(config.kv_cache_dtype, self.device, _param_dtype(base))
         self.cache = allocate_kv_cache(self.kv_spec, config.block_size, self.kv_dtype, self.device,
                                        num_blocks=config.num_blocks)
-        self.pool = BlockPool(config.num_blocks, config.block_size, enable_prefix_caching=False)
+        self.pool = BlockPool(config.num_blocks, config.block_size, 
+                              enable_prefix_caching=config.prefix_caching and config.role == "prefill")
         self.held: dict[str, _Held] = {}
         self.stats = RankStats()
         self.lock = threading.RLock()
@@ -210,6 +213,23 @@ class DisaggRank:
                                 f"{self.pool.num_blocks} (retry after running requests finish or are released)")
         return self.pool.allocate(need)
 
+    def _prefix_blocks(self, prompt: list[int]) -> tuple[list[int], list[int], int]:
+        """Blocks for a prompt: the longest cached run of its leading full blocks (at least one token is left to
+        compute: the first token's logits), then fresh ones. Returns (blocks, full-block hashes, cached tokens)."""
+        from torchinferno.cache.block_pool import hash_token_blocks
+
+        bs, n = self.config.block_size, len(prompt)
+        hashes = hash_token_blocks(prompt, bs) if self.pool.enable_prefix_caching else []
+        hit = self.pool.lookup(hashes[: (n - 1) // bs])
+        need = math.ceil(n / bs) - len(hit)
+        if need > self.pool.num_free - self.pool.num_reclaimed_by(hit):
+            raise RpcError(503, f"no room: {need} KV blocks needed, {self.pool.num_free} free of "
+                                f"{self.pool.num_blocks} (retry after held requests are released)")
+        self.pool.touch(hit)
+        blocks = hit + self.pool.allocate(need)
+        self.pool.record_prefix_query(n, len(hit) * bs)
+        return blocks, hashes, len(hit) * bs
+
     def _forward_sample(self, ids: list[int], ctx: int, blocks: list[int], sp: SamplingParams, gen) -> int:
         """Run ``ids`` after ``ctx`` cached tokens of one sequence on ``blocks``; sample the next token."""
         from torchinferno.models.common.attention_metadata import (
@@ -238,7 +258,7 @@ class DisaggRank:
             now = self.clock()
             gone = [rid for rid, h in self.held.items() if h.expires_at <= now]
             for rid in gone:
-                self.pool.free(self.held.pop(rid).blocks)
+                self.pool.free(reversed(self.held.pop(rid).blocks))
             self.stats.expired += len(gone)
             return len(gone)
 
@@ -254,6 +274,8 @@ class DisaggRank:
                 "held_requests": sorted(self.held), "kv_bytes_per_token": self.kv_spec.bytes_per_token(self.kv_dtype),
                 "kv_ttl_s": c.kv_ttl_s, "vocab_size": self.vocab_size, "max_model_len": self.max_model_len,
                 "stats": {k: v for k, v in vars(self.stats).items() if k != "extra"},
+                "prefix_cache": {"enabled": self.pool.enable_prefix_caching, "hit_rate": self.pool.prefix_hit_rate,
+                                 "cached_blocks": self.pool.num_cached_blocks},
             }
 
     @torch.inference_mode()
@@ -269,27 +291,29 @@ class DisaggRank:
             prompt = self._token_ids(control, "prompt_token_ids")
             sp = self._sampling(control, len(prompt))
             t0 = time.perf_counter()
-            blocks = self._allocate(len(prompt))
+            blocks, hashes, ctx = self._prefix_blocks(prompt)
             try:
                 gen = make_generator(sp.seed, self.device) if sp.seed is not None else None
-                tok = self._forward_sample(prompt, 0, blocks, sp, gen)
+                tok = self._forward_sample(prompt[ctx:], ctx, blocks, sp, gen)
+                for i in range(len(hashes)):  # offer the now-written full blocks to later prompts
+                    self.pool.cache_block(blocks[i], hashes[i])
                 rng = gen.get_state() if gen is not None and not sp.greedy else None
                 held = _Held(blocks, list(prompt), tok, self.clock() + self.config.kv_ttl_s, rng)
                 finish = self._finish(tok, 1, sp)
                 t1 = time.perf_counter()
                 tensors = {} if finish else self._payload(held)
             except BaseException:
-                self.pool.free(blocks)
+                self.pool.free(reversed(blocks))
                 raise
             if finish:
-                self.pool.free(blocks)  # nothing to hand off: the request ended on its first token
+                self.pool.free(reversed(blocks))  # nothing to hand off: the request ended on its first token
             else:
                 self.held[rid] = held
             self.stats.prefills += 1
             kv_bytes = kv_payload_bytes(tensors)
             self.stats.kv_bytes_sent += kv_bytes
             return ({"request_id": rid, "first_token": tok, "finish_reason": finish, "num_prompt_tokens": len(prompt),
-                     "kv_bytes": kv_bytes, "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
+                     "cached_tokens": ctx, "kv_bytes": kv_bytes, "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
                      "prefill_s": t1 - t0, "pack_s": time.perf_counter() - t1}, tensors)
 
     def kv(self, control: dict) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -357,7 +381,7 @@ class DisaggRank:
             held = self.held.pop(rid, None)
             if held is None:
                 raise self._unknown(rid)
-            self.pool.free(held.blocks)
+            self.pool.free(reversed(held.blocks))
             self.stats.released += 1
             return {"request_id": rid, "released": True, "freed_blocks": len(held.blocks)}
 
