@@ -207,3 +207,17 @@ def test_decode_rank_killed_mid_request_frees_the_prefill_kv(ranks):
     assert _state(p) == before  # the prefill rank freed the request's blocks
     res = run_disagg_request(p, d, [1, 2, 3, 4], GREEDY)  # the rest keep serving
     assert len(res.token_ids) == 3 and _state(p) == before
+
+
+def test_readme_init_command_writes_eight_cuda_rank_files(tmp_path, monkeypatch, capsys):
+    """The README's line: `disagg-init .torchinferno_disagg --prefill-ranks 4 --decode-ranks 4 --base-port 8800
+    --device cuda` (accepted without CUDA; the rank files check the device when they start)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["disagg-init", ".torchinferno_disagg", "--prefill-ranks", "4", "--decode-ranks", "4",
+                 "--base-port", "8800", "--device", "cuda"]) == 0
+    d = tmp_path / ".torchinferno_disagg"
+    names = sorted(p.name for p in d.glob("rank_*.py"))
+    assert names == [f"rank_{r}_prefill.py" for r in range(4)] + [f"rank_{r}_decode.py" for r in range(4, 8)]
+    text = (d / "rank_4_decode.py").read_text()
+    assert "port=8804," in text and "device='cuda'," in text and "role='decode'," in text
+    compile(text, "rank_4_decode.py", "exec")  # a valid standalone Python file
