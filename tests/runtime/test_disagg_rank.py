@@ -213,3 +213,22 @@ def test_any_corrupted_frame_is_a_400_never_a_crash():
             assert e.status == 400 and "\n" not in str(e)
     with pytest.raises(RpcError):
         decode_json(b"[" * 100000)  # too deep: a 400, not a RecursionError
+
+
+def test_ttl_sweeper_frees_unreleased_kv_without_any_rpc():
+    import time
+
+    from torchinferno.runtime.disagg_http import start_ttl_sweeper
+
+    p = DisaggRank(RankConfig("prefill", 0, 1, model_kind="llama3", block_size=4, num_blocks=8, kv_ttl_s=0.4))
+    stop = start_ttl_sweeper(p)
+    try:
+        p.prefill({"request_id": "lost", "prompt_token_ids": PROMPT[:6], "sampling": {"max_tokens": 3}})
+        assert "lost" in p.held and p.pool.num_free == 6
+        deadline = time.monotonic() + 20
+        while "lost" in p.held:  # read the state directly: health() would expire it itself
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert p.pool.num_free == 8 and p.stats.expired == 1
+    finally:
+        stop.set()

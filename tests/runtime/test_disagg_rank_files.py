@@ -221,3 +221,10 @@ def test_readme_init_command_writes_eight_cuda_rank_files(tmp_path, monkeypatch,
     text = (d / "rank_4_decode.py").read_text()
     assert "port=8804," in text and "device='cuda'," in text and "role='decode'," in text
     compile(text, "rank_4_decode.py", "exec")  # a valid standalone Python file
+
+
+def test_sigterm_stops_a_rank_cleanly(ranks):
+    """Last test of the module's ranks: SIGTERM ends a rank file's serve loop with exit status 0."""
+    proc = ranks["procs"][1]
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0

@@ -44,6 +44,7 @@ __all__ = [
     "make_server",
     "run_disagg_request",
     "serve_rank",
+    "start_ttl_sweeper",
 ]
 
 
@@ -132,6 +133,19 @@ def make_server(rank, host: str, port: int) -> ThreadingHTTPServer:
     return server
 
 
+def start_ttl_sweeper(rank) -> threading.Event:
+    """A daemon thread freeing ``rank``'s expired held KV even when no RPC arrives (every ``kv_ttl_s / 4``, at most
+    1 s); set the returned event to stop it."""
+    stop = threading.Event()
+
+    def sweep() -> None:
+        while not stop.wait(min(1.0, rank.config.kv_ttl_s / 4)):
+            rank.expire()
+
+    threading.Thread(target=sweep, daemon=True, name="disagg-ttl").start()
+    return stop
+
+
 def serve_rank(rank_cls, config, argv: list[str] | None = None, prog: str | None = None) -> int:
     """A rank file's ``main``: optional ``--host/--port/--kv-ttl-s/--num-blocks/--threads`` overrides, build the rank, serve
     until SIGTERM/SIGINT. Expected failures (no CUDA, bad config, port taken) print one line and return 1."""
@@ -154,13 +168,7 @@ def serve_rank(rank_cls, config, argv: list[str] | None = None, prog: str | None
     except (TorchInfernoError, OSError) as e:
         print(f"{prog}: error: {_one_line(e)}", file=sys.stderr, flush=True)
         return 1
-    stop = threading.Event()
-
-    def sweep() -> None:  # TTL: held KV of requests nobody released is freed even when no RPC arrives
-        while not stop.wait(min(1.0, config.kv_ttl_s / 4)):
-            rank.expire()
-
-    threading.Thread(target=sweep, daemon=True).start()
+    stop = start_ttl_sweeper(rank)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     src = config.model or f"tiny random {rank.family.name} (size {config.size}, seed {config.seed})"
     print(f"{config.role} rank {config.rank} serving http://{config.host}:{server.server_address[1]} "
