@@ -12,6 +12,7 @@ import torch
 
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.generate import generate
+from torchinferno.errors import TorchInfernoError
 from torchinferno.runtime.disagg import (
     DisaggRank,
     RankConfig,
@@ -133,11 +134,12 @@ def test_malformed_payloads_are_refused_and_change_nothing(ranks):
         with pytest.raises(RpcError) as e:
             decode_message(raw)
         assert e.value.status == 400, why
-    for bad_ctl in ({**ctl, "first_token": -1}, {**ctl, "prompt_token_ids": [10**9]}, {**ctl, "request_id": ""},
+    for bad_ctl in ({**ctl, "first_token": -1}, {**ctl, "model_id": "some-other-model"},
+                    {**ctl, "sampling": {"max_tokens": 4, "stop_token_ids": 5}}, {**ctl, "prompt_token_ids": [10**9]}, {**ctl, "request_id": ""},
                     {**ctl, "sampling": {"max_tokens": 4, "bogus": 1}}, {**ctl, "sampling": {"max_tokens": 0}}):
-        with pytest.raises(Exception) as e:
+        with pytest.raises(TorchInfernoError) as e:  # RpcError, or SamplingError (a 400 in the HTTP layer)
             d.decode(bad_ctl, tensors)
-        assert getattr(e.value, "status", 400) == 400
+        assert getattr(e.value, "status", 400) == 400 and "\n" not in str(e.value)
     assert (p.pool.num_free, sorted(p.held), d.pool.num_free) == before
     out = d.decode(ctl, tensors)  # a good request still works
     assert out["token_ids"][0] == c["first_token"]

@@ -90,13 +90,15 @@ b"TIDG" + u32 LE JSON length + JSON + safetensors, torchinferno/runtime/disagg_w
   GET  /health    -> {{"status": "ok", "role", "family", "free_blocks", "held_requests", "kv_bytes_per_token", ...}}
   POST /prefill   JSON {{"request_id", "prompt_token_ids": [int, ...], "sampling": {{"max_tokens", "temperature",
                   "top_k", "top_p", "min_p", "seed", "stop_token_ids", "ignore_eos"}}}}
-                  -> frame: {{"request_id", "first_token", "finish_reason", "num_prompt_tokens", "kv_bytes",
-                  "prefill_s", "pack_s"}} + tensors "layer.<i>.<name>" [num_prompt_tokens, *per_token_shape]: the
-                  prompt's KV for every layer and every KV kind of the family's KVSpec, in the cache's dtype
-                  (+ "sampler.rng_state" for a seeded sampled request). A prefill rank holds the prompt's KV blocks
-                  until /release or kv_ttl_s seconds.
+                  -> frame: {{"request_id", "model_id", "first_token", "finish_reason", "num_prompt_tokens",
+                  "cached_tokens" (prefix-cache hit), "kv_bytes", "prefill_s", "pack_s"}}
+                  + tensors "layer.<i>.<name>" [num_prompt_tokens, *per_token_shape]: the prompt's KV for every
+                  layer and every KV kind of the family's KVSpec, in the cache's dtype (+ "sampler.rng_state" for
+                  a seeded sampled request). A prefill rank holds the prompt's KV blocks until /release or
+                  kv_ttl_s seconds.
   POST /kv        JSON {{"request_id"}} -> the held request's frame again (retry on another decode rank)
-  POST /decode    frame: {{"request_id", "prompt_token_ids", "first_token", "sampling"}} + the prefill's tensors
+  POST /decode    frame: {{"request_id", "model_id", "prompt_token_ids", "first_token", "sampling"}} + the
+                  prefill's tensors (model_id, optional, must match this rank's model)
                   -> {{"token_ids": [first_token, ...], "finish_reason", "kv_bytes_received", "unpack_s", "decode_s"}}
   POST /release   JSON {{"request_id"}} -> {{"released": true, "freed_blocks": n}}
 Refusals are 4xx JSON {{"error": "<one line>"}} (503 when no KV blocks are free) and change nothing.

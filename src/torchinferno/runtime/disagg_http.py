@@ -276,7 +276,7 @@ def run_disagg_request(prefill: RankClient, decode: RankClient, prompt: list[int
     if control.get("finish_reason"):  # finished on its first token: nothing held, nothing to hand off
         return DisaggResult(rid, [control["first_token"]], control["finish_reason"], 0, n_pre, timings)
     try:
-        reply, n_dec = decode.decode({"request_id": rid, "prompt_token_ids": prompt,
+        reply, n_dec = decode.decode({"request_id": rid, "model_id": control.get("model_id"), "prompt_token_ids": prompt,
                                       "first_token": control["first_token"], "sampling": sampling}, tensors)
     except (RankUnreachable, RankRefused) as e:
         try:

@@ -154,7 +154,7 @@ class DisaggRank:
         self.kv_dtype = _kv_dtype(config.kv_cache_dtype, self.device, _param_dtype(base))
         self.cache = allocate_kv_cache(self.kv_spec, config.block_size, self.kv_dtype, self.device,
                                        num_blocks=config.num_blocks)
-        self.pool = BlockPool(config.num_blocks, config.block_size, 
+        self.pool = BlockPool(config.num_blocks, config.block_size,
                               enable_prefix_caching=config.prefix_caching and config.role == "prefill")
         self.held: dict[str, _Held] = {}
         self.stats = RankStats()
@@ -162,6 +162,8 @@ class DisaggRank:
         self.vocab_size = int(base.config.vocab_size)
         self.max_model_len = int(base.config.max_position_embeddings)
         self.eos_ids = set(getattr(base.config, "eos_token_ids", ()) or ())
+        src = config.model or f"tiny-{self.family.name}:{config.size}:seed{config.seed}"
+        self.model_id = f"{src}:{config.dtype}"  # same on both sides of a handoff, or the decode rank refuses it
         # Flat [num_blocks * block_size, *shape] views of every cache tensor (gather/scatter by slot).
         self._flat = [(name, i, j, self.cache.tensors[i][j].view(-1, *shape))
                       for name, i, j, shape in kv_tensor_names(self.kv_spec)]
@@ -195,7 +197,10 @@ class DisaggRank:
         unknown = sorted(set(raw) - set(SAMPLING_FIELDS))
         if unknown:
             raise RpcError(400, f"unknown sampling field '{unknown[0]}' (valid: {', '.join(SAMPLING_FIELDS)})")
-        sp = SamplingParams(**raw).validate()
+        try:
+            sp = SamplingParams(**raw).validate()
+        except (TypeError, ValueError) as e:  # e.g. stop_token_ids that is not a list
+            raise RpcError(400, f"bad sampling parameters: {str(e).splitlines()[0] if str(e) else e!r}") from None
         if prompt_len + sp.max_tokens > self.max_model_len:
             raise RpcError(400, f"prompt ({prompt_len} tokens) + max_tokens ({sp.max_tokens}) exceeds the model's "
                                 f"context length {self.max_model_len}")
@@ -312,7 +317,8 @@ class DisaggRank:
             self.stats.prefills += 1
             kv_bytes = kv_payload_bytes(tensors)
             self.stats.kv_bytes_sent += kv_bytes
-            return ({"request_id": rid, "first_token": tok, "finish_reason": finish, "num_prompt_tokens": len(prompt),
+            return ({"request_id": rid, "model_id": self.model_id, "first_token": tok, "finish_reason": finish,
+                     "num_prompt_tokens": len(prompt),
                      "cached_tokens": ctx, "kv_bytes": kv_bytes, "kv_dtype": str(self.kv_dtype).removeprefix("torch."),
                      "prefill_s": t1 - t0, "pack_s": time.perf_counter() - t1}, tensors)
 
@@ -325,7 +331,7 @@ class DisaggRank:
             if held is None:
                 raise self._unknown(rid)
             tensors = self._payload(held)
-            return ({"request_id": rid, "first_token": held.first_token, "finish_reason": None,
+            return ({"request_id": rid, "model_id": self.model_id, "first_token": held.first_token, "finish_reason": None,
                      "num_prompt_tokens": len(held.prompt), "kv_bytes": kv_payload_bytes(tensors),
                      "kv_dtype": str(self.kv_dtype).removeprefix("torch.")}, tensors)
 
@@ -340,6 +346,9 @@ class DisaggRank:
             if not isinstance(first, int) or isinstance(first, bool) or not (0 <= first < self.vocab_size):
                 raise RpcError(400, f"first_token must be a token id in [0, {self.vocab_size}), got {first!r:.40}")
             sp = self._sampling(control, len(prompt))
+            other = control.get("model_id")
+            if other is not None and other != self.model_id:
+                raise RpcError(400, f"the KV comes from model '{other:.200}', this decode rank runs '{self.model_id}'")
             check_kv_payload(tensors, self.kv_spec, self.kv_dtype, len(prompt))
             rng = tensors.get(RNG_STATE_KEY)
             if not sp.greedy and sp.seed is not None and rng is None:
