@@ -84,7 +84,7 @@ def _smoke(a: argparse.Namespace) -> int:
     expect = res.kv_bytes if res.finish_reason and res.kv_bytes == 0 else len(a.prompt) * hp["kv_bytes_per_token"]
     out = {"request_id": res.request_id, "token_ids": res.token_ids, "finish_reason": res.finish_reason,
            "kv_bytes": res.kv_bytes, "kv_bytes_expected": expect, "wire_bytes": res.wire_bytes,
-           "timings_ms": {k: round(v * 1e3, 3) for k, v in res.timings.items()}}
+           "timings_ms": {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in res.timings.items()}}
     if a.check:
         out["colocated_token_ids"] = _colocated(hp, list(a.prompt), sampling)
     if a.json:

@@ -220,7 +220,7 @@ class RankClient:
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            raise RankUnreachable(f"{self.url}{path}: {type(e).__name__}: {_one_line(e)}") from None
+            raise RankUnreachable(f"no answer from {self.url}{path}: {type(e).__name__}: {_one_line(e)}") from None
         finally:
             conn.close()
         if resp.status >= 400:
