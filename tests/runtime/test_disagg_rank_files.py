@@ -137,6 +137,15 @@ def test_smoke_through_the_rank_files_matches_colocated(ranks, capsys):
     bpt = ranks["clients"][0].health()["kv_bytes_per_token"]
     assert f"kv bytes moved: {3 * bpt} " in out
     assert _state(ranks["clients"][0]) == before
+    # several requests in flight over both decode ranks: each equals its colocated generation
+    rc = main(["disagg-smoke", "--prefill-url", f"http://127.0.0.1:{base}", "--decode-url",
+               f"http://127.0.0.1:{base + 1}", f"http://127.0.0.1:{base + 2}", "--prompt", *map(str, range(1, 11)),
+               "--new-tokens", "3", "--requests", "4", "--concurrency", "2", "--check", "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["requests"] == 4 and len(res["results"]) == 4
+    assert all(r["token_ids"] == r["colocated_token_ids"] and len(r["token_ids"]) == 3 for r in res["results"])
+    assert res["kv_bytes_total"] == (10 + 3 * 11) * bpt
+    assert _state(ranks["clients"][0]) == before
 
 
 def _post(port: int, path: str, body: bytes) -> tuple[int, str]:
