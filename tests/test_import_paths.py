@@ -49,6 +49,9 @@ PATHS = [
     ("torchinferno.runtime.traffic", "generate", "torchinferno.sim.traffic", "generate"),
     ("torchinferno.runtime.fake_dist", "fake_world", "torchinferno.parallel.fake", "fake_world"),
     ("torchinferno.runtime.fake_dist", "plan_parallel", "torchinferno.parallel.fake", "plan_parallel"),
+    ("torchinferno.runtime.disagg", "DisaggRank", "torchinferno.runtime.disagg_rank", "DisaggRank"),
+    ("torchinferno.runtime.disagg", "write_rank_files", "torchinferno.runtime.disagg_files", "write_rank_files"),
+    ("torchinferno.runtime.disagg", "run_disagg_request", "torchinferno.runtime.disagg_http", "run_disagg_request"),
 ]
 
 
@@ -64,7 +67,7 @@ def test_all_lists_only_real_names(mod):
         assert getattr(m, name) is not None
 
 
-@pytest.mark.parametrize("missing", ["disagg", "disaggregated", "flex", "options"])
+@pytest.mark.parametrize("missing", ["disaggregated", "flex", "options"])
 def test_runtime_paths_without_an_implementation_do_not_exist(missing):
     with pytest.raises(ImportError):
         importlib.import_module(f"torchinferno.runtime.{missing}")

@@ -12,7 +12,9 @@ each piece really lives (nothing is imported until a submodule is asked for).
   ``sim/``); ``runtime.scheduler``: P/D cluster planning (``sim.cluster``, ``sim.plan``); ``runtime.traffic``:
   seeded bursty traffic and trace replay (``sim.traffic``).
 * ``runtime.fake_dist``: fake process groups and collectives, tensor-parallel planning (``parallel.fake``).
+* ``runtime.disagg``: agent-editable prefill/decode rank files and their local HTTP RPC (``disagg-init``,
+  ``disagg-smoke``); its pieces are ``runtime.disagg_*``.
 
-Paths of the original with no implementation here (disagg, disaggregated, flex) do not exist:
+Paths of the original with no implementation here (disaggregated, flex) do not exist:
 importing them raises ``ImportError``.
 """
