@@ -90,7 +90,7 @@ def _cmd_calibrate(a) -> int:
 
         if a.from_steps or a.from_bench_generate:
             raise ConfigError("--from-step-log fits a served engine alone: leave out --from-steps / --from-bench-generate")
-        cal = calibration_from_step_logs(a.from_step_log)
+        cal = calibration_from_step_logs(a.from_step_log, weights=a.fit_weights or "sqrt")
         if a.fit_admission_to:
             from torchinferno.sim.validate import fit_admission
 
@@ -109,7 +109,7 @@ def _cmd_calibrate(a) -> int:
         for path in a.from_bench_generate or []:
             rows += rows_from_bench_generate(path, a.bench_prompt_tokens, a.bench_new_tokens)
             src.append(f"bench-generate:{path}")
-        cost, err = fit_rows(rows, async_steps=a.async_steps)
+        cost, err = fit_rows(rows, async_steps=a.async_steps, weights=a.fit_weights or "relative")
         cal = Calibration(cost=cost, num_samples=len(rows), fit_error=err, source=",".join(src),
                           model=a.model or "unknown", device=a.device, threads=a.threads or 0,
                           extra={"async_scheduling": a.async_steps})
@@ -119,7 +119,7 @@ def _cmd_calibrate(a) -> int:
         model = _load_model(a)
         grid = ProbeGrid(_ints(a.batch_sizes, "--batch-sizes"), _ints(a.context_lens, "--context-lens"),
                          a.decode_steps, seed=a.seed, clock=a.clock)
-        cal, rows = calibrate_model(model, _engine_config(a), grid)
+        cal, rows = calibrate_model(model, _engine_config(a), grid, weights=a.fit_weights or "relative")
         cal.threads = torch.get_num_threads() if a.device == "cpu" else 0
         if a.steps_out:
             write_steps(rows, a.steps_out)
@@ -313,6 +313,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-admission-to", nargs="+", default=None, metavar="JSON",
                    help="with --from-step-log: bench-serve results of the same served run; fit the API server's "
                         "per-request admission time (HTTP, tokenization, the hop to the core) to their p50 TTFT")
+    p.add_argument("--fit-weights", default=None, choices=["relative", "sqrt", "time"],
+                   help="how steps count in the fit: relative (each alike; default for probes), sqrt (default for "
+                        "--from-step-log), time (long steps count most)")
     p.add_argument("--async-steps", action="store_true",
                    help="the --from-steps rows were timed under async scheduling (CUDA default; see cost_model.fit)")
     p.add_argument("--bench-prompt-tokens", type=int, default=32, help="the bench-generate run's --prompt-tokens")

@@ -147,7 +147,7 @@ def time_steps(core: EngineCore, rec: RecordingExecutor, batch: int, ctx: int, n
     return rows
 
 
-def fit_rows(rows, knees=None, async_steps: bool = False, trim: float | None = None):
+def fit_rows(rows, knees=None, async_steps: bool = False, trim: float | None = None, weights: str = "relative"):
     """``fit`` with knee candidates at token quartiles. ``trim`` (default: 3 for a synchronous engine, off
     with ``async_steps``): on CUDA the slow steps are eager launches, real costs, not interference."""
     tokens = sorted({f[1] + f[2] for f, _ in rows})
@@ -155,10 +155,11 @@ def fit_rows(rows, knees=None, async_steps: bool = False, trim: float | None = N
         knees = (0.0,) + tuple(float(tokens[int(q * (len(tokens) - 1))]) for q in (0.25, 0.5, 0.75))
     if trim is None:
         trim = 0.0 if async_steps else 3.0
-    return fit(rows, knees=knees, trim=trim, async_steps=async_steps)
+    return fit(rows, knees=knees, trim=trim, async_steps=async_steps, weights=weights)
 
 
-def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> tuple[Calibration, list]:
+def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print,
+                    weights: str = "relative") -> tuple[Calibration, list]:
     """Probe ``model`` through the real engine (module docstring); returns the calibration and the raw rows."""
     cfg = config  # the engine as it will serve (prefix caching included: probes use fresh random prompts)
     rec = RecordingExecutor(UniprocExecutor(model, cfg))
@@ -189,7 +190,7 @@ def calibrate_model(model, config: EngineConfig, grid: ProbeGrid, log=print) -> 
             rows.extend(got)
             log(f"sim-calibrate: batch {b:>3} mixed closed loop: {len(got)} steps")
     async_steps = bool(rec.config.async_scheduling)
-    cost, err = fit_rows(rows, async_steps=async_steps)
+    cost, err = fit_rows(rows, async_steps=async_steps, weights=weights)
     kv = rec.inner.kv_cache
     mcfg = model.config
     cal = Calibration(

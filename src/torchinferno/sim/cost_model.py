@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from torchinferno.engine.outputs import SchedulerOutput
 from torchinferno.errors import ConfigError
 
-__all__ = ["FEATURES", "CostModel", "LinkModel", "fit", "step_features"]
+__all__ = ["FEATURES", "FIT_WEIGHTS", "CostModel", "LinkModel", "fit", "step_features"]
 
 FEATURES = ("seqs", "prefill_tokens", "decode_tokens", "decode_ctx", "prefill_attn", "excess_tokens",
             "decode_ctx_padded", "prefill_step", "drained_prefill")
@@ -152,7 +152,10 @@ def _nnls(a, b):
     return x
 
 
-def _fit_once(x, y, knee: float, use: list[int], async_steps: bool = False):
+FIT_WEIGHTS = ("relative", "sqrt", "time")
+
+
+def _fit_once(x, y, knee: float, use: list[int], async_steps: bool = False, weights: str = "relative"):
     import numpy as np
 
     xk = x.copy()
@@ -162,7 +165,10 @@ def _fit_once(x, y, knee: float, use: list[int], async_steps: bool = False):
     design = np.concatenate([np.ones((len(y), 1)), xk[:, cols]], axis=1)
     if async_steps:  # last column: "this row's own step had no prefill" (a decode step's device wait)
         design = np.concatenate([design, (x[:, 1] == 0).astype(np.float64)[:, None]], axis=1)
-    w = 1.0 / np.maximum(y, 1e-9)  # relative error weights
+    # relative: every step counts alike (thousands of decode steps outvote a few long prefills); time: seconds
+    # count (the long steps, which set TTFT under load, are fitted best); sqrt: between the two
+    w = {"relative": 1.0 / np.maximum(y, 1e-9), "sqrt": 1.0 / np.sqrt(np.maximum(y, 1e-9)),
+         "time": np.ones_like(y)}[weights]
     a = design * w[:, None]
     scale = np.maximum(np.abs(a).max(axis=0), 1e-30)  # column scaling: a well-conditioned solve
     sol = _nnls(a / scale, y * w) / scale
@@ -171,14 +177,14 @@ def _fit_once(x, y, knee: float, use: list[int], async_steps: bool = False):
 
 
 def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEATURES,
-        trim: float = 3.0, async_steps: bool = False) -> tuple[CostModel, float]:
+        trim: float = 3.0, async_steps: bool = False, weights: str = "relative") -> tuple[CostModel, float]:
     """Fit a ``CostModel`` to ``(features, seconds)`` rows (features computed with knee 0; the excess term is
     recomputed per knee candidate from ``prefill_tokens + decode_tokens``). Only ``features`` are free.
 
     Robust to interference (a shared machine): after a first fit, steps measured slower than predicted by
     more than ``trim`` x the median |relative error| are dropped and the fit is redone. A knee is kept only
     when it lowers the error by more than 10% relative to no knee. Returns the model and its mean |relative
-    error| on the rows it kept.
+    error| on the rows it kept. ``weights`` (``FIT_WEIGHTS``): how rows count in the least squares.
 
     ``async_steps``: rows timed under async scheduling (``calibrate.StepAttribution``), where a row is the
     resolved step's wait plus the launch of the *next* step, and ``prefill_step`` flags that launch. An eager
@@ -191,18 +197,20 @@ def fit(rows: list[tuple[tuple[float, ...], float]], knees=(0.0,), features=FEAT
 
     if len(rows) < 3:
         raise ConfigError(f"need at least 3 measured steps to fit a cost model, got {len(rows)}")
+    if weights not in FIT_WEIGHTS:
+        raise ConfigError(f"unknown fit weights {weights!r} (valid: {', '.join(FIT_WEIGHTS)})")
     nf = len(FEATURES)
     x = np.array([tuple(r[0]) + (0.0,) * (nf - len(r[0])) for r in rows], dtype=np.float64)  # [N, F], short rows padded
     y = np.array([r[1] for r in rows], dtype=np.float64)  # [N]
     use = [FEATURES.index(f) for f in features]
     best = None
     for knee in sorted(set(knees)):
-        sol, cols, rel = _fit_once(x, y, knee, use, async_steps)
+        sol, cols, rel = _fit_once(x, y, knee, use, async_steps, weights)
         if trim:
             mad = float(np.median(np.abs(rel)))
             keep = rel > -trim * max(mad, 1e-3)  # measured much slower than predicted: interference
             if keep.sum() >= max(3, len(y) // 2) and not keep.all():
-                sol, cols, rel2 = _fit_once(x[keep], y[keep], knee, use, async_steps)
+                sol, cols, rel2 = _fit_once(x[keep], y[keep], knee, use, async_steps, weights)
                 rel = rel2
         err = float(np.mean(np.abs(rel)))
         if best is None or err < best[0] * (0.9 if best[1].knee == 0 else 1.0):
