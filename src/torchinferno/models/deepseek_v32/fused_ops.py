@@ -1,7 +1,8 @@
 """Same contract as ``raw_ops`` routed to ``torchinferno.kernels`` (Triton on CUDA, fused torch on CPU).
 
-Interleaved rope, MLA attention, indexer scoring and the grouped MoE have no kernel entry yet and
-use the reference implementations (a later variant swaps them for kernels behind this contract).
+Interleaved rope, MLA attention and indexer scoring have no kernel entry yet and use the reference
+implementations (a later variant swaps them for kernels behind this contract). The grouped MoE is the fused
+Triton MoE on CUDA (``moe.fused_expert_mlp``: no host sync), the grouped reference elsewhere.
 """
 
 from __future__ import annotations
@@ -28,4 +29,4 @@ mla_expanded_attention = mla.mla_expanded_attention
 mla_absorbed_attention = mla.mla_absorbed_attention
 indexer_scores = mla.indexer_scores
 route = moe.route_sigmoid_grouped
-grouped_expert_mlp = moe.grouped_expert_mlp
+grouped_expert_mlp = moe.fused_expert_mlp  # fused Triton MoE on CUDA, the grouped reference elsewhere
