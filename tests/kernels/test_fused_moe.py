@@ -111,3 +111,25 @@ def test_fused_moe_layer_replays_from_a_cuda_graph():
             x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(x))
             g.replay()
             torch.testing.assert_close(y, moe(x), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dt,swiglu,clamp,even_k,bm,bn,bk,warps,stages", [
+    ("*bf16", True, False, True, 16, 64, 128, 4, 4),   # decode gate_up (default config)
+    ("*bf16", False, False, True, 16, 64, 128, 4, 4),  # decode down (routing weight fused)
+    ("*bf16", True, True, False, 64, 128, 64, 8, 3),   # prefill tiles, V4 clamp, masked K tail
+    ("*fp32", True, False, True, 32, 64, 64, 4, 2),    # fp32 (ieee dots)
+])
+def test_fused_moe_kernel_compiles_for_sm90(dt, swiglu, clamp, even_k, bm, bn, bk, warps, stages):
+    """The GEMM kernel's variants compile down to a cubin for Hopper without a GPU (test_triton_compile's helper)."""
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(HERE))
+    from test_triton_compile import compile_sm90
+
+    from torchinferno.kernels.triton import fused_moe as fm
+
+    out = dt if swiglu else "*fp32"
+    compile_sm90(fm._moe_gemm_kernel, {"A": dt, "B": dt, "C": out, "W": out if swiglu else "*fp32",
+                                       "sorted_pairs": "*i32", "block_expert": "*i32", "num_padded": "*i32"},
+                 dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SWIGLU=swiglu, CLAMP=clamp, MUL_WEIGHT=not swiglu,
+                      EVEN_K=even_k, PRECISION="ieee" if dt == "*fp32" else "tf32"),
+                 floats=("limit",), num_warps=warps, num_stages=stages)
