@@ -19,6 +19,8 @@ add_rms_norm = Fused.add_rms_norm
 silu_and_mul = Fused.silu_and_mul
 
 NAME = "fused"
+# MLA decode through kernels.mla_decode on CUDA (paged latent cache, device-only inputs: CUDA-graph capturable)
+PAGED_MLA_DECODE = True
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
