@@ -87,6 +87,35 @@ def check_configs(device, dtype, names=None) -> None:
     check_experts(device, dtype, T=9, K=3, E=5, D=40, inter=24, configs=(a, b), names=names)  # two alignments
 
 
+def check_expert_parallel(device, dtype=torch.float32, T=11, K=3, E=6, D=32, inter=16) -> None:
+    """Two expert-parallel ranks (experts [0, 2) and [2, 6)): their fused partial sums add up to all experts."""
+    from torchinferno.models.common.layers import RoutedExperts
+    from torchinferno.models.dsv4 import fused_ops
+    from torchinferno.parallel.layers import ExpertParallelExperts
+
+    torch.manual_seed(0)
+    full = RoutedExperts(E, D, inter, fused_ops).to(device=device, dtype=dtype)
+    full.moe_backend = "torch"
+    ranks = [ExpertParallelExperts(0, 2, D, inter, fused_ops), ExpertParallelExperts(2, 4, D, inter, fused_ops)]
+    for r in ranks:
+        r.to(device=device, dtype=dtype)
+        with torch.no_grad():
+            r.gate_up_proj.copy_(full.gate_up_proj[r.start : r.start + r.count])
+            r.down_proj.copy_(full.down_proj[r.start : r.start + r.count])
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(T, D, generator=g).to(dtype).to(device)
+    ids = torch.randint(0, E, (T, K), generator=g).to(device)
+    w = torch.rand(T, K, generator=g).to(device)
+    with torch.no_grad():
+        want = full(x, ids, w).float()
+        got = sum(r(x, ids, w).float() for r in ranks)
+    assert _rel_err(got, want) <= TOL[dtype], f"expert parallel: rel err {_rel_err(got, want):.2e}"
+
+
+def _rel_err(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
 def check_model(device, dtype=torch.float32) -> None:
     """Tiny deepseek_v32 / dsv4 / deepseek_v4 (default variant, fused ops): prefill 6 tokens into a paged cache,
     then decode 3 one at a time; the fused MoE path's logits == the reference path's (``moe_backend = "torch"``)."""
@@ -133,6 +162,7 @@ def main() -> None:
         check_experts(cpu, torch.float32)
         check_experts(cpu, torch.float16, names=("random", "hot"))
         check_configs(cpu, torch.float32, names=("drop",))
+        check_expert_parallel(cpu)
     elif what == "model":
         check_model(cpu)
     print(f"ok {what}")

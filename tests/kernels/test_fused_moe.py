@@ -80,6 +80,7 @@ def test_fused_experts_cuda(dtype):
     C.check_experts(dev, dtype)
     C.check_experts(dev, dtype, T=300, K=6, E=64, D=256, inter=128)
     C.check_configs(dev, dtype)
+    C.check_expert_parallel(dev, dtype)
 
 
 @cuda
