@@ -6,7 +6,8 @@
 source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv | tee "$OUT/env.txt"
 if [[ ${STAGES:-tests,tune,bench} == *tests* ]]; then
-  timeout ${T_TESTS:-150} python3 -m pytest tests/kernels/test_fused_moe.py tests/bench/test_moe_bench.py \
+  timeout ${T_TESTS:-180} python3 -m pytest tests/kernels/test_fused_moe.py tests/kernels/test_mla_decode.py \
+    tests/engine/test_graph_runner.py tests/bench/test_moe_bench.py \
     -p no:cacheprovider -rA -q > "$OUT/tests.log" 2>&1
   grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed" "$OUT/tests.log" | tail -25
 fi

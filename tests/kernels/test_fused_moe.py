@@ -131,6 +131,6 @@ def test_fused_moe_kernel_compiles_for_sm90(dt, swiglu, clamp, even_k, bm, bn, b
     out = dt if swiglu else "*fp32"
     compile_sm90(fm._moe_gemm_kernel, {"A": dt, "B": dt, "C": out, "W": out if swiglu else "*fp32",
                                        "sorted_pairs": "*i32", "block_expert": "*i32", "num_padded": "*i32"},
-                 dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, SWIGLU=swiglu, CLAMP=clamp, MUL_WEIGHT=not swiglu,
-                      EVEN_K=even_k, PRECISION="ieee" if dt == "*fp32" else "tf32"),
+                 {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SWIGLU": swiglu, "CLAMP": clamp,
+                  "MUL_WEIGHT": not swiglu, "EVEN_K": even_k, "PRECISION": "ieee" if dt == "*fp32" else "tf32"},
                  floats=("limit",), num_warps=warps, num_stages=stages)

@@ -7,9 +7,9 @@ Two sections, each beside a same-run bound:
   and replayed; reference: the grouped loop eagerly (it syncs per layer). Bound: bytes actually read (router,
   the experts the routing hits, shared experts) / copy bandwidth; prefill: FLOPs / sustained matmul rate.
 * ``model``: the whole V2-Lite-like model (``deepseek_v32`` size ``v2-lite-shape``, random bf16): a decode step
-  at each batch (context 128 per sequence) through the module path with the fused MoE vs the torch MoE, a
-  2048-token prefill, and transformers' eager ``DeepseekV3ForCausalLM`` on the same tensors (``--hf``). Attention
-  is the model's own MLA path (not captured: the absorbed decode still sizes its gather from host lengths).
+  at each batch (context 128 per sequence): replayed from CUDA graphs (``CudaGraphDecodeRunner``: paged MLA decode
+  + fused MoE, no host sync), the same module path eagerly, and eagerly with the torch MoE; a 2048-token prefill;
+  transformers' eager ``DeepseekV3ForCausalLM`` on the same tensors (``--no-hf`` skips it).
 
 Active bytes per decode step: every layer's non-expert weights, the experts the step's routing hits (measured
 from the router on that step's input) and the LM head; KV bytes are small at context 128 and are added.
@@ -23,7 +23,7 @@ import time
 import torch
 
 from torchinferno.bench.ceilings import copy_bandwidth, sustained_matmul_rate
-from torchinferno.bench.gpu_timing import cuda_time_ms
+from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms
 
 
 def _moe_cfg(E: int, top_k: int, D: int, inter: int, shared: int):
@@ -159,6 +159,7 @@ def _routing_hits(model, ids, positions, caches, meta) -> list[int]:
 
 def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int = 2048, bw=None, mm=None,
                log=print) -> dict:
+    from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
     from torchinferno.models.common.attention_metadata import (
         build_attention_metadata,
         positions_for,
@@ -175,6 +176,11 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
         for t in layer:
             t.normal_()
     out = {"decode": [], "prefill": None}
+    set_moe_backend(model, "auto")
+    runner = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=batches)
+    runner.capture()  # graphs where the model supports them (paged MLA + fused MoE), else the eager padded path
+    out["graphs"] = runner.use_graphs
+    log(f"  decode steps {'replayed from CUDA graphs' if runner.use_graphs else 'eager (model not capturable)'}")
     for B in batches:
         table = [list(range(1 + b * blocks_per, 1 + (b + 1) * blocks_per)) for b in range(B)]
         meta = build_attention_metadata([1] * B, [ctx] * B, table, bs, device=dev)
@@ -182,22 +188,29 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
         pos = torch.full((B,), ctx, device=dev)
         hits = _routing_hits(model, ids, pos, caches, meta)
         nbytes = active_bytes(model, hits) + B * ctx * spec.bytes_per_token(torch.bfloat16)
-        row = {"batch": B, "active_bytes": nbytes}
+        row = {"batch": B, "active_bytes": nbytes, "experts_hit_mean": sum(hits) / max(1, len(hits))}
 
         def step(ids=ids, pos=pos, meta=meta):
             with torch.no_grad():
                 return model.compute_logits(model(ids, pos, caches, meta))
 
-        for backend in ("auto", "torch"):
-            set_moe_backend(model, backend)
-            row[f"{'fused' if backend == 'auto' else 'torch'}_ms"] = cuda_time_ms(step, iters=10, warmup=2)
+        def replay(ids=ids, pos=pos, meta=meta):
+            with torch.no_grad():
+                return runner.run(ids, pos, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.seq_lens_list)
+
+        row["fused_ms"] = cuda_time_ms(replay, iters=20, warmup=3)  # as issued: input copies + replay
+        row["fused_device_ms"] = device_time_ms(replay, iters=20, warmup=3)  # host issue time taken out
+        row["fused_eager_ms"] = cuda_time_ms(step, iters=10, warmup=2)  # the module path, eagerly
+        set_moe_backend(model, "torch")
+        row["torch_ms"] = cuda_time_ms(step, iters=5, warmup=1)  # grouped reference MoE (host sync per layer)
         set_moe_backend(model, "auto")
         if bw:
             row["bound_ms"] = nbytes / bw * 1e3
             row["pct_of_bound"] = 100 * row["bound_ms"] / row["fused_ms"]
         row["tok_s"] = B / row["fused_ms"] * 1e3
-        log(f"  model decode B={B:4d}: fused MoE {row['fused_ms']:8.2f} ms ({row['tok_s']:8.0f} tok/s)  torch MoE "
-            f"{row['torch_ms']:8.2f} ms  bound {row.get('bound_ms', 0):.2f} ms ({row.get('pct_of_bound', 0):.1f}%)")
+        log(f"  model decode B={B:4d}: fused {row['fused_ms']:8.2f} ms (device {row['fused_device_ms']:.2f}; "
+            f"{row['tok_s']:8.0f} tok/s)  eager {row['fused_eager_ms']:8.2f} ms  torch MoE {row['torch_ms']:8.2f} ms  "
+            f"bound {row.get('bound_ms', 0):.2f} ms ({row.get('pct_of_bound', 0):.1f}%)  hit {row['experts_hit_mean']:.0f}")
         out["decode"].append(row)
     if prefill:
         ids = torch.randint(0, cfg.vocab_size, (prefill,), device=dev)
