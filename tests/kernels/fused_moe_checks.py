@@ -87,6 +87,29 @@ def check_configs(device, dtype, names=None) -> None:
     check_experts(device, dtype, T=9, K=3, E=5, D=40, inter=24, configs=(a, b), names=names)  # two alignments
 
 
+ALIGN_CASES = [(1, 6, 64, 16), (5, 2, 4, 4), (33, 8, 16, 16), (7, 3, 5, 1), (64, 6, 8, 64), (300, 6, 64, 16),
+               (40, 8, 256, 16), (3, 2, 300, 32)]  # (T, top_k, E, block_m): multi-chunk, E past one chunk's width
+
+
+def check_align(device) -> None:
+    """The one-program Triton sort/pad == the Python oracle == the torch version (dropped ids, empty experts)."""
+    from torchinferno.kernels.fused_moe import align_pairs_torch, max_padded, reference_align
+    from torchinferno.kernels.triton import fused_moe as tk
+
+    g = torch.Generator().manual_seed(7)
+    for T, K, E, B in ALIGN_CASES:
+        ids = torch.randint(0, min(E, 24), (T, K), generator=g)  # experts >= 24 stay empty
+        if T > 3:
+            ids[0] = ids[1]
+            ids[2, 0], ids[3, -1] = -1, E  # dropped
+        want = reference_align(ids, E, B)
+        got = tk.align_pairs(ids.to(device), E, B, max_padded(T * K, E, B))
+        alt = align_pairs_torch(ids.to(device), E, B)
+        for name, (sp, be, n) in (("triton", got), ("torch", alt)):
+            ok = torch.equal(sp.cpu(), want[0]) and torch.equal(be.cpu(), want[1]) and int(n) == want[2]
+            assert ok, f"align {name} T={T} K={K} E={E} B={B}"
+
+
 def check_expert_parallel(device, dtype=torch.float32, T=11, K=3, E=6, D=32, inter=16) -> None:
     """Two expert-parallel ranks (experts [0, 2) and [2, 6)): their fused partial sums add up to all experts."""
     from torchinferno.models.common.layers import RoutedExperts
@@ -159,6 +182,7 @@ def main() -> None:
     cpu = torch.device("cpu")
     what = sys.argv[1]
     if what == "experts":
+        check_align(cpu)
         check_experts(cpu, torch.float32)
         check_experts(cpu, torch.float16, names=("random", "hot"))
         check_configs(cpu, torch.float32, names=("drop",))

@@ -81,6 +81,8 @@ def test_fused_experts_cuda(dtype):
     C.check_experts(dev, dtype, T=300, K=6, E=64, D=256, inter=128)
     C.check_configs(dev, dtype)
     C.check_expert_parallel(dev, dtype)
+    C.check_align(dev)
+    C.check_experts(dev, dtype, T=1000, K=6, E=64, D=128, inter=64)  # past the one-program align (torch sort/pad)
 
 
 @cuda
@@ -134,3 +136,15 @@ def test_fused_moe_kernel_compiles_for_sm90(dt, swiglu, clamp, even_k, bm, bn, b
                  {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SWIGLU": swiglu, "CLAMP": clamp,
                   "MUL_WEIGHT": not swiglu, "EVEN_K": even_k, "PRECISION": "ieee" if dt == "*fp32" else "tf32"},
                  floats=("limit",), num_warps=warps, num_stages=stages)
+
+
+@pytest.mark.parametrize("bm,e_pad,chunk", [(16, 64, 128), (64, 256, 32), (1, 16, 128)])
+def test_align_kernel_compiles_for_sm90(bm, e_pad, chunk):
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(HERE))
+    from test_triton_compile import compile_sm90
+
+    from torchinferno.kernels.triton import fused_moe as fm
+
+    compile_sm90(fm._align_kernel, {"IDS": "*i64", "SORTED": "*i32", "BLOCK_EXPERT": "*i32", "NUM_PADDED": "*i32"},
+                 {"BM": bm, "E_PAD": e_pad, "CHUNK": chunk})

@@ -40,11 +40,25 @@ def max_padded(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-bound // block_m) * block_m
 
 
+ALIGN_KERNEL_MAX_PAIRS = 4096  # up to here one Triton program sorts/pads (one launch instead of ~15 small ones)
+
+
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
     """ids [T, top_k] -> (sorted_pairs [P_max] int32, block_expert [P_max / block_m] int32, num_padded [1] int32).
 
-    Device tensor ops only (scatter-add counts, stable argsort, cumsums, searchsorted): no host sync, static shapes.
+    No host sync, static shapes: one Triton launch (``kernels.triton.fused_moe.align_pairs``) for decode-sized
+    steps on CUDA, else :func:`align_pairs_torch`. Both give identical outputs.
     """
+    P = ids.numel()
+    if 0 < P <= ALIGN_KERNEL_MAX_PAIRS and _tri.usable(ids):
+        from torchinferno.kernels.triton import fused_moe as tk
+
+        return tk.align_pairs(ids.contiguous(), num_experts, block_m, max_padded(P, num_experts, block_m))
+    return align_pairs_torch(ids, num_experts, block_m)
+
+
+def align_pairs_torch(ids: torch.Tensor, num_experts: int, block_m: int):
+    """:func:`align_pairs` as device tensor ops (scatter-add counts, stable argsort, cumsums, searchsorted)."""
     dev = ids.device
     flat = ids.reshape(-1).long()  # [P]
     P, E = flat.numel(), num_experts

@@ -14,6 +14,9 @@ returns at once; every other program computes one ``[BLOCK_M, BLOCK_N]`` tile of
 * :func:`moe_down` — ``out [P, D] = w[pair] * (act[pair] @ down[e]^T)`` in fp32, the routing weight fused; the
   caller sums the ``top_k`` rows of each token (a reshape-sum: deterministic, no atomics).
 
+:func:`align_pairs` is the sort/pad itself in one single-program launch (decode-sized steps; the torch version in
+``kernels.fused_moe`` takes larger ones).
+
 Weights keep transformers' layout (``gate_up [E, 2I, D]``, ``down [E, D, I]``, rows contiguous). Tile configs come
 from the caller (``kernels.fused_moe.config_for``); launches never call ``torch.cuda`` APIs, so they also run under
 Triton's CPU interpreter (tests/kernels/test_fused_moe.py).
@@ -89,6 +92,59 @@ def _moe_gemm_kernel(A, B, C, W, sorted_pairs, block_expert, num_padded, N, K, n
         acc = acc.to(A.dtype.element_ty).to(tl.float32) * w[:, None]  # rounded where the reference's GEMM is
     c_ptrs = C + pair.to(tl.int64)[:, None] * stride_cm + rn[None, :]
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
+
+
+@triton.jit
+def _align_kernel(IDS, SORTED, BLOCK_EXPERT, NUM_PADDED, P, E, P_MAX, NB, BM: tl.constexpr, E_PAD: tl.constexpr,
+                  CHUNK: tl.constexpr):
+    # One program: the whole sort/pad of kernels.fused_moe.align_pairs (same outputs, bit for bit) in one launch.
+    e_idx = tl.arange(0, E_PAD)
+    j = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for c0 in range(0, P, CHUNK):  # pairs per expert
+        offs = c0 + j
+        ids = tl.load(IDS + offs, mask=offs < P, other=-1).to(tl.int32)
+        ids = tl.where((ids >= 0) & (ids < E), ids, E_PAD)  # dropped pairs match no expert
+        counts += tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BM - 1) // BM * BM
+    pad_end = tl.cumsum(padded, axis=0)  # [E_PAD]
+    pad_start = pad_end - padded
+    run_end = pad_start + counts  # end of each expert's real pairs; padding up to pad_end
+    total = tl.sum(padded, axis=0)
+    tl.store(NUM_PADDED, total)
+    for s0 in range(0, P_MAX, CHUNK):  # sentinels into every padding slot (disjoint from the pair slots below)
+        s = s0 + j
+        e_of = tl.sum((pad_end[None, :] <= s[:, None]).to(tl.int32), axis=1)  # expert whose padded run holds s
+        end_of = tl.sum(tl.where(e_of[:, None] == e_idx[None, :], run_end[None, :], 0), axis=1)
+        tl.store(SORTED + s, P, mask=(s < P_MAX) & ((s >= total) | (s >= end_of)))
+    for b0 in range(0, NB, CHUNK):  # expert of each row block, -1 past the used length
+        b = b0 + j
+        first = b * BM
+        e_of = tl.sum((pad_end[None, :] <= first[:, None]).to(tl.int32), axis=1)
+        tl.store(BLOCK_EXPERT + b, tl.where(first < total, e_of, -1), mask=b < NB)
+    cursor = pad_start
+    for c0 in range(0, P, CHUNK):  # pair ids into their slots, stable (ascending pair id within an expert)
+        offs = c0 + j
+        ids = tl.load(IDS + offs, mask=offs < P, other=-1).to(tl.int32)
+        ids = tl.where((ids >= 0) & (ids < E), ids, E_PAD)
+        hot = ids[:, None] == e_idx[None, :]  # [CHUNK, E_PAD]
+        base = tl.sum(tl.where(hot, cursor[None, :], 0), axis=1)
+        rank = tl.sum(((ids[:, None] == ids[None, :]) & (j[None, :] < j[:, None])).to(tl.int32), axis=1)
+        tl.store(SORTED + base + rank, offs, mask=(offs < P) & (ids < E_PAD))
+        cursor += tl.sum(hot.to(tl.int32), axis=0)
+
+
+def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, p_max: int):
+    """One-launch version of ``kernels.fused_moe.align_pairs`` (same contract; ``p_max`` its static bound)."""
+    P = ids.numel()
+    sorted_pairs = torch.empty(p_max, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(p_max // block_m, dtype=torch.int32, device=ids.device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
+    e_pad = max(16, 1 << (num_experts - 1).bit_length())
+    chunk = max(16, min(128, 8192 // e_pad))
+    _align_kernel[(1,)](ids.reshape(-1), sorted_pairs, block_expert, num_padded, P, num_experts, p_max,
+                        p_max // block_m, BM=block_m, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
+    return sorted_pairs, block_expert, num_padded
 
 
 def _launch(a, b, c, w, sorted_pairs, block_expert, num_padded, n, row_div, up_offset, limit, cfg, swiglu, clamp,
