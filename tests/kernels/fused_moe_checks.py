@@ -93,7 +93,11 @@ ALIGN_CASES = [(1, 6, 64, 16), (5, 2, 4, 4), (33, 8, 16, 16), (7, 3, 5, 1), (64,
 
 def check_align(device) -> None:
     """The one-program Triton sort/pad == the Python oracle == the torch version (dropped ids, empty experts)."""
-    from torchinferno.kernels.fused_moe import align_pairs_torch, max_padded, reference_align
+    from torchinferno.kernels.fused_moe import (
+        align_pairs_torch,
+        max_padded,
+        reference_align,
+    )
     from torchinferno.kernels.triton import fused_moe as tk
 
     g = torch.Generator().manual_seed(7)
