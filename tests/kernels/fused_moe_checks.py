@@ -62,14 +62,14 @@ def check_experts(device, dtype, T=37, K=4, E=8, D=64, inter=48, configs=None, n
         if names is not None and name not in names:
             continue
         ids = ids.to(device)
-        got = fused_moe.fused_experts(x, ids, w, gate_up, down, configs=configs)
+        got = fused_moe.fused_experts(x, ids, w, gate_up, down, configs=configs, may_drop=name == "drop")
         rid, rw = _drop_ref(ids, w, E)
         want = moe.grouped_expert_mlp(x.float(), rid, rw, gate_up.float(), down.float(), _silu_and_mul)
         err = float((got.float() - want).abs().max() / want.abs().max())
         assert got.dtype == dtype and got.shape == (T, D), (got.dtype, got.shape)
         assert err <= TOL[dtype], f"{name} {dtype}: rel err {err:.2e}"
         limit = 0.05
-        got = fused_moe.fused_experts(x, ids, w, gate_up, down, limit=limit, configs=configs)
+        got = fused_moe.fused_experts(x, ids, w, gate_up, down, limit=limit, configs=configs, may_drop=name == "drop")
         want = v4_raw.clamped_experts(x.float(), rid, rw, gate_up.float(), down.float(), limit)
         err = float((got.float() - want).abs().max() / want.abs().max())
         assert err <= TOL[dtype], f"{name} clamped {dtype}: rel err {err:.2e}"

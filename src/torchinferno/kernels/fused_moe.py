@@ -142,13 +142,15 @@ def config_for(M: int, E: int, N: int, K: int, dtype: torch.dtype) -> dict:
 
 
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
-                  down: torch.Tensor, limit: float | None = None, configs: tuple[dict, dict] | None = None
-                  ) -> torch.Tensor:
+                  down: torch.Tensor, limit: float | None = None, configs: tuple[dict, dict] | None = None,
+                  may_drop: bool = False) -> torch.Tensor:
     """x [T, D], ids [T, k], weights [T, k], gate_up [E, 2I, D], down [E, D, I] -> [T, D] in x.dtype.
 
-    ``sum_j weights[t, j] * down[e] @ swiglu(gate_up[e] @ x[t])`` with ``e = ids[t, j]`` (pairs with ``e`` outside
-    ``[0, E)`` contribute 0); with ``limit``: ``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)`` (V4).
-    Triton kernels (``kernels.triton.fused_moe``); ``configs`` = (gate_up tiles, down tiles) overrides the table.
+    ``sum_j weights[t, j] * down[e] @ swiglu(gate_up[e] @ x[t])`` with ``e = ids[t, j]``; with ``limit``:
+    ``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)`` (V4). ``may_drop``: ids outside ``[0, E)`` may occur
+    and contribute 0 (expert parallelism); without it every id must be in range (a router's output is), which
+    spares zero-filling the per-pair output. Triton kernels (``kernels.triton.fused_moe``); ``configs`` =
+    (gate_up tiles, down tiles) overrides the table.
     """
     from torchinferno.kernels.triton import fused_moe as tk
 
@@ -162,11 +164,11 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
     sp1, be1, n1 = align_pairs(ids, E, c1["BLOCK_M"])
     act = tk.moe_gate_up(x, gate_up, sp1, be1, n1, top_k, c1, limit)  # [P, I]
     sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else align_pairs(ids, E, c2["BLOCK_M"])
-    y = tk.moe_down(act, down, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2)  # [P, D] fp32
+    y = tk.moe_down(act, down, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, zero=may_drop)  # [P, D]
     return y.view(T, top_k, D).sum(1).to(x.dtype)
 
 
 def usable(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
-    """The fused path applies: CUDA tensors, Triton present, not tracing, plain dense expert weights."""
-    return _tri.usable(x) and gate_up.dim() == 3 and gate_up.stride(2) == 1 and type(gate_up) in (torch.Tensor,
-                                                                                                    torch.nn.Parameter)
+    """The fused path applies: CUDA tensors, Triton present, not tracing, plain dense expert weights in x's dtype."""
+    return (_tri.usable(x) and gate_up.dim() == 3 and gate_up.stride(2) == 1 and gate_up.dtype == x.dtype
+            and type(gate_up) in (torch.Tensor, torch.nn.Parameter))

@@ -94,7 +94,8 @@ class ExpertParallelExperts(RoutedExperts):
 
         if self.moe_backend == "auto" and self.row_tile is None and fused_moe.usable(x, self.gate_up_proj):
             # CUDA: the fused MoE drops the other ranks' pairs (id -1) on the device: no host sync
-            return fused_moe.fused_experts(x, torch.where(mine, local, -1), weights, self.gate_up_proj, self.down_proj)
+            return fused_moe.fused_experts(x, torch.where(mine, local, -1), weights, self.gate_up_proj, self.down_proj,
+                                           may_drop=True)
         t, k = mine.nonzero(as_tuple=True)  # this rank's pairs
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if t.numel():

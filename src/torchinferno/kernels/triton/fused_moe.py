@@ -172,11 +172,12 @@ def moe_gate_up(x: torch.Tensor, gate_up: torch.Tensor, sorted_pairs: torch.Tens
 
 
 def moe_down(act: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, sorted_pairs: torch.Tensor,
-             block_expert: torch.Tensor, num_padded: torch.Tensor, cfg: dict) -> torch.Tensor:
+             block_expert: torch.Tensor, num_padded: torch.Tensor, cfg: dict, zero: bool = True) -> torch.Tensor:
     """act [P, I], down [E, D, I], weights [P] fp32 -> fp32 [P, D] = weights[p] * act[p] @ down[e(p)]^T
-    (rows of dropped pairs: 0)."""
+    (rows of dropped pairs: 0 with ``zero``, unset without: only when no pair is dropped)."""
     assert act.stride(1) == 1 and down.stride(2) == 1 and down.shape[2] == act.shape[1]
-    out = torch.zeros((act.shape[0], down.shape[1]), dtype=torch.float32, device=act.device)
+    alloc = torch.zeros if zero else torch.empty
+    out = alloc((act.shape[0], down.shape[1]), dtype=torch.float32, device=act.device)
     if out.numel():
         _launch(act, down, out, weights, sorted_pairs, block_expert, num_padded, down.shape[1], 1, 0, 0.0, cfg,
                 False, False, True)
