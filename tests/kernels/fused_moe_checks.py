@@ -187,6 +187,7 @@ def main() -> None:
     what = sys.argv[1]
     if what == "experts":
         check_align(cpu)
+        check_routing(cpu)
         check_experts(cpu, torch.float32)
         check_experts(cpu, torch.float16, names=("random", "hot"))
         check_configs(cpu, torch.float32, names=("drop",))
@@ -194,6 +195,39 @@ def main() -> None:
     elif what == "model":
         check_model(cpu)
     print(f"ok {what}")
+
+
+
+ROUTE_CASES = [  # (T, E, top_k, n_group, topk_group, norm, bias, sqrt_softplus)
+    (9, 8, 2, 4, 2, True, True, False), (5, 64, 6, 1, 1, True, False, False), (7, 256, 8, 8, 4, True, True, False),
+    (4, 16, 4, 1, 1, False, True, False), (6, 16, 4, 1, 1, True, True, True), (1, 32, 3, 4, 4, True, True, False)]
+
+
+def check_routing(device) -> None:
+    """The one-launch Triton routing == ``moe.route_sigmoid_grouped`` (V3) / V4's sqrt-softplus router: the same
+    expert set per token and the same weights (fp32 1e-6), compared after sorting each row by expert id."""
+    import torch.nn.functional as F
+
+    from torchinferno.kernels.triton import moe_routing
+    from torchinferno.models.common.moe import route_sigmoid_grouped
+
+    g = torch.Generator().manual_seed(11)
+    for T, E, k, G, TG, norm, has_bias, ssp in ROUTE_CASES:
+        logits = (torch.randn(T, E, generator=g) * 3).to(device)
+        logits[0, :3] = torch.tensor([-30.0, 25.0, -16.0])  # softplus branches
+        bias = (torch.rand(E, generator=g) - 0.5).to(device) if has_bias else None
+        w, ids = moe_routing.route(logits, bias, k, G, TG, norm, 2.5, sqrt_softplus=ssp)
+        if ssp:  # deepseek_v4.model.Router
+            s = F.softplus(logits).sqrt()
+            rid = torch.topk(s + bias, k, dim=-1).indices
+            rw = s.gather(1, rid)
+            rw = rw / (rw.sum(-1, keepdim=True) + 1e-20) * 2.5
+        else:
+            rw, rid = route_sigmoid_grouped(logits, bias, k, G, TG, norm, 2.5)
+        o, ro = ids.sort(-1), rid.sort(-1)
+        assert torch.equal(o.values, ro.values), f"routing ids {T, E, k, G, TG}"
+        got, want = w.gather(1, o.indices), rw.gather(1, ro.indices)
+        assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max()) + 1e-7, f"routing weights {T, E, k}"
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def test_fused_experts_cuda(dtype):
     C.check_configs(dev, dtype)
     C.check_expert_parallel(dev, dtype)
     C.check_align(dev)
+    C.check_routing(dev)
     C.check_experts(dev, dtype, T=1000, K=6, E=64, D=128, inter=64)  # past the one-program align (torch sort/pad)
 
 
@@ -148,3 +149,16 @@ def test_align_kernel_compiles_for_sm90(bm, e_pad, chunk):
 
     compile_sm90(fm._align_kernel, {"IDS": "*i64", "SORTED": "*i32", "BLOCK_EXPERT": "*i32", "NUM_PADDED": "*i32"},
                  {"BM": bm, "E_PAD": e_pad, "CHUNK": chunk})
+
+
+@pytest.mark.parametrize("E,k,G,TG,ssp", [(64, 6, 1, 1, False), (256, 8, 8, 4, False), (256, 6, 1, 1, True)])
+def test_routing_kernel_compiles_for_sm90(E, k, G, TG, ssp):
+    pytest.importorskip("triton")
+    sys.path.insert(0, str(HERE))
+    from test_triton_compile import compile_sm90
+
+    from torchinferno.kernels.triton import moe_routing as mr
+
+    compile_sm90(mr._route_kernel, {"LOGITS": "*fp32", "BIAS": "*fp32", "W_OUT": "*fp32", "IDS_OUT": "*i64"},
+                 {"E": E, "TOP_K": k, "K_PAD": 8, "N_GROUP": G, "PER": E // G, "TOPK_GROUP": TG, "HAS_BIAS": True,
+                  "NORM": True, "SQRT_SOFTPLUS": ssp}, floats=("scaling",))

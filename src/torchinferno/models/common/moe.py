@@ -60,6 +60,29 @@ def route_sigmoid_grouped(
     return weights * routed_scaling_factor, ids
 
 
+def route_fused(
+    router_logits: torch.Tensor,  # [T, E] fp32
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`route_sigmoid_grouped` in one Triton launch on CUDA (``kernels.triton.moe_routing``), else itself."""
+    from torchinferno.kernels import triton as tri
+
+    E = router_logits.shape[-1]
+    if tri.usable(router_logits):
+        from torchinferno.kernels.triton import moe_routing
+
+        if moe_routing.supported(E, n_group):
+            return moe_routing.route(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob,
+                                     routed_scaling_factor)
+    return route_sigmoid_grouped(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob,
+                                 routed_scaling_factor)
+
+
 def grouped_expert_mlp(
     x: torch.Tensor,  # [T, D]
     expert_ids: torch.Tensor,  # [T, K]

@@ -29,5 +29,5 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 latent_expanded_attention = mla.mla_expanded_attention
 latent_absorbed_attention = mla.mla_absorbed_attention
-route = moe.route_sigmoid_grouped
+route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere
 grouped_expert_mlp = moe.fused_expert_mlp  # fused Triton MoE on CUDA, the grouped reference elsewhere
