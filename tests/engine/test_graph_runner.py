@@ -55,11 +55,15 @@ def test_graph_batch_sizes_end_at_max_num_seqs():
     assert big[-1] == graph_runner.MAX_GRAPH_BATCH and big[-3:] == [384, 448, 512]
 
 
-def test_deepseek_models_are_never_captured():
+def test_deepseek_models_are_captured_only_on_the_paged_mla_path():
+    """MLA models declare ``supports_cuda_graphs`` when decode reads only device tensors: the fused variant's paged
+    MLA decode (kernels.mla_decode) without a DSA indexer (its top-k still reads host lengths)."""
     from torchinferno.testing import tiny_model
 
-    for name in ("deepseek-v3.2", "dsv4"):
-        assert not backend_supports_graphs(tiny_model(name))
+    assert not backend_supports_graphs(tiny_model("deepseek-v3.2"))  # V3.2: DSA indexer
+    for name, size in (("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")):
+        assert backend_supports_graphs(tiny_model(name, size=size))
+        assert not backend_supports_graphs(tiny_model(name, size=size, variant="v0"))  # the reference ops
 
 
 def test_default_attention_backend_is_triton_for_gqa_families_on_cuda(monkeypatch):
@@ -99,6 +103,22 @@ def test_graph_runner_step_logic_equals_eager_on_cpu(tiny_llama, monkeypatch):
     assert 0 < s.num_graph_steps < s.num_forward_calls
     assert padded.runner.graph.num_eager == s.num_graph_steps  # CPU: the bucket buffers ran eagerly
     assert padded.pool.num_used == 0
+
+
+@pytest.mark.parametrize("family,size", [("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")])
+def test_graph_runner_padded_buckets_equal_eager_for_mla_models(family, size, monkeypatch):
+    """MLA models through the padded bucket buffers (slot -1 rows, scratch block tables) on CPU: same tokens as the
+    eager runner (the torch latent write skips the padded rows)."""
+    from torchinferno.testing import tiny_model
+
+    model = tiny_model(family, size=size)
+    monkeypatch.setattr(graph_runner, "can_use_cuda_graphs", lambda model, kv: True)
+    prompts, params = _ragged_requests(5)
+    kw = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "block_size": 4, "max_model_len": 64}
+    padded = LLMEngine(model, None, EngineConfig(**kw))
+    got = _engine_outputs(padded, prompts, params, stagger=True)
+    want = _engine_outputs(LLMEngine(model, None, EngineConfig(**kw, enforce_eager=True)), prompts, params, True)
+    assert got == want and padded.stats().num_graph_steps > 0
 
 
 # ------------------------------------------------------------------------------ input batch

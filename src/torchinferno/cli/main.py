@@ -19,6 +19,7 @@ COMMAND_GROUPS = (
     "torchinferno.cli.serve_cmds",
     "torchinferno.cli.bench_suite_cmds",
     "torchinferno.cli.gpu_cmds",
+    "torchinferno.cli.moe_cmds",  # bench-moe, tune-moe
     "torchinferno.cli.deepseek_cmds",
     "torchinferno.cli.deepseek_v4_cmds",
     "torchinferno.cli.profile_cmds",  # before variants_cmds: its model-variants adds promoted variants

@@ -76,7 +76,8 @@ class ExpertParallelExperts(RoutedExperts):
     The router runs unsharded on every rank, so the choice of experts is identical everywhere; this rank
     computes only the (token, expert) pairs routed to its experts, one pair per row, and the MoE block's
     all-reduce adds the ranks' partial sums. Under fake tensors (tracing) the pair count is unknown: every
-    pair runs, those of other ranks' experts with weight 0."""
+    pair runs, those of other ranks' experts with weight 0. On CUDA the fused MoE takes all pairs with the other
+    ranks' expert ids set to -1 (dropped on the device, no host sync)."""
 
     def __init__(self, start: int, count: int, hidden: int, inter: int, ops):
         super().__init__(count, hidden, inter, ops)
@@ -89,6 +90,12 @@ class ExpertParallelExperts(RoutedExperts):
 
         if _is_fake(x):
             return super().forward(x, local.clamp(0, self.count - 1), weights * mine.to(weights.dtype))
+        from torchinferno.kernels import fused_moe
+
+        if self.moe_backend == "auto" and self.row_tile is None and fused_moe.usable(x, self.gate_up_proj):
+            # CUDA: the fused MoE drops the other ranks' pairs (id -1) on the device: no host sync
+            return fused_moe.fused_experts(x, torch.where(mine, local, -1), weights, self.gate_up_proj, self.down_proj,
+                                           may_drop=True)
         t, k = mine.nonzero(as_tuple=True)  # this rank's pairs
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         if t.numel():

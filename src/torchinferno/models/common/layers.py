@@ -109,8 +109,14 @@ class RoutedExperts(nn.Module):
         nn.init.normal_(self.down_proj, std=0.02)
         self.ops = ops
         self.row_tile: int | None = None  # set by kernels.batch_invariant
+        self.moe_backend = "auto"  # "torch": the grouped reference even where the ops module fuses (moe.set_moe_backend)
 
     def forward(self, x, ids, weights):
+        if self.moe_backend == "torch":
+            from torchinferno.models.common.moe import grouped_expert_mlp
+
+            return grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj, self.ops.silu_and_mul,
+                                      row_tile=self.row_tile)
         if self.row_tile is not None:
             return self.ops.grouped_expert_mlp(x, ids, weights, self.gate_up_proj, self.down_proj,
                                                self.ops.silu_and_mul, row_tile=self.row_tile)

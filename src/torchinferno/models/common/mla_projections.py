@@ -74,6 +74,38 @@ class MLAProjections(nn.Module):
         k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
         return q_latent, q_nope, q_pe, torch.cat([c_kv, k_pe], dim=-1)
 
+    # ---------------------------------------------------------------- paged decode on CUDA (kernels.mla_decode)
+    def _paged_ops(self) -> bool:
+        """The ops module opts into the Triton paged path (``PAGED_MLA_DECODE``) and decode is not batch-invariant."""
+        return bool(getattr(self.ops, "PAGED_MLA_DECODE", False)) and not self.batch_invariant
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """A decode step reads only device tensors: the paged absorbed decode applies and there is no DSA indexer
+        (its top-k still sizes a gather from host lengths). ``kernels.cuda_graphs.backend_supports_graphs``."""
+        return self._paged_ops() and self.absorb_decode and getattr(self, "indexer", None) is None
+
+    def paged_decode(self, q_nope, q_pe, cache: torch.Tensor, meta) -> torch.Tensor | None:
+        """``[B, H, dv]`` from the Triton absorbed decode over the paged latent cache (CUDA), or None where it does
+        not apply (the caller then gathers the latent and runs the ops module's reference)."""
+        from torchinferno.kernels import mla_decode
+
+        if not (self._paged_ops() and mla_decode.usable(q_nope)):
+            return None
+        return mla_decode.paged_absorbed_decode(q_nope, q_pe, cache, self.kv_b_proj.weight, self.scale,
+                                                meta.block_tables, meta.seq_lens)
+
+    def write_latent(self, cache: torch.Tensor, latent: torch.Tensor, meta) -> None:
+        """The new tokens' latent rows into the cache: a Triton append on CUDA (skips slot -1 without a host sync),
+        ``write_kv`` elsewhere (padded rows skipped when ``meta.has_padding``)."""
+        from torchinferno.kernels import mla_decode
+        from torchinferno.models.common.attention import write_kv
+
+        if self._paged_ops() and mla_decode.usable(latent):
+            mla_decode.write_latent(cache, latent, meta.slot_mapping)
+        else:
+            write_kv(cache, latent, meta.slot_mapping, meta.has_padding)
+
     def each_decode_row(self, fn, meta, *rows):
         """Batch-invariant decode: ``fn(*row_slices, row_meta)`` for each sequence alone, concatenated (a row
         entry may be None or a NamedTuple of tensors, sliced field by field)."""

@@ -17,6 +17,13 @@ routing-independent form: every expert runs over all tokens and its output is sc
 token's combine weight for that expert (0 when not routed there). The result is the same sum,
 so the traced graph is a correct program for any routing; eager and real-tensor traces are
 unchanged (they never take this branch).
+
+Fused path (CUDA): :func:`fused_expert_mlp` is the same contract computed by ``kernels.fused_moe`` (pairs sorted
+and padded per expert on the device, one grouped Triton GEMM with SwiGLU fused, one with the routing weight fused,
+a reshape-sum over the top-k): no host sync, so a decode step with MoE layers is CUDA-graph capturable. It applies
+to CUDA tensors outside tracing and batch-invariant mode; elsewhere it is :func:`grouped_expert_mlp`, which stays
+the reference (``moe_backend = "torch"`` on a :class:`~torchinferno.models.common.layers.RoutedExperts` selects
+it on CUDA too; :func:`set_moe_backend`). Routing (:func:`route_sigmoid_grouped`) is device tensor ops already.
 """
 
 from __future__ import annotations
@@ -51,6 +58,29 @@ def route_sigmoid_grouped(
     if norm_topk_prob:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     return weights * routed_scaling_factor, ids
+
+
+def route_fused(
+    router_logits: torch.Tensor,  # [T, E] fp32
+    correction_bias: torch.Tensor | None,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`route_sigmoid_grouped` in one Triton launch on CUDA (``kernels.triton.moe_routing``), else itself."""
+    from torchinferno.kernels import triton as tri
+
+    E = router_logits.shape[-1]
+    if tri.usable(router_logits):
+        from torchinferno.kernels.triton import moe_routing
+
+        if moe_routing.supported(E, n_group):
+            return moe_routing.route(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob,
+                                     routed_scaling_factor)
+    return route_sigmoid_grouped(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob,
+                                 routed_scaling_factor)
 
 
 def grouped_expert_mlp(
@@ -88,6 +118,36 @@ def grouped_expert_mlp(
         out.index_add_(0, token_of[seg], y.float() * w_sorted[seg, None])
         start += n
     return out.to(x.dtype)
+
+
+def fused_expert_mlp(
+    x: torch.Tensor,  # [T, D]
+    expert_ids: torch.Tensor,  # [T, K]
+    weights: torch.Tensor,  # [T, K] fp32
+    gate_up: torch.Tensor,  # [E, 2I, D]
+    down: torch.Tensor,  # [E, D, I]
+    act_and_mul: Callable[[torch.Tensor], torch.Tensor],  # must be silu(gate) * up (the fused kernel's epilogue)
+    row_tile: int | None = None,
+) -> torch.Tensor:  # [T, D]
+    """:func:`grouped_expert_mlp` through the fused Triton MoE where it applies (CUDA, no row tiles), else itself."""
+    from torchinferno.kernels import fused_moe
+
+    if row_tile is None and fused_moe.usable(x, gate_up):
+        return fused_moe.fused_experts(x, expert_ids, weights, gate_up, down)
+    return grouped_expert_mlp(x, expert_ids, weights, gate_up, down, act_and_mul, row_tile)
+
+
+def set_moe_backend(model: torch.nn.Module, backend: str) -> int:
+    """Set ``moe_backend`` ("auto": fused on CUDA, "torch": the grouped reference) on every expert module of
+    ``model``; returns how many were set."""
+    if backend not in ("auto", "torch"):
+        raise ValueError(f"moe backend must be 'auto' or 'torch', got {backend!r}")
+    n = 0
+    for m in model.modules():
+        if hasattr(m, "moe_backend"):
+            m.moe_backend = backend
+            n += 1
+    return n
 
 
 def _is_fake(t: torch.Tensor) -> bool:

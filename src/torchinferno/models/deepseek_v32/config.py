@@ -320,10 +320,23 @@ def deepseek_v32_config() -> DeepSeekV32Config:
     return DeepSeekV32Config(num_nextn_predict_layers=1)
 
 
+def v2_lite_shape_config() -> DeepSeekV32Config:
+    """A DeepSeek-V2-Lite-like ``deepseek_v3`` shape for benchmarks (issue 24): 16 layers (first dense), hidden
+    2048, 16 heads, MLA without query LoRA (kv_lora_rank 512, nope 128 + rope 64, v 128), 64 routed experts of
+    1408 top-6 (sigmoid, ungrouped) + 2 shared: 9.3 B parameters, 1.54 B read per batch-1 decode step."""
+    return DeepSeekV32Config(
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=16,
+        num_attention_heads=16, q_lora_rank=None, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
+        n_group=1, topk_group=1, routed_scaling_factor=1.0, first_k_dense_replace=1, index_n_heads=0,
+        rope_scaling=RopeScaling("default"), max_position_embeddings=4096, bos_token_id=100000, eos_token_id=100001,
+    )
+
+
 SIZES = {
     "debug": tiny_deepseek_v32_config,
     "debug-v3": tiny_deepseek_v3_config,
     "debug-v3-no-q-lora": tiny_deepseek_v3_no_q_lora_config,
     "deepseek-v3": deepseek_v3_config,
     "deepseek-v3.2": deepseek_v32_config,
+    "v2-lite-shape": v2_lite_shape_config,
 }

@@ -1,7 +1,8 @@
 """Same contract as ``raw_ops`` routed to ``torchinferno.kernels`` (Triton on CUDA, fused torch on CPU).
 
-Interleaved rope, MLA attention, indexer scoring and the grouped MoE have no kernel entry yet and
-use the reference implementations (a later variant swaps them for kernels behind this contract).
+Interleaved rope, MLA attention and indexer scoring have no kernel entry yet and use the reference
+implementations (a later variant swaps them for kernels behind this contract). The grouped MoE is the fused
+Triton MoE on CUDA (``moe.fused_expert_mlp``: no host sync), the grouped reference elsewhere.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ add_rms_norm = Fused.add_rms_norm
 silu_and_mul = Fused.silu_and_mul
 
 NAME = "fused"
+# MLA decode through kernels.mla_decode on CUDA (paged latent cache, device-only inputs: CUDA-graph capturable)
+PAGED_MLA_DECODE = True
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -27,5 +30,5 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 mla_expanded_attention = mla.mla_expanded_attention
 mla_absorbed_attention = mla.mla_absorbed_attention
 indexer_scores = mla.indexer_scores
-route = moe.route_sigmoid_grouped
-grouped_expert_mlp = moe.grouped_expert_mlp
+route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere
+grouped_expert_mlp = moe.fused_expert_mlp  # fused Triton MoE on CUDA, the grouped reference elsewhere

@@ -110,9 +110,9 @@ class DeepSeekMLA(MLAProjections):
         q_latent, q_nope, q_pe, latent = self.project(x, cos, sin)  # latent [T, R + r]: all this layer caches for MLA
         idx = self.indexer(x, q_latent, cos, sin) if self.indexer is not None else None
         if kv_cache is not None and meta is not None:
-            write_kv(kv_cache[0], latent, meta.slot_mapping)
+            self.write_latent(kv_cache[0], latent, meta)
             if idx is not None:
-                write_kv(kv_cache[1], idx.k, meta.slot_mapping)
+                write_kv(kv_cache[1], idx.k, meta.slot_mapping, meta.has_padding)
         if kv_cache is not None and meta is not None and meta.is_decode and self.absorb_decode:
             if self.batch_invariant:
                 o = self.each_decode_row(lambda qn, qp, ix, m: self._decode_absorbed(qn, qp, ix, kv_cache, m),
@@ -153,6 +153,10 @@ class DeepSeekMLA(MLAProjections):
 
     def _decode_absorbed(self, q_nope, q_pe, idx: IndexerProj | None, kv_cache, meta: AttentionMetadata):
         """One new token per sequence: attend over the cached latent with W_UK / W_UV absorbed."""
+        if idx is None:
+            o = self.paged_decode(q_nope, q_pe, kv_cache[0], meta)  # Triton over the paged cache (CUDA, fused ops)
+            if o is not None:
+                return o
         L = meta.max_seq_len
         lat = gather_kv(kv_cache[0], meta.block_tables, L).to(q_nope.dtype)  # [B, L, R + r]
         visible = torch.arange(L, device=q_nope.device)[None, :] < meta.seq_lens[:, None].to(q_nope.device)  # [B, L]

@@ -1,14 +1,24 @@
-"""Same contract as ``raw_ops``, norms / activation routed to ``torchinferno.kernels``; the clamped experts
-(no kernel entry yet) use the reference."""
+"""Same contract as ``raw_ops``, norms / activation routed to ``torchinferno.kernels``; the clamped experts run the
+fused Triton MoE on CUDA (``kernels.fused_moe.fused_experts`` with the SwiGLU clamp: no host sync) and the
+reference loop elsewhere."""
 
 from __future__ import annotations
 
+import torch
+
+from torchinferno.kernels import fused_moe
 from torchinferno.models.common.norm_act_ops import Fused
 from torchinferno.models.deepseek_v4 import raw_ops
 
 rms_norm = Fused.rms_norm
 add_rms_norm = Fused.add_rms_norm
 silu_and_mul = Fused.silu_and_mul
-clamped_experts = raw_ops.clamped_experts
 
 NAME = "fused"
+
+
+def clamped_experts(x, ids, weights, gate_up, down, limit: float) -> torch.Tensor:
+    """``raw_ops.clamped_experts`` (x [T, D], ids / weights [T, k] -> [T, D]), fused where it applies."""
+    if fused_moe.usable(x, gate_up):
+        return fused_moe.fused_experts(x, ids, weights, gate_up, down, limit=limit)
+    return raw_ops.clamped_experts(x, ids, weights, gate_up, down, limit)

@@ -247,8 +247,13 @@ class Experts(nn.Module):
         nn.init.normal_(self.gate_up_proj, std=0.02)
         nn.init.normal_(self.down_proj, std=0.02)
         self.limit, self.ops = cfg.swiglu_limit, ops
+        self.moe_backend = "auto"  # "torch": the reference loop even where the ops module fuses (moe.set_moe_backend)
 
     def forward(self, x, ids, weights):
+        if self.moe_backend == "torch":
+            from torchinferno.models.deepseek_v4 import raw_ops
+
+            return raw_ops.clamped_experts(x, ids, weights, self.gate_up_proj, self.down_proj, self.limit)
         return self.ops.clamped_experts(x, ids, weights, self.gate_up_proj, self.down_proj, self.limit)
 
 

@@ -1,7 +1,8 @@
 """Same contract as ``raw_ops`` routed to ``torchinferno.kernels`` (Triton on CUDA, fused torch on CPU).
 
-Interleaved rope, latent attention and the grouped MoE have no kernel entry yet and use the
-reference implementations behind this contract.
+Interleaved rope and latent attention have no kernel entry yet and use the reference implementations behind
+this contract. The grouped MoE is the fused Triton MoE on CUDA (``moe.fused_expert_mlp``: no host sync), the
+grouped reference elsewhere.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ add_rms_norm = Fused.add_rms_norm
 silu_and_mul = Fused.silu_and_mul
 
 NAME = "fused"
+# MLA decode through kernels.mla_decode on CUDA (paged latent cache, device-only inputs: CUDA-graph capturable)
+PAGED_MLA_DECODE = True
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
@@ -26,5 +29,5 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 latent_expanded_attention = mla.mla_expanded_attention
 latent_absorbed_attention = mla.mla_absorbed_attention
-route = moe.route_sigmoid_grouped
-grouped_expert_mlp = moe.grouped_expert_mlp
+route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere
+grouped_expert_mlp = moe.fused_expert_mlp  # fused Triton MoE on CUDA, the grouped reference elsewhere

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from torchinferno.models.common.attention import gather_kv, write_kv
+from torchinferno.models.common.attention import gather_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, PreNormDecoderLayer
 from torchinferno.models.common.layers import GatedMLP, RMSNorm, SparseMoE
@@ -41,7 +41,7 @@ class LatentAttention(MLAProjections):
         T, H = x.shape[0], self.num_heads
         _, q_nope, q_pe, latent = self.project(x, cos, sin)  # latent [T, R + r]: everything this layer caches
         if kv_cache is not None and meta is not None:
-            write_kv(kv_cache[0], latent, meta.slot_mapping)
+            self.write_latent(kv_cache[0], latent, meta)
             if meta.is_decode and self.absorb_decode:
                 if self.batch_invariant:
                     o = self.each_decode_row(lambda qn, qp, m: self._decode_absorbed(qn, qp, kv_cache[0], m),
@@ -73,6 +73,9 @@ class LatentAttention(MLAProjections):
         return out
 
     def _decode_absorbed(self, q_nope, q_pe, cache: torch.Tensor, meta: AttentionMetadata):
+        o = self.paged_decode(q_nope, q_pe, cache, meta)  # Triton over the paged cache (CUDA, fused ops)
+        if o is not None:
+            return o
         L = meta.max_seq_len
         lat = gather_kv(cache, meta.block_tables, L).to(q_nope.dtype)  # [B, L, R + r]
         mask = None

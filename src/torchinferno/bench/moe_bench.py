@@ -1,0 +1,307 @@
+"""``bench-moe``: the fused MoE on CUDA vs the grouped torch reference, at a DeepSeek-V2-Lite-like shape.
+
+Two sections, each beside a same-run bound:
+
+* ``layer``: one MoE block (router + routed experts + shared experts) at decode batches (1, 8, 64, 256 tokens)
+  and a prefill of 2048 tokens. Fused: captured in a CUDA graph (which also proves the step has no host sync)
+  and replayed; reference: the grouped loop eagerly (it syncs per layer). Bound: bytes actually read (router,
+  the experts the routing hits, shared experts) / copy bandwidth; prefill: FLOPs / sustained matmul rate.
+* ``model``: the whole V2-Lite-like model (``deepseek_v32`` size ``v2-lite-shape``, random bf16): a decode step
+  at each batch (context 128 per sequence): replayed from CUDA graphs (``CudaGraphDecodeRunner``: paged MLA decode
+  + fused MoE, no host sync), the same module path eagerly, and eagerly with the torch MoE; a 2048-token prefill;
+  transformers' eager ``DeepseekV3ForCausalLM`` on the same tensors (``--no-hf`` skips it).
+
+Active bytes per decode step: every layer's non-expert weights, the experts the step's routing hits (measured
+from the router on that step's input) and the LM head; KV bytes are small at context 128 and are added.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+from torchinferno.bench.ceilings import copy_bandwidth, sustained_matmul_rate
+from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms
+
+
+def _moe_cfg(E: int, top_k: int, D: int, inter: int, shared: int):
+    from torchinferno.models.deepseek_v32.config import DeepSeekV32Config
+
+    return DeepSeekV32Config(hidden_size=D, moe_intermediate_size=inter, n_routed_experts=E, num_experts_per_tok=top_k,
+                             n_shared_experts=shared, n_group=1, topk_group=1, norm_topk_prob=True,
+                             routed_scaling_factor=1.0, index_n_heads=0)
+
+
+def _randomize(model, seed: int = 0) -> None:
+    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.8, 1.2, generator=g)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.zero_()
+
+
+def _hit_experts(moe, x) -> int:
+    with torch.no_grad():
+        _, ids = moe.gate(x)
+    return int(torch.unique(ids).numel())
+
+
+def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 64, 256), prefill=2048,
+               bw: float | None = None, mm: float | None = None, log=print) -> list[dict]:
+    """One MoE block: fused (graph-replayed) vs the grouped reference, per token count."""
+    from torchinferno.models.common.layers import SparseMoE
+    from torchinferno.models.common.moe import set_moe_backend
+    from torchinferno.models.deepseek_v32 import fused_ops
+
+    with torch.device("meta"):
+        moe = SparseMoE(_moe_cfg(E, top_k, D, inter, shared), fused_ops)
+    moe.to(dtype=torch.bfloat16).to_empty(device=dev)
+    _randomize(moe)
+    moe.eval()
+    expert_bytes = 3 * D * inter * 2
+    rows = []
+    for M in (*batches, prefill):
+        x = torch.randn(M, D, device=dev, dtype=torch.bfloat16)
+        hit = _hit_experts(moe, x)
+        nbytes = E * D * 4 + hit * expert_bytes + shared * expert_bytes + 2 * M * D * 2
+        flops = 2 * M * (top_k + shared) * 3 * D * inter
+        with torch.no_grad():
+            set_moe_backend(moe, "auto")
+            want = moe(x)
+            try:
+                fused_ms, graphed = _graph_ms(lambda x=x: moe(x)), True
+            except Exception as e:  # noqa: BLE001 - a capture failure is a finding, reported
+                log(f"  layer M={M}: CUDA graph capture failed ({type(e).__name__}: {e}); timing eagerly")
+                fused_ms, graphed = cuda_time_ms(lambda x=x: moe(x)), False
+            set_moe_backend(moe, "torch")
+            ref = moe(x)
+            ref_ms = cuda_time_ms(lambda x=x: moe(x), iters=10)
+            set_moe_backend(moe, "auto")
+        err = float((want.float() - ref.float()).abs().max() / ref.float().abs().max())
+        row = {"tokens": M, "experts_hit": hit, "fused_ms": fused_ms, "graphed": graphed, "torch_ms": ref_ms,
+               "rel_err_vs_torch": err, "bytes": nbytes, "flops": flops}
+        if bw:
+            row["bound_ms"] = nbytes / bw * 1e3
+            row["pct_of_bw_bound"] = 100 * row["bound_ms"] / fused_ms
+        if mm and M == prefill:
+            row["pct_of_matmul_rate"] = 100 * flops / mm / (fused_ms * 1e-3)
+        log(f"  layer M={M:5d}: fused {fused_ms:8.3f} ms{' (graph)' if graphed else ''}  torch {ref_ms:8.3f} ms  "
+            f"x{ref_ms / fused_ms:5.1f}  hit {hit}/{E}  " + (f"bound {row['bound_ms']:.3f} ms "
+                                                          f"({row['pct_of_bw_bound']:.0f}%)  " if bw else "")
+            + (f"matmul {row['pct_of_matmul_rate']:.0f}%  " if "pct_of_matmul_rate" in row else "")
+            + f"rel err {err:.1e}")
+        rows.append(row)
+    return rows
+
+
+def _graph_ms(fn, calls: int = 10) -> float:
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return cuda_time_ms(g.replay, iters=10, warmup=2) / calls
+
+
+def build_v2_lite(dev, layers: int | None = None):
+    from torchinferno.models.common.module_utils import materialize
+    from torchinferno.models.registry import get_family
+
+    fam = get_family("deepseek-v3.2")
+    cfg = fam.size("v2-lite-shape")
+    if layers:
+        from dataclasses import replace
+
+        cfg = replace(cfg, num_hidden_layers=layers)
+    model = fam.build(cfg, device="meta", variant="v1")
+    materialize(model, dev, torch.bfloat16)
+    _randomize(model)
+    model.eval()
+    model.family = fam
+    return model
+
+
+def active_bytes(model, hit_per_layer: list[int]) -> int:
+    """Weights one decode step reads: everything but the routed experts and the embedding table, plus the hit
+    experts and one embedding row per token (ignored: tiny)."""
+    total = 0
+    for name, p in model.named_parameters():
+        if "experts.gate_up_proj" in name or "experts.down_proj" in name or "embed_tokens" in name:
+            continue
+        total += p.numel() * p.element_size()
+    cfg = model.config
+    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
+    return total + sum(hit_per_layer) * per_expert
+
+
+def _routing_hits(model, ids, positions, caches, meta) -> list[int]:
+    """Experts hit per MoE layer on this step's input (hooks on the routers)."""
+    hits = []
+
+    def hook(_m, _inp, out):
+        hits.append(int(torch.unique(out[1]).numel()))
+
+    handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.gate")]
+    with torch.no_grad():
+        model(ids, positions, caches, meta)
+    for h in handles:
+        h.remove()
+    return hits
+
+
+def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int = 2048, bw=None, mm=None,
+               log=print) -> dict:
+    from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
+    from torchinferno.models.common.attention_metadata import (
+        build_attention_metadata,
+        positions_for,
+    )
+    from torchinferno.models.common.moe import set_moe_backend
+
+    cfg = model.config
+    bs = 16
+    spec = model.family.kv_spec(cfg)
+    max_b = max(batches)
+    blocks_per = -(-(ctx + 8) // bs)
+    caches = spec.allocate(max_b * blocks_per + 1, bs, torch.bfloat16, dev)
+    for layer in caches:
+        for t in layer:
+            t.normal_()
+    out = {"decode": [], "prefill": None}
+    set_moe_backend(model, "auto")
+    runner = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=batches)
+    runner.capture()  # graphs where the model supports them (paged MLA + fused MoE), else the eager padded path
+    out["graphs"] = runner.use_graphs
+    log(f"  decode steps {'replayed from CUDA graphs' if runner.use_graphs else 'eager (model not capturable)'}")
+    for B in batches:
+        table = [list(range(1 + b * blocks_per, 1 + (b + 1) * blocks_per)) for b in range(B)]
+        meta = build_attention_metadata([1] * B, [ctx] * B, table, bs, device=dev)
+        ids = torch.randint(0, cfg.vocab_size, (B,), device=dev)
+        pos = torch.full((B,), ctx, device=dev)
+        hits = _routing_hits(model, ids, pos, caches, meta)
+        nbytes = active_bytes(model, hits) + B * ctx * spec.bytes_per_token(torch.bfloat16)
+        row = {"batch": B, "active_bytes": nbytes, "experts_hit_mean": sum(hits) / max(1, len(hits))}
+
+        def step(ids=ids, pos=pos, meta=meta):
+            with torch.no_grad():
+                return model.compute_logits(model(ids, pos, caches, meta))
+
+        def replay(ids=ids, pos=pos, meta=meta):
+            with torch.no_grad():
+                return runner.run(ids, pos, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.seq_lens_list)
+
+        row["fused_ms"] = cuda_time_ms(replay, iters=20, warmup=3)  # as issued: input copies + replay
+        row["fused_device_ms"] = device_time_ms(replay, iters=20, warmup=3)  # host issue time taken out
+        row["fused_eager_ms"] = cuda_time_ms(step, iters=10, warmup=2)  # the module path, eagerly
+        set_moe_backend(model, "torch")
+        row["torch_ms"] = cuda_time_ms(step, iters=5, warmup=1)  # grouped reference MoE (host sync per layer)
+        set_moe_backend(model, "auto")
+        if bw:
+            row["bound_ms"] = nbytes / bw * 1e3
+            row["pct_of_bound"] = 100 * row["bound_ms"] / row["fused_ms"]
+        row["tok_s"] = B / row["fused_ms"] * 1e3
+        log(f"  model decode B={B:4d}: fused {row['fused_ms']:8.2f} ms (device {row['fused_device_ms']:.2f}; "
+            f"{row['tok_s']:8.0f} tok/s)  eager {row['fused_eager_ms']:8.2f} ms  torch MoE {row['torch_ms']:8.2f} ms  "
+            f"bound {row.get('bound_ms', 0):.2f} ms ({row.get('pct_of_bound', 0):.1f}%)  hit {row['experts_hit_mean']:.0f}")
+        out["decode"].append(row)
+    if prefill:
+        ids = torch.randint(0, cfg.vocab_size, (prefill,), device=dev)
+        pos = positions_for([prefill], [0]).to(dev)
+        pcaches = spec.allocate(-(-prefill // bs) + 1, bs, torch.bfloat16, dev)
+        meta = build_attention_metadata([prefill], [0], [list(range(1, 1 + -(-prefill // bs)))], bs, device=dev)
+
+        def run():
+            with torch.no_grad():
+                return model(ids, pos, pcaches, meta)
+
+        row = {"tokens": prefill}
+        for backend in ("auto", "torch"):
+            set_moe_backend(model, backend)
+            row[f"{'fused' if backend == 'auto' else 'torch'}_ms"] = cuda_time_ms(run, iters=3, warmup=1)
+        set_moe_backend(model, "auto")
+        active_params = active_bytes(model, [cfg.num_experts_per_tok] * _n_moe(model)) // 2  # bf16
+        flops = 2 * prefill * active_params  # the weight GEMMs (attention's score FLOPs left out)
+        row["flops_weights"] = flops
+        if mm:
+            row["pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_ms"] * 1e-3)
+        log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms  torch MoE {row['torch_ms']:.1f} ms  "
+            f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained matmul rate")
+        out["prefill"] = row
+    return out
+
+
+def _n_moe(model) -> int:
+    return sum(1 for n, _ in model.named_modules() if n.endswith("mlp.gate"))
+
+
+def hf_peer(model):
+    """transformers' eager ``DeepseekV3ForCausalLM`` whose parameters are our tensors (no copy)."""
+    import transformers
+
+    fam = model.family
+    dev = next(model.parameters()).device
+    d = fam.config_to_hf(model.config)
+    hf_cfg = transformers.DeepseekV3Config(**{k: v for k, v in d.items() if k not in ("architectures", "model_type")})
+    hf_cfg._attn_implementation = "eager"
+    hf_cfg._experts_implementation = "eager"
+    with torch.device("meta"):
+        hf = transformers.DeepseekV3ForCausalLM(hf_cfg)
+    # transformers keeps routed experts fused in memory ([E, 2I, D] / [E, D, I], our layout): pass ours as they are
+    state = {n: t for n, t in fam.export_weights(model) if not re.search(r"\.experts\.\d+\.", n)}
+    state.update({n: t.detach() for n, t in model.state_dict().items() if re.search(r"\.experts\.(gate_up|down)_proj$", n)})
+    hf.load_state_dict(state, strict=True, assign=True)
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg).to(dev)
+    left = [n for n, t in list(hf.named_parameters()) + list(hf.named_buffers()) if t.is_meta]
+    if left:
+        raise RuntimeError(f"transformers peer has unmaterialized tensors: {left[:4]}")
+    return hf.eval()
+
+
+def hf_rows(model, batches=(1, 64), ctx: int = 128, new_tokens: int = 8, log=print) -> list[dict]:
+    """transformers eager generate step time per batch, on our tensors."""
+    from torchinferno.bench.gpu_peers import hf_decode_tok_s
+
+    hf = hf_peer(model)
+    rows = []
+    for B in batches:
+        r = hf_decode_tok_s(hf, B, ctx, new_tokens, model.config.vocab_size, repeats=1)
+        log(f"  transformers eager B={B:4d}: {r['step_ms']:8.2f} ms/step ({r['tok_s']:8.0f} tok/s)")
+        rows.append(r)
+    del hf
+    return rows
+
+
+def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill: int = 2048, hf: bool = True,
+                  layers: int | None = None, log=print) -> dict:
+    dev = torch.device("cuda")
+    t0 = time.perf_counter()
+    bw = copy_bandwidth(dev)
+    mm = sustained_matmul_rate(dev)
+    log(f"ceilings: copy bandwidth {bw / 1e9:.0f} GB/s, sustained bf16 matmul {mm / 1e12:.0f} TFLOP/s")
+    rep: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "copy_bw": bw, "matmul": mm}
+    if "layer" in sections:
+        log("MoE layer (E=64 top-6, D=2048, I=1408, 2 shared; bf16):")
+        rep["layer"] = layer_rows(dev, batches=batches, prefill=prefill, bw=bw, mm=mm, log=log)
+    if "model" in sections:
+        model = build_v2_lite(dev, layers)
+        n = sum(p.numel() for p in model.parameters())
+        log(f"V2-Lite-like model: {n / 1e9:.2f} B params ({time.perf_counter() - t0:.0f} s so far)")
+        rep["model"] = model_rows(model, dev, batches=batches, prefill=prefill, bw=bw, mm=mm, log=log)
+        if hf:
+            try:
+                rep["hf"] = hf_rows(model, batches=tuple(b for b in batches if b in (1, 8, 64)), log=log)
+            except Exception as e:  # noqa: BLE001 - the peer is optional; report why it is missing
+                log(f"  transformers peer skipped: {type(e).__name__}: {e}")
+                rep["hf_error"] = f"{type(e).__name__}: {e}"
+    rep["wall_s"] = time.perf_counter() - t0
+    return rep
+
+

@@ -1,0 +1,85 @@
+"""DeepSeek MoE routing in one Triton launch: scores, correction bias, group-limited top-k, combine weights.
+
+One program per token over its ``E`` router logits (fp32): ``s = sigmoid(logit)`` (V3) or ``sqrt(softplus(logit))``
+(V4); ``choice = s + bias`` steers selection only; with ``n_group > 1`` and ``topk_group < n_group`` a group scores
+the sum of its top-2 choices and only the best ``topk_group`` groups stay eligible; ``top_k`` experts are picked by
+repeated arg-max (lowest index on a tie); weights are the unbiased ``s`` of the picks, normalized to sum 1 when
+``norm`` and times ``scaling``. Same contract as ``models.common.moe.route_sigmoid_grouped`` (the reference; the
+order of the ``top_k`` picks within a row may differ from torch.topk's, which the MoE sum does not see).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constexpr, TOP_K: tl.constexpr,
+                  K_PAD: tl.constexpr, N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.arange(0, E)
+    logit = tl.load(LOGITS + t * stride_l + e).to(tl.float32)
+    if SQRT_SOFTPLUS:
+        # softplus as torch computes it (x past 20: x); exp(x) where 1 + exp(x) rounds to 1 in fp32
+        sp = tl.where(logit < -15.0, tl.exp(logit), tl.log(1.0 + tl.exp(tl.minimum(logit, 20.0))))
+        s = tl.sqrt(tl.where(logit > 20.0, logit, sp))
+    else:
+        s = 1.0 / (1.0 + tl.exp(-logit))
+    c = s
+    if HAS_BIAS:
+        c = s + tl.load(BIAS + e).to(tl.float32)
+    if N_GROUP > 1 and TOPK_GROUP < N_GROUP:
+        c2 = tl.reshape(c, [N_GROUP, PER])
+        j = tl.arange(0, PER)
+        m1 = tl.max(c2, axis=1)
+        first = tl.min(tl.where(c2 == m1[:, None], j[None, :], PER), axis=1)
+        m2 = tl.max(tl.where(j[None, :] == first[:, None], float("-inf"), c2), axis=1)
+        gs = m1 + m2  # [N_GROUP] group scores
+        g = tl.arange(0, N_GROUP)
+        keep = g < 0
+        for _ in tl.static_range(TOPK_GROUP):
+            best = tl.min(tl.where(gs == tl.max(gs, axis=0), g, N_GROUP), axis=0)
+            keep = keep | (g == best)
+            gs = tl.where(g == best, float("-inf"), gs)
+        c = tl.reshape(tl.where(keep[:, None], c2, float("-inf")), [E])
+    kk = tl.arange(0, K_PAD)
+    w = tl.zeros([K_PAD], dtype=tl.float32)
+    ids = tl.zeros([K_PAD], dtype=tl.int64)
+    for k in tl.static_range(TOP_K):
+        pick = tl.min(tl.where(c == tl.max(c, axis=0), e, E), axis=0)
+        w = tl.where(kk == k, tl.sum(tl.where(e == pick, s, 0.0), axis=0), w)
+        ids = tl.where(kk == k, pick.to(tl.int64), ids)
+        c = tl.where(e == pick, float("-inf"), c)
+    if NORM:
+        w = w / (tl.sum(w, axis=0) + 1e-20)
+    ok = kk < TOP_K
+    tl.store(W_OUT + t * TOP_K + kk, w * scaling, mask=ok)
+    tl.store(IDS_OUT + t * TOP_K + kk, ids, mask=ok)
+
+
+def supported(num_experts: int, n_group: int) -> bool:
+    """Power-of-two expert count (a program holds one row as a whole tile) and power-of-two groups."""
+    def pow2(n: int) -> bool:
+        return n > 0 and n & (n - 1) == 0
+
+    return pow2(num_experts) and num_experts <= 4096 and pow2(n_group)
+
+
+def route(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int, topk_group: int,
+          norm: bool, scaling: float, sqrt_softplus: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] fp32 -> (weights [T, top_k] fp32, ids [T, top_k] int64)."""
+    T, E = logits.shape
+    logits = logits.float()
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    w = torch.empty((T, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((T, top_k), dtype=torch.int64, device=logits.device)
+    if T:
+        _route_kernel[(T,)](logits, logits if bias is None else bias.float().contiguous(), w, ids, logits.stride(0),
+                            float(scaling), E=E, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group,
+                            PER=E // n_group, TOPK_GROUP=topk_group, HAS_BIAS=bias is not None, NORM=norm, SQRT_SOFTPLUS=sqrt_softplus,
+                            num_warps=4 if E >= 256 else 1)
+    return w, ids

@@ -1,0 +1,70 @@
+"""bench-moe / tune-moe pieces that run without a GPU: the transformers peer is the same model (fp32 logits), the
+layer and model sections run end to end on CPU with a wall-clock timer standing in for CUDA events, the V2-Lite-like
+size has the issue's parameter count, and the tuner's grid fits the rows per expert."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import torchinferno.bench.moe_bench as mb
+from torchinferno.testing import tiny_model
+
+
+def _wall_ms(fn, iters=1, warmup=0, **_):
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e3
+
+
+def test_transformers_peer_shares_our_weights_and_agrees():
+    pytest.importorskip("transformers")
+    model = tiny_model("deepseek-v3.2", size="debug-v3")
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.uniform_(-0.3, 0.3)
+    hf = mb.hf_peer(model)
+    assert hf.model.layers[1].mlp.experts.gate_up_proj.data_ptr() == model.model.layers[1].mlp.experts.gate_up_proj.data_ptr()
+    ids = torch.randint(0, 320, (12,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+        got = model.compute_logits(model(ids, torch.arange(12)))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_sections_run_on_cpu(monkeypatch):
+    monkeypatch.setattr(mb, "cuda_time_ms", _wall_ms)
+    monkeypatch.setattr(mb, "_graph_ms", _wall_ms)
+    monkeypatch.setattr(mb, "device_time_ms", _wall_ms)
+    cpu = torch.device("cpu")
+    rows = mb.layer_rows(cpu, E=8, top_k=2, D=32, inter=16, shared=1, batches=(1, 4), prefill=16, bw=1e11, mm=1e12,
+                         log=lambda *_: None)
+    assert [r["tokens"] for r in rows] == [1, 4, 16] and all(r["rel_err_vs_torch"] == 0 for r in rows)
+    assert rows[0]["experts_hit"] <= 2 and "pct_of_matmul_rate" in rows[-1]
+    model = tiny_model("deepseek-v3.2", size="debug-v3").to(torch.bfloat16)
+    rep = mb.model_rows(model, cpu, batches=(1, 3), ctx=8, prefill=16, bw=1e11, mm=1e12, log=lambda *_: None)
+    assert [r["batch"] for r in rep["decode"]] == [1, 3] and rep["prefill"]["tokens"] == 16
+    b1 = rep["decode"][0]
+    dense = mb.active_bytes(model, [0] * 2)
+    assert dense < b1["active_bytes"] <= dense + 2 * 2 * 3 * 64 * 32 * 2 + 8 * model.family.kv_spec(
+        model.config).bytes_per_token(torch.bfloat16)  # 2 MoE layers x top-2 experts of 3 x D x I bf16 + KV
+
+
+def test_v2_lite_shape_counts():
+    from torchinferno.models.registry import get_family
+
+    fam = get_family("deepseek-v3.2")
+    model = fam.build(fam.size("v2-lite-shape"), device="meta").to(torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(9.27e9, rel=0.01)
+    assert mb.active_bytes(model, [6] * 15) == pytest.approx(2.56e9, rel=0.01)  # without the embedding table
+
+
+def test_tune_grid_bounds():
+    from torchinferno.bench.moe_tune import grid
+
+    assert {c["BLOCK_M"] for c in grid(6 / 64)} == {16}
+    assert max(c["BLOCK_M"] for c in grid(192)) == 128
+    assert all(c["num_warps"] in (4, 8) for c in grid(24))

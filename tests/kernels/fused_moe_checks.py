@@ -1,0 +1,234 @@
+"""Fused MoE checks shared by the Triton interpreter run (tests/kernels/test_fused_moe.py, ``TRITON_INTERPRET=1``
+subprocess, CPU tensors) and the CUDA run (same test file, on a GPU).
+
+``check_experts``: ``kernels.fused_moe.fused_experts`` vs ``moe.grouped_expert_mlp`` (the grouped torch reference)
+and, clamped, vs ``deepseek_v4.raw_ops.clamped_experts``, for routings with empty experts, one hot expert, tokens
+routed twice to one expert, repeated identical tokens and dropped (out-of-range) ids.
+``check_model``: tiny deepseek_v32 / dsv4 / deepseek_v4 models, fused path vs ``moe_backend = "torch"``.
+
+Run as a script (``python fused_moe_checks.py interpreter``) it switches the Triton dispatch onto CPU tensors (the
+interpreter's patches from triton_interpreter_checks) and runs every check in fp32 and fp16 (the interpreter has no
+bf16).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # max abs err / max abs ref
+
+
+def _silu_and_mul(h):
+    g, u = h.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+def routings(T: int, K: int, E: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Named expert-id tables [T, K] covering the fused path's corner cases."""
+    rnd = torch.randint(0, E, (T, K), generator=g)
+    few = torch.randint(0, 2, (T, K), generator=g) * (E - 1)  # only experts 0 and E-1: every other one empty
+    hot = torch.full((T, K), 3 % E)  # every pair on one expert (a run spanning many row blocks)
+    hot[:, 0] = 0
+    dup = rnd.clone()
+    dup[:, 1] = dup[:, 0]  # a token routed twice to one expert (hash tables can do that)
+    drop = rnd.clone()
+    drop[::2, -1] = E  # another rank's expert: contributes 0
+    drop[1::3, 0] = -1
+    return {"random": rnd, "few": few, "hot": hot, "dup": dup, "drop": drop}
+
+
+def _drop_ref(ids, w, E):
+    keep = (ids >= 0) & (ids < E)
+    return ids.clamp(0, E - 1), w * keep
+
+
+def check_experts(device, dtype, T=37, K=4, E=8, D=64, inter=48, configs=None, names=None) -> None:
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common import moe
+    from torchinferno.models.deepseek_v4 import raw_ops as v4_raw
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, D, generator=g).to(dtype)
+    x[5] = x[4]  # repeated tokens
+    gate_up = (torch.randn(E, 2 * inter, D, generator=g) * D**-0.5).to(dtype)
+    down = (torch.randn(E, D, inter, generator=g) * inter**-0.5).to(dtype)
+    w = torch.rand(T, K, generator=g)
+    x, gate_up, down, w = (t.to(device) for t in (x, gate_up, down, w))
+    for name, ids in routings(T, K, E, g).items():
+        if names is not None and name not in names:
+            continue
+        ids = ids.to(device)
+        got = fused_moe.fused_experts(x, ids, w, gate_up, down, configs=configs, may_drop=name == "drop")
+        rid, rw = _drop_ref(ids, w, E)
+        want = moe.grouped_expert_mlp(x.float(), rid, rw, gate_up.float(), down.float(), _silu_and_mul)
+        err = float((got.float() - want).abs().max() / want.abs().max())
+        assert got.dtype == dtype and got.shape == (T, D), (got.dtype, got.shape)
+        assert err <= TOL[dtype], f"{name} {dtype}: rel err {err:.2e}"
+        limit = 0.05
+        got = fused_moe.fused_experts(x, ids, w, gate_up, down, limit=limit, configs=configs, may_drop=name == "drop")
+        want = v4_raw.clamped_experts(x.float(), rid, rw, gate_up.float(), down.float(), limit)
+        err = float((got.float() - want).abs().max() / want.abs().max())
+        assert err <= TOL[dtype], f"{name} clamped {dtype}: rel err {err:.2e}"
+    empty = fused_moe.fused_experts(x[:0], ids[:0], w[:0], gate_up, down, configs=configs)
+    assert empty.shape == (0, D)
+
+
+def check_configs(device, dtype, names=None) -> None:
+    """Tile shapes the tuner may pick: uneven K (masked loop tail), BLOCK_M larger than a run, GROUP_M > 1."""
+    for cfg in ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
+                {"BLOCK_M": 32, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}):
+        check_experts(device, dtype, T=9, K=3, E=5, D=40, inter=24, configs=(cfg, cfg), names=names)
+    a = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2}
+    b = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+    check_experts(device, dtype, T=9, K=3, E=5, D=40, inter=24, configs=(a, b), names=names)  # two alignments
+
+
+ALIGN_CASES = [(1, 6, 64, 16), (5, 2, 4, 4), (33, 8, 16, 16), (7, 3, 5, 1), (64, 6, 8, 64), (300, 6, 64, 16),
+               (40, 8, 256, 16), (3, 2, 300, 32)]  # (T, top_k, E, block_m): multi-chunk, E past one chunk's width
+
+
+def check_align(device) -> None:
+    """The one-program Triton sort/pad == the Python oracle == the torch version (dropped ids, empty experts)."""
+    from torchinferno.kernels.fused_moe import (
+        align_pairs_torch,
+        max_padded,
+        reference_align,
+    )
+    from torchinferno.kernels.triton import fused_moe as tk
+
+    g = torch.Generator().manual_seed(7)
+    for T, K, E, B in ALIGN_CASES:
+        ids = torch.randint(0, min(E, 24), (T, K), generator=g)  # experts >= 24 stay empty
+        if T > 3:
+            ids[0] = ids[1]
+            ids[2, 0], ids[3, -1] = -1, E  # dropped
+        want = reference_align(ids, E, B)
+        got = tk.align_pairs(ids.to(device), E, B, max_padded(T * K, E, B))
+        alt = align_pairs_torch(ids.to(device), E, B)
+        for name, (sp, be, n) in (("triton", got), ("torch", alt)):
+            ok = torch.equal(sp.cpu(), want[0]) and torch.equal(be.cpu(), want[1]) and int(n) == want[2]
+            assert ok, f"align {name} T={T} K={K} E={E} B={B}"
+
+
+def check_expert_parallel(device, dtype=torch.float32, T=11, K=3, E=6, D=32, inter=16) -> None:
+    """Two expert-parallel ranks (experts [0, 2) and [2, 6)): their fused partial sums add up to all experts."""
+    from torchinferno.models.common.layers import RoutedExperts
+    from torchinferno.models.dsv4 import fused_ops
+    from torchinferno.parallel.layers import ExpertParallelExperts
+
+    torch.manual_seed(0)
+    full = RoutedExperts(E, D, inter, fused_ops).to(device=device, dtype=dtype)
+    full.moe_backend = "torch"
+    ranks = [ExpertParallelExperts(0, 2, D, inter, fused_ops), ExpertParallelExperts(2, 4, D, inter, fused_ops)]
+    for r in ranks:
+        r.to(device=device, dtype=dtype)
+        with torch.no_grad():
+            r.gate_up_proj.copy_(full.gate_up_proj[r.start : r.start + r.count])
+            r.down_proj.copy_(full.down_proj[r.start : r.start + r.count])
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(T, D, generator=g).to(dtype).to(device)
+    ids = torch.randint(0, E, (T, K), generator=g).to(device)
+    w = torch.rand(T, K, generator=g).to(device)
+    with torch.no_grad():
+        want = full(x, ids, w).float()
+        got = sum(r(x, ids, w).float() for r in ranks)
+    assert _rel_err(got, want) <= TOL[dtype], f"expert parallel: rel err {_rel_err(got, want):.2e}"
+
+
+def _rel_err(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def check_model(device, dtype=torch.float32) -> None:
+    """Tiny deepseek_v32 / dsv4 / deepseek_v4 (default variant, fused ops): prefill 6 tokens into a paged cache,
+    then decode 3 one at a time; the fused MoE path's logits == the reference path's (``moe_backend = "torch"``)."""
+    from torchinferno.models.common.moe import set_moe_backend
+    from torchinferno.testing import tiny_model
+
+    for family in ("deepseek-v3.2", "dsv4", "deepseek-v4"):
+        model = tiny_model(family, dtype=dtype).to(device)
+        outs = []
+        for backend in ("torch", "auto"):
+            assert set_moe_backend(model, backend) > 0
+            outs.append(_cached_logits(model, device, dtype))
+        want, got = outs
+        err = float((got - want).abs().max() / want.abs().max())
+        assert err <= TOL[dtype], f"{family}: rel err {err:.2e}"
+
+
+def _cached_logits(model, device, dtype) -> torch.Tensor:  # [9, V] fp32
+    from torchinferno.models.common.attention_metadata import (
+        build_attention_metadata,
+        positions_for,
+    )
+
+    ids = torch.tensor([5, 17, 99, 3, 42, 7, 8, 11, 2], device=device)
+    caches = model.family.kv_spec(model.config).allocate(num_blocks=6, block_size=4, dtype=dtype, device=device)
+    table = [[5, 2, 0, 4]]
+    with torch.no_grad():
+        meta = build_attention_metadata([6], [0], table, 4, device=device)
+        steps = [model.compute_logits(model(ids[:6], positions_for([6], [0]).to(device), caches, meta))]
+        for t in range(6, 9):
+            meta = build_attention_metadata([1], [t], table, 4, device=device)
+            steps.append(model.compute_logits(model(ids[t : t + 1], torch.tensor([t], device=device), caches, meta)))
+    return torch.cat(steps).float()
+
+
+def main() -> None:
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent)]
+    import triton_interpreter_checks  # noqa: F401  (interpreter patches; Triton dispatch accepts CPU tensors)
+
+    cpu = torch.device("cpu")
+    what = sys.argv[1]
+    if what == "experts":
+        check_align(cpu)
+        check_routing(cpu)
+        check_experts(cpu, torch.float32)
+        check_experts(cpu, torch.float16, names=("random", "hot"))
+        check_configs(cpu, torch.float32, names=("drop",))
+        check_expert_parallel(cpu)
+    elif what == "model":
+        check_model(cpu)
+    print(f"ok {what}")
+
+
+
+ROUTE_CASES = [  # (T, E, top_k, n_group, topk_group, norm, bias, sqrt_softplus)
+    (9, 8, 2, 4, 2, True, True, False), (5, 64, 6, 1, 1, True, False, False), (7, 256, 8, 8, 4, True, True, False),
+    (4, 16, 4, 1, 1, False, True, False), (6, 16, 4, 1, 1, True, True, True), (1, 32, 3, 4, 4, True, True, False)]
+
+
+def check_routing(device) -> None:
+    """The one-launch Triton routing == ``moe.route_sigmoid_grouped`` (V3) / V4's sqrt-softplus router: the same
+    expert set per token and the same weights (fp32 1e-6), compared after sorting each row by expert id."""
+    import torch.nn.functional as F
+
+    from torchinferno.kernels.triton import moe_routing
+    from torchinferno.models.common.moe import route_sigmoid_grouped
+
+    g = torch.Generator().manual_seed(11)
+    for T, E, k, G, TG, norm, has_bias, ssp in ROUTE_CASES:
+        logits = (torch.randn(T, E, generator=g) * 3).to(device)
+        logits[0, :3] = torch.tensor([-30.0, 25.0, -16.0])  # softplus branches
+        bias = (torch.rand(E, generator=g) - 0.5).to(device) if has_bias else None
+        w, ids = moe_routing.route(logits, bias, k, G, TG, norm, 2.5, sqrt_softplus=ssp)
+        if ssp:  # deepseek_v4.model.Router
+            s = F.softplus(logits).sqrt()
+            rid = torch.topk(s + bias, k, dim=-1).indices
+            rw = s.gather(1, rid)
+            rw = rw / (rw.sum(-1, keepdim=True) + 1e-20) * 2.5
+        else:
+            rw, rid = route_sigmoid_grouped(logits, bias, k, G, TG, norm, 2.5)
+        o, ro = ids.sort(-1), rid.sort(-1)
+        assert torch.equal(o.values, ro.values), f"routing ids {T, E, k, G, TG}"
+        got, want = w.gather(1, o.indices), rw.gather(1, ro.indices)
+        assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max()) + 1e-7, f"routing weights {T, E, k}"
+
+
+if __name__ == "__main__":
+    main()

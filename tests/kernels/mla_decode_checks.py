@@ -1,0 +1,130 @@
+"""MLA paged decode checks, run by tests/kernels/test_mla_decode.py: on Triton's CPU interpreter (a subprocess with
+``TRITON_INTERPRET=1``, CPU tensors, fp32 / fp16) and on CUDA.
+
+``check_kernel``: ``kernels.mla_decode.paged_absorbed_decode`` == ``mla.mla_absorbed_attention`` over the gathered
+latent (ragged lengths 1..300, scattered block tables); ``write_latent`` skips slot -1.
+``check_models``: tiny deepseek-v3 (no indexer) and dsv4 models, default (fused) variant vs the v0 reference with
+the same weights: prefill into a paged cache then decode steps (paged MLA + fused MoE on the fused side), and the
+same decode through ``CudaGraphDecodeRunner``'s padded buckets (graphs on CUDA, its eager padded path on CPU).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _rel(a, b) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r=16, bs=16) -> None:
+    from torchinferno.kernels import mla_decode
+    from torchinferno.models.common.attention import gather_kv
+    from torchinferno.models.common.mla import mla_absorbed_attention
+
+    g = torch.Generator().manual_seed(1)
+    B = len(lens)
+    per = -(-max(lens) // bs)
+    nblocks = B * per + 3
+    perm = torch.randperm(nblocks, generator=g)[: B * per].view(B, per).to(torch.int32)  # scattered blocks
+    cache = torch.randn(nblocks, bs, R + r, generator=g).to(dtype).to(device)
+    q_nope = torch.randn(B, H, dn, generator=g).to(dtype).to(device)
+    q_pe = torch.randn(B, H, r, generator=g).to(dtype).to(device)
+    w = (torch.randn(H * (dn + dv), R, generator=g) * R**-0.5).to(dtype).to(device)
+    bt, sl = perm.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+    scale = (dn + r) ** -0.5
+    got = mla_decode.paged_absorbed_decode(q_nope, q_pe, cache, w, scale, bt, sl)
+    L = max(lens)
+    lat = gather_kv(cache, bt, L).float()
+    mask = torch.arange(L, device=device)[None, :] < sl[:, None]
+    want = mla_absorbed_attention(q_nope.float(), q_pe.float(), lat, w.float(), scale, mask)
+    assert got.shape == (B, H, dv) and got.dtype == dtype
+    assert _rel(got, want) <= TOL[dtype], f"paged MLA decode {dtype}: rel err {_rel(got, want):.2e}"
+    new = torch.randn(3, R + r, generator=g).to(dtype).to(device)
+    before = cache.clone()
+    mla_decode.write_latent(cache, new, torch.tensor([5, -1, 40], device=device))
+    flat, ref = cache.view(-1, R + r), before.view(-1, R + r).clone()
+    ref[5], ref[40] = new[0], new[2]
+    assert torch.equal(flat, ref), "write_latent: wrong rows written (slot -1 must write nothing)"
+
+
+def _pair(family: str, size: str, device, dtype):
+    from torchinferno.testing import tiny_model
+
+    fused = tiny_model(family, size=size, dtype=dtype).to(device)
+    ref = tiny_model(family, size=size, dtype=dtype, variant="v0").to(device)
+    ref.load_state_dict(fused.state_dict())
+    assert fused.ops.NAME == "fused" and ref.ops.NAME == "raw"
+    return fused, ref
+
+
+def _decode_logits(model, device, dtype, ids, runner: bool):
+    from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
+    from torchinferno.models.common.attention_metadata import (
+        build_attention_metadata,
+        positions_for,
+    )
+
+    bs, B = 4, ids.shape[0]
+    caches = model.family.kv_spec(model.config).allocate(num_blocks=4 * B + 1, block_size=bs, dtype=dtype,
+                                                         device=device)
+    table = [[1 + 4 * b + j for j in range(4)][::-1] for b in range(B)]  # reversed: non-contiguous
+    P = 5
+    out = []
+    with torch.no_grad():
+        meta = build_attention_metadata([P] * B, [0] * B, table, bs, device=device)
+        model(ids[:, :P].reshape(-1), positions_for([P] * B, [0] * B).to(device), caches, meta)
+        gr = CudaGraphDecodeRunner(model, caches, bs, 4, batch_sizes=(B + 1,)) if runner else None
+        if gr is not None:
+            gr.capture()
+        for t in range(P, ids.shape[1]):
+            meta = build_attention_metadata([1] * B, [t] * B, table, bs, device=device)
+            pos = torch.full((B,), t, device=device)
+            if gr is None:
+                out.append(model.compute_logits(model(ids[:, t], pos, caches, meta)))
+            else:
+                out.append(gr.run(ids[:, t], pos, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+                                  meta.seq_lens_list).clone())
+    return torch.stack(out).float(), gr
+
+
+def check_models(device, dtype=torch.float32) -> None:
+    from torchinferno.kernels.cuda_graphs import backend_supports_graphs
+
+    ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(2)).to(device)
+    for family, size in (("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")):
+        fused, ref = _pair(family, size, device, dtype)
+        assert backend_supports_graphs(fused) and not backend_supports_graphs(ref), family
+        want, _ = _decode_logits(ref, device, dtype, ids, runner=False)
+        if device.type == "cuda":  # the module path too (on CPU the runner's eager padded path runs it already)
+            got, _ = _decode_logits(fused, device, dtype, ids, runner=False)
+            assert _rel(got, want) <= TOL[dtype], f"{family} decode: rel err {_rel(got, want):.2e}"
+        got, gr = _decode_logits(fused, device, dtype, ids, runner=True)
+        assert gr.use_graphs == (device.type == "cuda"), (gr.use_graphs, device)
+        assert _rel(got, want) <= TOL[dtype], f"{family} padded-bucket decode: rel err {_rel(got, want):.2e}"
+    fused, _ = _pair("deepseek-v3.2", "debug", device, dtype)  # V3.2: the DSA indexer still needs host lengths
+    assert not backend_supports_graphs(fused)
+
+
+def main() -> None:
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent)]
+    import triton_interpreter_checks  # noqa: F401  (interpreter patches; Triton dispatch accepts CPU tensors)
+
+    cpu = torch.device("cpu")
+    what = sys.argv[1]
+    if what == "kernel":
+        check_kernel(cpu, torch.float32)
+        check_kernel(cpu, torch.float16)
+    elif what == "models":
+        check_models(cpu)
+    print(f"ok {what}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""MLA absorbed decode over the paged latent cache (kernels/mla_decode.py: the split-K Triton decode kernel with
+one shared 576-dim latent head) against the torch reference, and DeepSeek models decoding through it.
+
+Interpreter (``TRITON_INTERPRET=1`` subprocess, CPU): the kernel vs ``mla_absorbed_attention`` (fp32 1e-5, fp16),
+``write_latent`` skipping padded slots; tiny deepseek-v3 / dsv4 models (fused variant: paged MLA + fused MoE)
+== the v0 reference through ``CudaGraphDecodeRunner``'s padded buckets, and which models declare
+``supports_cuda_graphs``. On CUDA (skipped without): the same, with the buckets captured as CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.mark.parametrize("check", ["kernel", "models"])
+def test_mla_decode_on_the_triton_interpreter(check):
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(HERE / "mla_decode_checks.py"), check], check=False, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and f"ok {check}" in proc.stdout, proc.stderr[-3000:]
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mla_paged_decode_cuda(dtype):
+    sys.path.insert(0, str(HERE))
+    import mla_decode_checks as C
+
+    C.check_kernel(torch.device("cuda"), dtype)
+    C.check_kernel(torch.device("cuda"), dtype, lens=(1, 700, 4000), H=16, dn=128, dv=128, R=512, r=64)
+
+
+@cuda
+def test_mla_models_decode_from_cuda_graphs():
+    sys.path.insert(0, str(HERE))
+    import mla_decode_checks as C
+
+    C.check_models(torch.device("cuda"))
