@@ -48,8 +48,8 @@ Gemv = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] bf16 -> y [M, N] bf16
 _state: dict[str, object] = {}  # "lib": ctypes function or None, "reason": why None
 
 
-def cpu_supported() -> tuple[bool, str]:
-    """(True, "") when /proc/cpuinfo lists every flag the kernel's instructions need."""
+def cpu_supported(needed: tuple[str, ...] = CPU_FLAGS) -> tuple[bool, str]:
+    """(True, "") when /proc/cpuinfo lists every flag the kernel's instructions need (``needed``)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError as e:
@@ -59,29 +59,31 @@ def cpu_supported() -> tuple[bool, str]:
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
             break
-    missing = [f for f in CPU_FLAGS if f not in flags]
+    missing = [f for f in needed if f not in flags]
     return (not missing, f"CPU lacks {', '.join(missing)}" if missing else "")
 
 
-def library_path(cache_dir: Path, compiler: str) -> Path:
+def library_path(cache_dir: Path, compiler: str, source: Path = SOURCE, cflags: list[str] = CFLAGS) -> Path:
     """Where the build for this source, these flags and this compiler version lives."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(" ".join(CFLAGS).encode())
+    h = hashlib.sha256(source.read_bytes())
+    h.update(" ".join(cflags).encode())
     h.update(version.encode())
-    return cache_dir / "kernels" / f"cpu_gemv-{h.hexdigest()[:16]}.so"
+    return cache_dir / "kernels" / f"{source.stem}-{h.hexdigest()[:16]}.so"
 
 
-def build(cache_dir: Path, compiler: str = "gcc") -> tuple[Path, bool]:
-    """(path of the built .so, whether this call compiled it); reuses an existing build."""
-    path = library_path(cache_dir, compiler)
+def build(cache_dir: Path, compiler: str = "gcc", source: Path = SOURCE, cflags: list[str] = CFLAGS) -> tuple[Path, bool]:
+    """(path of the built .so, whether this call compiled it); reuses an existing build.
+
+    ``source``/``cflags``: another kernel file of this directory (``cpu_qgemv.c``) built the same way."""
+    path = library_path(cache_dir, compiler, source, cflags)
     if path.exists():
         return path, False
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
     os.close(fd)
     try:
-        res = subprocess.run([compiler, *CFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        res = subprocess.run([compiler, *cflags, "-o", tmp, str(source)], check=False, capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"{compiler} failed: {res.stderr.strip()[-500:]}")
         os.replace(tmp, path)  # atomic: readers see no file or a whole one
