@@ -18,7 +18,7 @@ from torchinferno.engine.assembly import ModelSpec, build_model
 from torchinferno.server.live import LiveServer
 
 BLOCK = 4
-POOL_BLOCKS = 24  # per role: 96 tokens; a request below needs up to 8 blocks, so at most ~3 decode at once
+POOL_BLOCKS = 12  # per role: 48 tokens; a request below needs up to 6 blocks, so at most 2 decode at once
 
 
 def bytes_per_token() -> int:
@@ -29,7 +29,7 @@ def bytes_per_token() -> int:
 
 
 BPT = bytes_per_token()
-COMMON = ["--model-kind", "llama3", "--dtype", "float32", "--max-model-len", "64", "--block-size", str(BLOCK),
+COMMON = ["--model-kind", "llama3", "--dtype", "float32", "--max-model-len", "48", "--block-size", str(BLOCK),
           "--kv-cache-memory", str(POOL_BLOCKS * BLOCK * BPT), "--served-model-name", "tiny", "--max-num-seqs", "8"]
 SHARED = list(range(40, 52))  # 3 full blocks
 PROMPTS = [SHARED + [7, 8, 9], [3, 1, 4, 1, 5, 9, 2], SHARED + [11], SHARED + [7, 8, 9], [2, 7, 1, 8, 2, 8],
@@ -63,28 +63,30 @@ def complete(base, prompt, i, max_tokens=8):
     return r.json()["choices"][0]["text"]
 
 
-def run_all(base, prompts):
+def run_all(base, prompts, max_tokens=8):
     with ThreadPoolExecutor(len(prompts)) as ex:
-        return list(ex.map(lambda a: complete(base, a[1], a[0]), enumerate(prompts)))
+        return list(ex.map(lambda a: complete(base, a[1], a[0], max_tokens), enumerate(prompts)))
 
 
 def test_disaggregated_equals_colocated_with_backpressure_and_prefix_hits(servers, record):
     colo, dis = servers
     complete(dis.base, PROMPTS[0], 0)  # warm the decode side's prefix cache with the shared blocks
-    want = run_all(colo.base, PROMPTS)
-    got = run_all(dis.base, PROMPTS)
+    want = run_all(colo.base, PROMPTS, 24)  # a running request holds up to 10 of the decode role's 12 blocks
+    got = run_all(dis.base, PROMPTS, 24)
     assert got == want
     assert [t for t in want if t]  # something was generated
     recs = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(recs) == len(PROMPTS) + 1 and all(r["type"] == "disaggregated_runtime_integrity" for r in recs)
     assert all(r["handed_off"] and r["transport"]["backend"] == "gloo" for r in recs)
     assert recs[-1]["kv_transfer"]["count_total"] == len(PROMPTS) + 1
-    sizes = {len(p) for p in PROMPTS}
     for r in recs:  # each request moved (prompt - decode-side prefix hit) tokens' KV, nothing more
-        g = r["kv_transfer"]["bytes_group"]
-        assert g % BPT == 0 and any(0 <= n - g // BPT <= len(SHARED) for n in sizes)
+        kv = r["kv_transfer"]
+        assert kv["bytes_group"] == kv["tokens_group"] * BPT and kv["tokens_group"] > 0
+        assert kv["prompt_tokens"] - kv["tokens_group"] in (0, 4, 8, 12)  # whole blocks hit on the decode side
     assert sum(r["kv_transfer"]["bytes_group"] for r in recs) == recs[-1]["kv_transfer"]["bytes_total"]
-    assert any(r["kv_transfer"]["bytes_group"] < 15 * BPT and r["request_id"] for r in recs[1:])  # a prefix hit
+    assert any(r["kv_transfer"]["prompt_tokens"] - r["kv_transfer"]["tokens_group"] == 12 for r in recs)  # prefix hit
+    assert recs[-1]["kv_transfer"]["waited_total"] >= 0  # how many waited for decode blocks varies with timing:
+    # test_handoff_inprocess.py::test_backpressure proves the wait; here, every request completed identically
     assert "timings_s" in recs[-1]
     m = httpx.get(f"{dis.base}/metrics").text
     assert f'torchinferno_disagg_kv_transfers_total{{model_name="tiny",outcome="ok"}} {len(PROMPTS) + 1}.0' in m
@@ -94,7 +96,7 @@ def test_disaggregated_equals_colocated_with_backpressure_and_prefix_hits(server
 def test_decode_core_killed_mid_stream(servers):
     colo, dis = servers
     eng = dis.engine
-    body = {"model": "tiny", "prompt": [5, 6, 7, 8, 9], "max_tokens": 50, "ignore_eos": True, "temperature": 0.0,
+    body = {"model": "tiny", "prompt": [5, 6, 7, 8, 9], "max_tokens": 40, "ignore_eos": True, "temperature": 0.0,
             "stream": True}
     events = []
     with httpx.stream("POST", f"{dis.base}/v1/completions", json=body, timeout=60) as r:

@@ -17,9 +17,9 @@ from torchinferno.engine.llm_engine import LLMEngine
 FAMILIES = ["llama3", "deepseek", "dsv4", "deepseek-v4"]  # deepseek = DeepSeek-V3.2 (MLA + DSA indexer)
 
 
-def engine(family, **kw):
+def engine(family, blocks=40, max_model_len=64):
     model = build_model(ModelSpec(model_kind=family, dtype="float32"))
-    return LLMEngine(model, block_size=4, max_model_len=64, num_gpu_blocks=kw.pop("blocks", 40), **kw)
+    return LLMEngine(model, block_size=4, max_model_len=max_model_len, num_gpu_blocks=blocks)
 
 
 def prompts():
@@ -80,3 +80,25 @@ def test_disaggregated_tokens_equal_colocated(family):
     assert moved[0] == (0, 12) and moved[2][0] == 8  # r2 shares r0's first two full blocks on the decode side
     assert pre.core.scheduler.held == {} and pre.core.pool.num_free == pre.core.pool.num_blocks
     assert dec.core.pool.num_free == dec.core.pool.num_blocks
+
+
+def test_backpressure_reserve_waits_for_blocks_and_changes_nothing():
+    dec = engine("llama3", blocks=6, max_model_len=24)
+    sch, pool = dec.core.scheduler, dec.core.pool
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def handoff(rid, prompt):
+        req = dec.core.make_request(EngineCoreRequest(rid, prompt, params))
+        req.output_token_ids.append(1)
+        return req
+
+    a = handoff("a", list(range(10, 26)))  # 16 tokens: 4 of the 6 blocks
+    assert sch.reserve_prefilled(a) == (0, 16)
+    sch.add_prefilled("a")
+    b = handoff("b", list(range(30, 37)))  # needs 2 blocks; 2 free, but "a" keeps one spare for its next token
+    free = pool.num_free
+    assert sch.reserve_prefilled(b) is None and pool.num_free == free and "b" not in sch.reserved
+    while dec.core.has_unfinished():
+        dec.core.step()
+    assert sch.reserve_prefilled(b) == (0, 7)
+    assert sch.drop_reserved("b") and pool.num_free == pool.num_blocks

@@ -80,6 +80,7 @@ class KVTransferTotals:
     count: int = 0
     nbytes: int = 0
     failed: int = 0
+    waited: int = 0  # handoffs that queued on the decode side for free blocks
     pack_s: float = 0.0
     send_s: float = 0.0
     recv_s: float = 0.0
@@ -94,7 +95,9 @@ class _Live:
     transfer_id: int = 0
     readied: bool = False  # the decode core reserved blocks and asked for the rows
     kv_bytes: int = 0
+    kv_tokens: int = 0
     kv_seconds: float = 0.0
+    waited_for_blocks: bool = False
 
 
 class DisaggLLM:
@@ -364,7 +367,8 @@ class DisaggLLM:
                 t.failed += 1
             live = self._live.get(msg.request_id)
             if live is not None:
-                live.kv_bytes = msg.nbytes
+                live.kv_bytes, live.kv_tokens, live.waited_for_blocks = msg.nbytes, msg.num_tokens, msg.waited_for_blocks
+                t.waited += int(msg.waited_for_blocks)
             if self._metrics is not None:
                 name, nbytes, _, count = self._metrics
                 count.labels(name, "ok" if msg.ok else "failed").inc()
@@ -461,7 +465,9 @@ class DisaggLLM:
                "finish_reason": reason, "handed_off": live.phase == "decode",
                "kv_transfer": {"count_total": t.count, "bytes_total": t.nbytes, "failed_total": t.failed,
                                "count_group": int(live.kv_bytes > 0 or live.phase == "decode"),
-                               "bytes_group": live.kv_bytes},
+                               "bytes_group": live.kv_bytes, "tokens_group": live.kv_tokens,
+                               "prompt_tokens": len(live.prompt), "waited_for_blocks": live.waited_for_blocks,
+                               "waited_total": t.waited},
                "topology": self.topology(), "transport": {"backend": self.backend, "kind": "torch.distributed p2p"}}
         if self.cfg.profile:
             rec["timings_s"] = {"pack_total": t.pack_s, "send_total": t.send_s, "recv_total": t.recv_s,

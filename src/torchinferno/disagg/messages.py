@@ -81,6 +81,7 @@ class KVReceived(msgspec.Struct, array_like=True, tag="kvrecv"):
     error: str | None = None
     num_tokens: int = 0  # rows received (prompt length minus the decode side's prefix hit)
     num_cached_tokens: int = 0  # prefix hit on the decode side
+    waited_for_blocks: bool = False  # the decode pool was full when it arrived: it queued (back-pressure)
 
 
 TO_PREFILL = (KVPrefill, KVSend, KVRelease)

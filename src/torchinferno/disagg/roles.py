@@ -105,6 +105,7 @@ class DecodeRole:
         self.transport = transport
         self._queue: deque = deque()  # (Request, transfer_id), waiting for blocks
         self._aborted: set[str] = set()  # reserved, then aborted: dropped when the transfer ends
+        self._waited: set[str] = set()  # found no free blocks at first: they waited (reported in KVReceived)
         self._dropped: list[str] = []  # aborted while queued: their held KV on the prefill side can go
 
     def busy(self) -> bool:
@@ -121,6 +122,7 @@ class DecodeRole:
             ids = set(msg.request_ids)
             for item in [q for q in self._queue if q[0].request_id in ids]:
                 self._queue.remove(item)
+                self._waited.discard(item[0].request_id)
                 self._dropped.append(item[0].request_id)
             self._aborted |= ids & set(self.core.scheduler.reserved)
         return False
@@ -138,11 +140,14 @@ class DecodeRole:
             else:  # aborted, or the transfer failed: KVReceived(ok=False) tells the API process why
                 sched.drop_reserved(d.request_id)
             self._aborted.discard(d.request_id)
-            out.append(KVReceived(d.request_id, d.ok, d.nbytes, d.pack_s, d.wire_s, d.error, n, start))
+            out.append(KVReceived(d.request_id, d.ok, d.nbytes, d.pack_s, d.wire_s, d.error, n, start,
+                                  d.request_id in self._waited))
+            self._waited.discard(d.request_id)
         while self._queue:  # FIFO: a request that does not fit blocks the ones behind it (no starvation)
             req, tid = self._queue[0]
             rows = sched.reserve_prefilled(req)
             if rows is None:
+                self._waited.add(req.request_id)
                 break
             self._queue.popleft()
             self.transport.submit(req.request_id, tid, req.block_ids, rows[0], rows[1])

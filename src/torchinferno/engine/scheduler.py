@@ -152,7 +152,8 @@ class Scheduler:
 
         Reuses the longest cached prefix of the prompt's full blocks (their KV is already here), allocates the
         rest and returns ``(start, stop)``: the token rows ``[start, stop)`` (``stop`` = prompt length) to receive.
-        ``None`` (nothing changed) when the free blocks do not suffice: the caller retries later, in order.
+        ``None`` (nothing changed) when the free blocks do not suffice, keeping one spare block per running
+        request: the caller retries later, in order.
         Invariant: a reserved request is in ``reserved`` only, neither waiting nor running (not scheduled)."""
         if req.request_id in self.requests or req.request_id in self.reserved:
             raise ValueError(f"duplicate request id {req.request_id!r}")
@@ -162,7 +163,9 @@ class Scheduler:
             self._ensure_hashes(req, (n // self.block_size) * self.block_size)
             hit = self.pool.lookup(req.block_hashes[: n // self.block_size])
         need = _cdiv(n, self.block_size) - len(hit)
-        if need + self.pool.num_reclaimed_by(hit) > self.pool.num_free:
+        # Leave one free block per running request (its next decode block), so a handoff does not simply
+        # preempt a running request to make room: it waits instead (back-pressure).
+        if need + self.pool.num_reclaimed_by(hit) + len(self.running) > self.pool.num_free:
             return None
         self.pool.touch(hit)
         req.block_ids = hit + self.pool.allocate(need)
