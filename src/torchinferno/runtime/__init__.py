@@ -12,7 +12,8 @@ each piece really lives (nothing is imported until a submodule is asked for).
   ``sim/``); ``runtime.scheduler``: P/D cluster planning (``sim.cluster``, ``sim.plan``); ``runtime.traffic``:
   seeded bursty traffic and trace replay (``sim.traffic``).
 * ``runtime.fake_dist``: fake process groups and collectives, tensor-parallel planning (``parallel.fake``).
+* ``runtime.disaggregated``: prefill/decode roles, their control protocol and the live KV handoff (``disagg/``).
 
-Paths of the original with no implementation here (disagg, disaggregated, flex) do not exist:
+Paths of the original with no implementation here (disagg, flex) do not exist:
 importing them raises ``ImportError``.
 """
