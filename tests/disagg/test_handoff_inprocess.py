@@ -17,9 +17,9 @@ from torchinferno.engine.llm_engine import LLMEngine
 FAMILIES = ["llama3", "deepseek", "dsv4", "deepseek-v4"]  # deepseek = DeepSeek-V3.2 (MLA + DSA indexer)
 
 
-def engine(family, blocks=40, max_model_len=64):
+def engine(family, blocks=40, max_model_len=64, **kw):
     model = build_model(ModelSpec(model_kind=family, dtype="float32"))
-    return LLMEngine(model, block_size=4, max_model_len=max_model_len, num_gpu_blocks=blocks)
+    return LLMEngine(model, block_size=4, max_model_len=max_model_len, num_gpu_blocks=blocks, **kw)
 
 
 def prompts():
@@ -66,13 +66,14 @@ def disaggregated(pre, dec, params):
     return moved, toks
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_disaggregated_tokens_equal_colocated(family):
+@pytest.mark.parametrize("family,kv", [(f, "auto") for f in FAMILIES] + [("llama3", "fp8")])
+def test_disaggregated_tokens_equal_colocated(family, kv):
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     seeded = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=11, ignore_eos=True)
     params = [greedy, seeded, greedy, seeded]
-    ref = colocated(engine(family), params)
-    pre, dec = engine(family), engine(family)
+    ref = colocated(engine(family, kv_cache_dtype=kv), params)
+    pre, dec = engine(family, kv_cache_dtype=kv), engine(family, kv_cache_dtype=kv)
+    assert str(pre.executor.kv_cache.dtype) == ("torch.float8_e4m3fn" if kv == "fp8" else "torch.float32")
     moved, toks = disaggregated(pre, dec, params)
     got = [toks[f"r{i}"] for i in range(len(ref))]
     # the decode engine's outputs start at the second token; the first came from the prefill engine

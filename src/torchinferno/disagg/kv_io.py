@@ -31,14 +31,15 @@ def live_kv_bytes(kv: PagedKVCache, num_tokens: int) -> int:
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    return t.view(t.shape[0] * t.shape[1], -1)  # [num_blocks * block_size, values]
+    """The cache tensor as raw bytes, one row per token slot: ``[num_blocks * block_size, values * itemsize]``
+    ``uint8``, a view (writes land in the cache). Byte rows make every dtype (FP8 included) move the same way."""
+    return t.view(t.shape[0] * t.shape[1], -1).view(torch.uint8)
 
 
 def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int) -> torch.Tensor:
     """Gather rows ``[start, stop)`` of every cache tensor -> one ``uint8 [bytes]`` buffer on the cache's device."""
     slots = token_slots(block_ids, kv.block_size, start, stop, kv.device)
-    parts = [_rows(t).index_select(0, slots).contiguous().view(torch.uint8).reshape(-1)  # [n * values * esize]
-             for layer in kv.tensors for t in layer]
+    parts = [_rows(t).index_select(0, slots).reshape(-1) for layer in kv.tensors for t in layer]  # [n * row bytes]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=kv.device)
 
 
@@ -54,7 +55,7 @@ def unpack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, buf
     off = 0
     for layer in kv.tensors:
         for t in layer:
-            rows = _rows(t)
-            size = n * rows.shape[1] * t.element_size()
-            rows.index_copy_(0, slots, buf[off:off + size].view(t.dtype).view(n, rows.shape[1]))
+            rows = _rows(t)  # [slots, row bytes]
+            size = n * rows.shape[1]
+            rows.index_copy_(0, slots, buf[off:off + size].view(n, rows.shape[1]))
             off += size
