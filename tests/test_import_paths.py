@@ -48,6 +48,9 @@ PATHS = [
     ("torchinferno.runtime.traffic", "TrafficSpec", "torchinferno.sim.traffic", "TrafficSpec"),
     ("torchinferno.runtime.traffic", "generate", "torchinferno.sim.traffic", "generate"),
     ("torchinferno.runtime.fake_dist", "fake_world", "torchinferno.parallel.fake", "fake_world"),
+    ("torchinferno.runtime.disaggregated", "DisaggLLM", "torchinferno.disagg.client", "DisaggLLM"),
+    ("torchinferno.runtime.disaggregated", "pack_kv", "torchinferno.disagg.kv_io", "pack_kv"),
+    ("torchinferno.runtime.disaggregated", "KVTransport", "torchinferno.disagg.transport", "KVTransport"),
     ("torchinferno.runtime.fake_dist", "plan_parallel", "torchinferno.parallel.fake", "plan_parallel"),
     ("torchinferno.runtime.disagg", "DisaggRank", "torchinferno.runtime.disagg_rank", "DisaggRank"),
     ("torchinferno.runtime.disagg", "write_rank_files", "torchinferno.runtime.disagg_files", "write_rank_files"),
@@ -67,7 +70,7 @@ def test_all_lists_only_real_names(mod):
         assert getattr(m, name) is not None
 
 
-@pytest.mark.parametrize("missing", ["disaggregated", "flex", "options"])
+@pytest.mark.parametrize("missing", ["flex", "options"])
 def test_runtime_paths_without_an_implementation_do_not_exist(missing):
     with pytest.raises(ImportError):
         importlib.import_module(f"torchinferno.runtime.{missing}")

@@ -112,10 +112,11 @@ UNREAD_VARS: tuple[tuple[str, str], ...] = (
     ("TORCHINFERNO_OPENAI_RAGGED_DECODE_*", _RAGGED),
     ("TORCHINFERNO_CONTINUOUS_RAGGED_DECODE_*", _RAGGED),
     ("TORCHINFERNO_OPENAI_PHASE_TIMINGS", "use openai-microbench --phase-timings (per-request latencies are on GET /metrics)"),
-    ("TORCHINFERNO_OPENAI_QUEUE_PROFILE_JSONL", "no equivalent: there is no disaggregated prefill/decode serving mode yet; "
-                                                "request latency histograms are on GET /metrics"),
-    ("TORCHINFERNO_OPENAI_DISAGG_*", "no equivalent: there is no disaggregated prefill/decode serving mode yet "
-                                     "(the batch limit is --max-num-seqs)"),
+    ("TORCHINFERNO_OPENAI_QUEUE_PROFILE_JSONL", "use serve --disaggregation-mode prefill-decode --disaggregation-record "
+                                                "FILE (the disaggregated_runtime_integrity JSONL records)"),
+    ("TORCHINFERNO_OPENAI_DISAGG_*", "use serve --disaggregation-mode prefill-decode with --prefill-devices / "
+                                     "--decode-devices, --disaggregation-profile, --disaggregation-record; the batch "
+                                     "limit of each role is --max-num-seqs"),
     ("TORCHINFERNO_CUDAGRAPH_*", "use --enforce-eager to turn CUDA graphs off; decode graphs are captured per "
                                  "batch-size bucket up to --max-num-seqs, with no per-piece switches"),
     ("TORCHINFERNO_FI_DECODE_GRAPH", "no equivalent: there is no FlashInfer backend; --enforce-eager turns CUDA graphs off"),

@@ -125,14 +125,21 @@ class EngineCore:
         self._prompt_lps: dict[str, list[TokenLogprob]] = {}
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request: EngineCoreRequest) -> None:
-        """Queue a request (validated by the caller with ``validate_request``)."""
+    def add_request(self, request: EngineCoreRequest, hold_kv: bool = False) -> None:
+        """Queue a request (validated by the caller with ``validate_request``). ``hold_kv`` (prefill role of a
+        disaggregated pair): when it finishes, its blocks stay held until ``scheduler.release_held``."""
+        req = self.make_request(request)
+        req.hold_kv = hold_kv
+        self.scheduler.add_request(req)
+
+    def make_request(self, request: EngineCoreRequest) -> Request:
+        """The scheduler's ``Request`` for ``request`` (stop ids: its own plus EOS unless it ignores EOS)."""
         params = request.sampling_params
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_token_ids)
         req = Request(request.request_id, request.prompt_token_ids, params, frozenset(stop))
         if request.arrival_time is not None:
             req.arrival_time = request.arrival_time
-        self.scheduler.add_request(req)
+        return req
 
     def finish_requests(self, request_ids, status: str = "abort") -> int:
         """Finish live requests now and free their blocks: ``"abort"``, or ``"stop"`` for a stop string the
@@ -179,8 +186,10 @@ class EngineCore:
 
     def _schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()
-        if not sched.scheduled and not self.scheduler.running and not sched.preempted_ids:
-            # Nothing in flight can free blocks either: its requests are running, finished or preempted.
+        if (not sched.scheduled and not self.scheduler.running and not sched.preempted_ids
+                and not self.scheduler.held and not self.scheduler.reserved):
+            # Nothing in flight can free blocks either: its requests are running, finished or preempted
+            # (held / reserved blocks of a disaggregated pair are freed by their transfers).
             raise RuntimeError("scheduler made no progress: the KV pool cannot hold the next waiting request")
         self._steps += 1
         if self.record_shapes:

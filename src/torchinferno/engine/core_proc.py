@@ -48,6 +48,7 @@ class CoreProcessConfig:
     warmup: bool | None = None
     step_log: str | None = None  # JSONL path: one line per step (engine.step_log)
     addresses: CoreAddresses = field(default_factory=lambda: CoreAddresses("", ""))
+    disagg: object | None = None  # a disagg.roles.RoleConfig: this core is one role of a prefill/decode pair
 
 
 def _build(cfg: CoreProcessConfig):
@@ -84,7 +85,8 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     parent = os.getppid()
-    enc, dec = encoder(), to_core_decoder()
+    enc = encoder()
+    dec = to_core_decoder(cfg.disagg.message_types if cfg.disagg is not None else ())
     try:
         engine = _build(cfg)
     except BaseException as e:  # report why, in one line, then exit non-zero
@@ -101,6 +103,7 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
     info = CoreInfo(core.max_model_len, core.vocab_size, sorted(core.eos_token_ids), core.pool.num_blocks,
                     core.pool.block_size, core.config.max_logprobs, core.describe(), os.getpid())
 
+    role = cfg.disagg.make(core) if cfg.disagg is not None else None  # its transport connects on its own thread
     ctx = zmq.Context(io_threads=1)
     inbox = ctx.socket(zmq.PULL)
     inbox.bind(cfg.addresses.to_core)
@@ -113,6 +116,8 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
 
     def handle(msg) -> bool:
         """Apply one message; False on Shutdown."""
+        if role is not None and role.handle(msg):
+            return True
         if isinstance(msg, EngineCoreRequest):
             try:
                 core.add_request(msg)
@@ -143,11 +148,23 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
     status = 0
     try:
         running = True
+        stalled = False  # disaggregated role: the last step scheduled nothing and nothing runs
         while running and not stopping:
             busy = core.has_unfinished()
+            if role is not None:
+                for m in role.poll():
+                    stalled = False  # blocks may have been released or received
+                    outbox.send(enc.encode(m))
+                # Transfers in flight or requests waiting for blocks: come back soon. A core whose last step
+                # scheduled nothing (its waiting requests stalled on held/reserved blocks) waits too, not spins.
+                if stalled:
+                    busy = False
+                idle_ms = 2 if role.busy() or stalled else IDLE_POLL_MS
+            else:
+                idle_ms = IDLE_POLL_MS
             if not busy:
                 t_wait = clock()
-                ready = inbox.poll(IDLE_POLL_MS)
+                ready = inbox.poll(idle_ms)
                 idle += clock() - t_wait
                 if not ready:
                     if os.getppid() != parent:  # the API process is gone: nobody to serve
@@ -160,6 +177,7 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
                 except zmq.Again:
                     break
                 got = True
+                stalled = False
                 running = handle(dec.decode(raw))
             if not running:
                 break
@@ -172,6 +190,7 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
                     outs = core.step()
                     log.record(t0, clock(), core.last_shape, len(outs), idle, core.last_launched, core.last_resolved)
                     idle = 0.0
+                stalled = role is not None and not outs and not core.scheduler.running and core._inflight is None
                 outbox.send(enc.encode(EngineCoreOutputs(outs, core.stats().as_list())))
             elif got:
                 outbox.send(enc.encode(EngineCoreOutputs([], core.stats().as_list())))
@@ -185,6 +204,8 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
 
         traceback.print_exc()
     finally:
+        if role is not None:
+            role.close()
         if log is not None:
             log.close()
         inbox.close(0)

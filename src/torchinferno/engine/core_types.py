@@ -10,6 +10,8 @@ that advanced in it (one small struct per request per step, never one object per
 
 from __future__ import annotations
 
+from typing import Union
+
 import msgspec
 
 from torchinferno.core.sampling_params import SamplingParams
@@ -102,9 +104,10 @@ def encoder() -> msgspec.msgpack.Encoder:
     return msgspec.msgpack.Encoder()
 
 
-def to_core_decoder() -> msgspec.msgpack.Decoder:
-    return msgspec.msgpack.Decoder(ToCore)
+def to_core_decoder(extra: tuple = ()) -> msgspec.msgpack.Decoder:
+    """``extra``: more tagged message types (a disaggregated role's control messages, ``disagg.messages``)."""
+    return msgspec.msgpack.Decoder(Union[(*ToCore.__args__, *extra)] if extra else ToCore)
 
 
-def from_core_decoder() -> msgspec.msgpack.Decoder:
-    return msgspec.msgpack.Decoder(FromCore)
+def from_core_decoder(extra: tuple = ()) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(Union[(*FromCore.__args__, *extra)] if extra else FromCore)

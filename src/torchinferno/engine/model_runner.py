@@ -75,12 +75,16 @@ class ModelRunner:
         if sched.preempted_ids:
             self.inputs.release(sched.preempted_ids)
 
-    def _generator(self, rid: str, seed: int | None) -> torch.Generator | None:
+    def _generator(self, rid: str, seed: int | None, prior_draws: int = 0, width: int = 0) -> torch.Generator | None:
+        """The request's generator; a new one first replays ``prior_draws`` row draws of ``width`` values (the
+        draws another engine made for it: prefill/decode disaggregation), so it continues where that one stopped."""
         if seed is None:
             return None
         g = self._generators.get(rid)
         if g is None:
             g = self._generators[rid] = make_generator(seed, self.device)
+            for _ in range(prior_draws):  # one sampling row draws exactly this (text/sampling.py _draw)
+                torch.empty(width, device=self.device).exponential_(generator=g)
         return g
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -145,7 +149,8 @@ class ModelRunner:
         ids = [reqs[i].request_id for i in rows]
         gens = None
         if any(p.seed is not None for p in params):
-            gens = [self._generator(reqs[i].request_id, reqs[i].sampling_params.seed) for i in rows]
+            gens = [self._generator(reqs[i].request_id, reqs[i].sampling_params.seed, reqs[i].prior_draws,
+                                    logits.shape[1]) for i in rows]
         tokens = sample(logits, params, gens)  # [N]
         self._prev_tokens, self._prev_rows = tokens, dict(zip(ids, range(len(ids))))
 

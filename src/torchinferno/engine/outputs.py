@@ -48,6 +48,7 @@ class ScheduledRequest:
     # prompt_logprob_start.. (absolute positions; target i is the prompt token at prompt_logprob_start + i + 1)
     prompt_logprob_start: int = 0
     prompt_logprob_targets: list[int] | None = None
+    prior_draws: int = 0  # seeded draws made elsewhere before this request's first step here (disaggregation)
 
     @property
     def num_tokens(self) -> int:

@@ -65,6 +65,11 @@ class Request:
     stop_reason: int | str | None = None
     arrival_index: int = 0  # FCFS order assigned by the scheduler (ties of arrival_time)
     num_prompt_logprobs: int = 0  # prompt positions whose logprobs were scheduled (kept across preemption)
+    # Prefill/decode disaggregation (disagg/): the prefill role keeps a finished request's blocks (``hold_kv``)
+    # until its KV is sent; the decode role continues a request whose seeded generator already drew
+    # ``num_prior_draws`` times on the prefill role.
+    hold_kv: bool = False
+    num_prior_draws: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:

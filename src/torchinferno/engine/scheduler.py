@@ -75,6 +75,11 @@ class Scheduler:
         self._finished_ids: list[str] = []
         self._arrivals = itertools.count()
         self.num_preemptions = 0
+        # Prefill/decode disaggregation (disagg/). ``held``: finished requests (prefill role, ``hold_kv``) whose
+        # blocks stay referenced until ``release_held``; ``reserved``: requests whose KV is being received into
+        # blocks allocated by ``reserve_prefilled`` (decode role), not yet running.
+        self.held: dict[str, Request] = {}
+        self.reserved: dict[str, Request] = {}
 
     # ------------------------------------------------------------------ queue management
     def add_request(self, request: Request) -> None:
@@ -110,7 +115,10 @@ class Scheduler:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status
-        self._free_blocks(req)
+        if req.hold_kv and status is not RequestStatus.FINISHED_ABORTED and req.block_ids:
+            self.held[req.request_id] = req  # blocks stay referenced (and cached) until release_held
+        else:
+            self._free_blocks(req)
         del self.requests[req.request_id]
         self._finished_ids.append(req.request_id)
 
@@ -128,6 +136,67 @@ class Scheduler:
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
+
+    # ------------------------------------------------------------------ disaggregation hooks
+    def release_held(self, request_id: str) -> bool:
+        """Prefill role: drop a held request's blocks (its KV was sent, or nobody wants it). False if not held.
+        Full blocks stay in the prefix cache, so a later prompt sharing the prefix skips their prefill."""
+        req = self.held.pop(request_id, None)
+        if req is None:
+            return False
+        self._free_blocks(req)
+        return True
+
+    def reserve_prefilled(self, req: Request) -> tuple[int, int] | None:
+        """Decode role: allocate blocks for ``req``'s prompt, whose KV another engine computed.
+
+        Reuses the longest cached prefix of the prompt's full blocks (their KV is already here), allocates the
+        rest and returns ``(start, stop)``: the token rows ``[start, stop)`` (``stop`` = prompt length) to receive.
+        ``None`` (nothing changed) when the free blocks do not suffice, keeping one spare block per running
+        request: the caller retries later, in order.
+        Invariant: a reserved request is in ``reserved`` only, neither waiting nor running (not scheduled)."""
+        if req.request_id in self.requests or req.request_id in self.reserved:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        n = req.num_prompt_tokens
+        hit: list[int] = []
+        if self.pool.enable_prefix_caching:
+            self._ensure_hashes(req, (n // self.block_size) * self.block_size)
+            hit = self.pool.lookup(req.block_hashes[: n // self.block_size])
+        need = _cdiv(n, self.block_size) - len(hit)
+        # Leave one free block per running request (its next decode block), so a handoff does not simply
+        # preempt a running request to make room: it waits instead (back-pressure).
+        if need + self.pool.num_reclaimed_by(hit) + len(self.running) > self.pool.num_free:
+            return None
+        self.pool.touch(hit)
+        req.block_ids = hit + self.pool.allocate(need)
+        req.num_registered_blocks = len(hit)
+        req.num_cached_tokens = len(hit) * self.block_size
+        self.pool.record_prefix_query(n, req.num_cached_tokens)
+        req.arrival_index = next(self._arrivals)
+        req.status = RequestStatus.WAITING
+        self.reserved[req.request_id] = req
+        return req.num_cached_tokens, n
+
+    def add_prefilled(self, request_id: str) -> Request:
+        """Decode role: the reserved request's prompt KV has arrived: it runs as if prefilled here
+        (``num_computed_tokens`` = prompt length, its first output token already appended), so the next
+        ``schedule()`` decodes it like any other running request."""
+        req = self.reserved.pop(request_id)
+        req.num_computed_tokens = req.num_prompt_tokens
+        req.status = RequestStatus.RUNNING
+        self.requests[request_id] = req
+        self.running.append(req)
+        self._register_full_blocks(req)
+        return req
+
+    def drop_reserved(self, request_id: str) -> bool:
+        """Decode role: free a reserved request's blocks (aborted, or its transfer failed)."""
+        req = self.reserved.pop(request_id, None)
+        if req is None:
+            return False
+        req.status = RequestStatus.FINISHED_ABORTED
+        self._free_blocks(req)
+        return True
 
     # ------------------------------------------------------------------ block helpers
     def _ensure_hashes(self, req: Request, num_tokens: int) -> None:
@@ -274,6 +343,7 @@ class Scheduler:
             req.arrival_index,
             plp_start,
             plp_targets,
+            req.num_prior_draws,
         )
 
     # ------------------------------------------------------------------ results

@@ -14,7 +14,8 @@ each piece really lives (nothing is imported until a submodule is asked for).
 * ``runtime.fake_dist``: fake process groups and collectives, tensor-parallel planning (``parallel.fake``).
 * ``runtime.disagg``: agent-editable prefill/decode rank files and their local HTTP RPC (``disagg-init``,
   ``disagg-smoke``); its pieces are ``runtime.disagg_*``.
+* ``runtime.disaggregated``: prefill/decode roles, their control protocol and the live KV handoff (``disagg/``).
 
-Paths of the original with no implementation here (disaggregated, flex) do not exist:
+Paths of the original with no implementation here (flex) do not exist:
 importing them raises ``ImportError``.
 """

@@ -94,6 +94,8 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
     """Build the app. ``engine`` is an ``AsyncEngine``; ``tokenizer`` a ``text.Tokenizer``."""
     app = FastAPI(title="TorchInferno OpenAI-compatible server", version=__version__)
     metrics = ServerMetrics(cfg.model_name)
+    if hasattr(engine, "bind_metrics"):  # engine-specific collectors (disaggregation: KV transfer bytes / seconds)
+        engine.bind_metrics(metrics)
     app.state.engine, app.state.metrics, app.state.config, app.state.tokenizer = engine, metrics, cfg, tokenizer
     app.state.draining = False  # set on SIGTERM (server.launch): new requests get 503
     ctx = completions.Context(engine, tokenizer, cfg.model_name, cfg.max_model_len, metrics,

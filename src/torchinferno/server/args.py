@@ -12,7 +12,7 @@ import sys
 from torchinferno.engine.assembly import DEFAULT_MODEL, QUANTIZATIONS, TINY_MODEL, ModelSpec, tiny_kind_family
 from torchinferno.errors import ConfigError
 
-__all__ = ["add_server_args", "model_spec_from_args", "engine_config_from_args", "served_name"]
+__all__ = ["add_server_args", "model_spec_from_args", "engine_config_from_args", "served_name", "disagg_config_from_args"]
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
@@ -90,6 +90,21 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-log", default=None, metavar="FILE",
                    help="write one JSON line per engine step (time, duration, batch shape, queues) to FILE: for "
                         "diagnosing a server and calibrating the simulator")
+    p.add_argument("--disaggregation-mode", default="none", choices=["none", "prefill-decode"],
+                   help="prefill-decode: a prefill engine core and a decode engine core in two processes; each prompt's "
+                        "live KV moves from one to the other over torch.distributed (gloo on CPU, NCCL across GPUs)")
+    p.add_argument("--prefill-devices", default=None, metavar="DEV",
+                   help="device of the prefill role (default: --device), e.g. cpu or cuda:0")
+    p.add_argument("--decode-devices", default=None, metavar="DEV",
+                   help="device of the decode role (default: --device); both roles may share one GPU")
+    p.add_argument("--disaggregation-profile", action="store_true",
+                   help="synchronize the device around KV pack / transfer / unpack to time them exactly (profiling "
+                        "only: it adds synchronization); the timings go to --disaggregation-record")
+    p.add_argument("--disaggregation-record", default=None, metavar="FILE",
+                   help="append one disaggregated_runtime_integrity JSON line per completed request to FILE: "
+                        "cumulative and per-request KV transfer counts/bytes, role topology, transport")
+    p.add_argument("--disaggregation-timeout", type=float, default=60.0, metavar="S",
+                   help="a KV transfer (or the roles' rendezvous) that takes longer fails (default 60 s)")
     p.add_argument("--shutdown-grace-period", type=float, default=30.0, metavar="S",
                    help="on SIGTERM: stop admitting, let in-flight requests finish for up to S seconds, then abort the "
                         "rest (finish_reason 'abort') and exit 0")
@@ -186,3 +201,22 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                         batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size,
                         pipeline_parallel_size=args.pipeline_parallel_size)
+
+
+def disagg_config_from_args(args: argparse.Namespace):
+    """The prefill/decode pair's config, or None without ``--disaggregation-mode prefill-decode``."""
+    if getattr(args, "disaggregation_mode", "none") == "none":
+        for flag in ("prefill_devices", "decode_devices", "disaggregation_record"):
+            if getattr(args, flag, None):
+                raise ConfigError(f"--{flag.replace('_', '-')} needs --disaggregation-mode prefill-decode")
+        return None
+    if args.engine_in_process:
+        raise ConfigError("--disaggregation-mode prefill-decode needs engine-core processes (leave out --engine-in-process)")
+    if args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1:
+        raise ConfigError("--disaggregation-mode prefill-decode: each role runs on one device for now "
+                          "(--tensor-parallel-size per role > 1 is not supported yet)")
+    from torchinferno.disagg.client import DisaggConfig
+
+    return DisaggConfig(prefill_device=args.prefill_devices or args.device, decode_device=args.decode_devices or args.device,
+                        timeout_s=args.disaggregation_timeout, profile=args.disaggregation_profile,
+                        record_path=args.disaggregation_record)

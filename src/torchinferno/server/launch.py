@@ -22,7 +22,13 @@ import signal
 import sys
 
 from torchinferno.errors import ConfigError
-from torchinferno.server.args import add_server_args, engine_config_from_args, model_spec_from_args, served_name
+from torchinferno.server.args import (
+    add_server_args,
+    disagg_config_from_args,
+    engine_config_from_args,
+    model_spec_from_args,
+    served_name,
+)
 
 __all__ = ["add_server_args", "build", "serve"]
 
@@ -54,7 +60,15 @@ def build(args: argparse.Namespace):
     else:
         tokenizer = load_tokenizer(tokenizer_spec(spec, args.tokenizer, None if spec.model is None else root))
     cfg = engine_config_from_args(args, _model_context_len(spec))
-    if args.engine_in_process:
+    disagg = disagg_config_from_args(args)
+    if disagg is not None:
+        from torchinferno.disagg.client import DisaggLLM
+
+        check_device(disagg.prefill_device)
+        check_device(disagg.decode_device)
+        engine = DisaggLLM(spec, cfg, tokenizer, disagg, step_log=args.step_log)
+        max_len = engine.max_model_len
+    elif args.engine_in_process:
         if args.step_log:
             raise ConfigError("--step-log needs the engine-core process (leave out --engine-in-process)")
         engine = _in_process_engine(spec, cfg, tokenizer)

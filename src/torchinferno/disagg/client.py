@@ -1,0 +1,510 @@
+"""``DisaggLLM``: the API side of prefill/decode disaggregation, with ``AsyncLLM``'s interface.
+
+Two engine-core processes (``EngineCoreProcess``), role ``prefill`` and role ``decode``, each a normal engine core
+plus its role (``disagg.roles``), joined by a two-rank KV transport (``disagg.transport``). This object relays the
+control messages between them (``disagg.messages``) and owns text and streams, as ``AsyncLLM`` does:
+
+* a request goes to the prefill core with ``max_tokens = 1`` and the client's sampling parameters (seed included),
+  so its first token is the one a colocated engine samples; that token is streamed at once (time to first token
+  is the prefill role's);
+* unless that finished it (stop token, stop string, ``max_tokens == 1``, context full: its held KV is then
+  released), it is handed to the decode core, which continues it in its continuous batch; every later token
+  comes from there. The prefill core meanwhile prefills the next requests (overlap);
+* one abort path: the request is finished wherever it is (prefill core, decode queue, in transfer, decoding).
+
+Faults: the prefill core dying is fatal (``on_dead``; streams fail with ``EngineDeadError``). The decode core dying
+fails the requests it owned (or was about to receive) with a clear ``EngineDeadError``, releases their held KV on
+the prefill side, and the server keeps serving: later requests run colocated on the prefill core
+(``decode_alive`` is False, ``describe()`` and the integrity record say so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.disagg.messages import (
+    FROM_DECODE,
+    FROM_PREFILL,
+    KVDecode,
+    KVDropped,
+    KVPrefill,
+    KVReady,
+    KVReceived,
+    KVRelease,
+    KVSend,
+    KVSent,
+)
+from torchinferno.disagg.roles import RoleConfig
+from torchinferno.disagg.transport import TransportConfig, pick_backend
+from torchinferno.engine.core import EngineStats, RequestLimits, validate_request
+from torchinferno.engine.core_client import EngineCoreProcess
+from torchinferno.engine.core_proc import CoreProcessConfig
+from torchinferno.engine.core_types import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishRequests,
+    UtilityCall,
+    UtilityResult,
+    from_core_decoder,
+)
+from torchinferno.engine.output_processor import OutputProcessor
+from torchinferno.errors import ConfigError, EngineDeadError
+
+__all__ = ["DisaggConfig", "DisaggLLM", "KVTransferTotals"]
+
+
+@dataclass(frozen=True)
+class DisaggConfig:
+    prefill_device: str = "cpu"
+    decode_device: str = "cpu"
+    host: str = "127.0.0.1"
+    port: int = 0  # the transport's store; 0 = a free port
+    backend: str = "auto"  # auto | gloo | nccl
+    timeout_s: float = 60.0
+    profile: bool = False  # synchronized pack / wire / unpack timings
+    record_path: str | None = None  # JSONL: one disaggregated_runtime_integrity record per completed request
+
+
+@dataclass
+class KVTransferTotals:
+    count: int = 0
+    nbytes: int = 0
+    failed: int = 0
+    waited: int = 0  # handoffs that queued on the decode side for free blocks
+    pack_s: float = 0.0
+    send_s: float = 0.0
+    recv_s: float = 0.0
+    unpack_s: float = 0.0
+
+
+@dataclass
+class _Live:
+    prompt: list[int]
+    params: SamplingParams
+    phase: str  # "prefill" | "decode" | "colocated"
+    transfer_id: int = 0
+    readied: bool = False  # the decode core reserved blocks and asked for the rows
+    kv_bytes: int = 0
+    kv_tokens: int = 0
+    kv_seconds: float = 0.0
+    waited_for_blocks: bool = False
+
+
+class DisaggLLM:
+    """Serve one model as a prefill/decode pair (module docstring). Same interface as ``AsyncLLM``."""
+
+    def __init__(self, model, engine_config, tokenizer, disagg: DisaggConfig, warmup: bool | None = None,
+                 start_timeout_s: float = 1800.0, step_log: str | None = None):
+        from torchinferno.ports import free_port
+
+        if engine_config.tensor_parallel_size > 1 or engine_config.pipeline_parallel_size > 1:
+            raise ConfigError("--disaggregation-mode prefill-decode runs each role on one device for now "
+                              "(--tensor-parallel-size / --pipeline-parallel-size 1)")
+        backend = pick_backend(disagg.prefill_device, disagg.decode_device) if disagg.backend == "auto" else disagg.backend
+        if backend not in ("gloo", "nccl"):
+            raise ConfigError(f"disaggregation transport {backend!r}: valid are auto, gloo, nccl")
+        self.backend = backend
+        self.cfg = disagg
+        port = disagg.port or free_port()
+        eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.cores: dict[str, EngineCoreProcess] = {}
+        try:
+            for rank, (role, device) in enumerate((("prefill", disagg.prefill_device), ("decode", disagg.decode_device))):
+                tcfg = TransportConfig(rank, disagg.host, port, backend, disagg.timeout_s, disagg.profile)
+                cfg = CoreProcessConfig(dataclasses.replace(model, device=device), dataclasses.replace(engine_config),
+                                        eos, warmup, f"{step_log}.{role}" if step_log else None,
+                                        disagg=RoleConfig(role, tcfg))
+                self.cores[role] = EngineCoreProcess(cfg, start_timeout_s)
+        except BaseException:
+            for c in self.cores.values():
+                c.shutdown(timeout_s=5)
+            raise
+        self.prefill, self.decode = self.cores["prefill"], self.cores.get("decode")
+        pi, di = self.prefill.info, self.decode.info
+        self.info = pi
+        self.max_model_len = min(pi.max_model_len, di.max_model_len)
+        self.limits = RequestLimits(self.max_model_len, pi.vocab_size, pi.max_logprobs)
+        self.tokenizer = tokenizer
+        self.outputs = OutputProcessor(tokenizer)
+        self.on_dead: Callable[[str], None] | None = None
+        self.decode_alive = True
+        self.totals = KVTransferTotals()
+        self._live: dict[str, _Live] = {}
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._calls: dict[int, asyncio.Future] = {}
+        self._next_call = 0
+        self._next_transfer = 0
+        self._stats = {r: EngineStats(0, 0, 0.0, i.num_blocks, i.block_size, i.num_blocks, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                      0, 0, 0, 0) for r, i in (("prefill", pi), ("decode", di))}
+        self._error: str | None = None
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._record = open(disagg.record_path, "a", buffering=1) if disagg.record_path else None  # noqa: SIM115
+        self._sequence = 0
+        self._metrics = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def is_running(self) -> bool:
+        return self._error is None and not self._closed and self.prefill.is_alive()
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    def stats(self) -> EngineStats:
+        """Both roles' latest snapshots, summed (``kv_usage``: the decode role's while it lives)."""
+        p, d = self._stats["prefill"], self._stats["decode"]
+        vals = [a + b for a, b in zip(p.as_list(), d.as_list())]
+        s = EngineStats(*vals)
+        s.kv_usage = d.kv_usage if self.decode_alive else p.kv_usage
+        s.block_size = p.block_size
+        s.max_batch_seqs, s.max_batch_tokens = max(p.max_batch_seqs, d.max_batch_seqs), max(p.max_batch_tokens,
+                                                                                            d.max_batch_tokens)
+        return s
+
+    def role_stats(self) -> dict[str, EngineStats]:
+        return dict(self._stats)
+
+    def num_in_flight(self) -> int:
+        return len(self._queues)
+
+    def topology(self) -> dict:
+        return {"mode": "prefill-decode", "prefill": {"device": self.cfg.prefill_device, "pid": self.prefill.pid,
+                                                      "tensor_parallel_size": 1},
+                "decode": {"device": self.cfg.decode_device, "pid": self.decode.pid, "tensor_parallel_size": 1,
+                           "alive": self.decode_alive}}
+
+    def describe(self) -> str:
+        state = "" if self.decode_alive else " (decode role gone: serving colocated on the prefill role)"
+        return (f"prefill/decode disaggregation over {self.backend}{state}; prefill core pid {self.prefill.pid} on "
+                f"{self.cfg.prefill_device}: {self.prefill.info.description}; decode core pid {self.decode.pid} on "
+                f"{self.cfg.decode_device}: {self.decode.info.description}")
+
+    def bind_metrics(self, metrics) -> None:
+        """Register the KV-transfer collectors in a ``server.metrics.ServerMetrics``' registry."""
+        from prometheus_client import Counter, Histogram
+
+        r, lbl = metrics.registry, ["model_name"]
+        b = (2**10, 2**14, 2**17, 2**20, 2**23, 2**26, 2**29, 2**32)
+        t = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+        self._metrics = (metrics.model,
+                         Histogram("torchinferno_disagg_kv_transfer_bytes", "KV bytes moved per request (prefill -> decode)",
+                                   lbl, buckets=b, registry=r),
+                         Histogram("torchinferno_disagg_kv_transfer_seconds", "KV transfer time per request "
+                                   "(pack + send on the prefill side)", lbl, buckets=t, registry=r),
+                         Counter("torchinferno_disagg_kv_transfers", "KV transfers by outcome", lbl + ["outcome"],
+                                 registry=r))
+
+    # ------------------------------------------------------------------ requests
+    def _check_running(self) -> None:
+        if not self.is_running:
+            raise EngineDeadError(f"the engine is not running{': ' + self._error if self._error else ''}")
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            raise RuntimeError("DisaggLLM is in use by another running event loop")
+        self._loop = loop
+        for role, core in self.cores.items():
+            sock = zmq.asyncio.Socket.from_socket(core.from_core)
+            self._tasks.append(loop.create_task(self._receive(role, sock)))
+            loop.add_reader(core.proc.sentinel, self._on_exit, role)
+            if not core.is_alive():
+                self._on_exit(role)
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams | None = None) -> AsyncIterator:
+        """Stream ``RequestOutput``s of one request (as ``AsyncLLM.generate``)."""
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt_token_ids]
+        self._check_running()
+        validate_request(self.limits, prompt, params)
+        if request_id in self._queues or request_id in self._live:
+            raise ConfigError(f"request id {request_id!r} is already in use")
+        self._start()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        self.outputs.add_request(request_id, prompt, params)
+        now = time.monotonic()
+        if self.decode_alive and params.prompt_logprobs is None:
+            self._live[request_id] = _Live(prompt, params, "prefill")
+            first = dataclasses.replace(params, max_tokens=1)
+            self.prefill.send(KVPrefill(EngineCoreRequest(request_id, prompt, first, now)))
+        else:  # colocated on the prefill role (decode role gone; prompt logprobs stay where they are computed)
+            self._live[request_id] = _Live(prompt, params, "colocated")
+            self.prefill.send(EngineCoreRequest(request_id, prompt, params, now))
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self._abort_local(request_id)
+
+    def _abort_local(self, request_id: str):
+        out = self.outputs.abort(request_id)
+        live = self._live.pop(request_id, None)
+        if live is not None and self.is_running:
+            core = self.decode if live.phase == "decode" and self.decode_alive else self.prefill
+            if live.phase != "decode" or self.decode_alive:
+                core.send(FinishRequests([request_id], "abort"))
+        return out
+
+    async def abort(self, request_id: str) -> None:
+        out = self._abort_local(request_id)
+        q = self._queues.get(request_id)
+        if out is not None and q is not None:
+            q.put_nowait(out)
+
+    async def abort_all(self) -> None:
+        for rid in list(self._queues):
+            await self.abort(rid)
+
+    async def call(self, method: str, *args):
+        """A utility call on the prefill core (``cached_prefix_tokens``, ``load``, ...)."""
+        self._check_running()
+        self._start()
+        self._next_call += 1
+        fut = asyncio.get_running_loop().create_future()
+        self._calls[self._next_call] = fut
+        self.prefill.send(UtilityCall(self._next_call, method, list(args)))
+        return await fut
+
+    # ------------------------------------------------------------------ receiving
+    def _deliver(self, results) -> None:
+        for r in results:
+            q = self._queues.get(r.request_id)
+            if q is not None:
+                q.put_nowait(r)
+            if r.finished:
+                live = self._live.pop(r.request_id, None)
+                if live is not None:
+                    self._write_record(r.request_id, live, r.finish_reason)
+
+    def _prefill_outputs(self, outs: list[EngineCoreOutput]) -> None:
+        for o in outs:
+            live = self._live.get(o.request_id)
+            if live is None or live.phase != "prefill":
+                if live is None and o.finish_reason not in (None, "abort"):
+                    self.prefill.send(KVRelease([o.request_id]))  # aborted meanwhile: its KV was held
+                if live is not None:  # colocated
+                    results, stopped = self.outputs.process([o])
+                    if stopped:
+                        self.prefill.send(FinishRequests(stopped, "stop"))
+                    self._deliver(results)
+                continue
+            if o.finish_reason is None:
+                continue  # cannot happen (max_tokens 1): a prefill output finishes
+            hand_off = (o.finish_reason == "length" and live.params.max_tokens > 1 and self.decode_alive
+                        and len(live.prompt) + 1 < self.max_model_len)
+            if not hand_off:
+                if o.finish_reason != "abort":
+                    self.prefill.send(KVRelease([o.request_id]))
+                results, _ = self.outputs.process([o])
+                self._deliver(results)
+                continue
+            o = EngineCoreOutput(o.request_id, o.new_token_ids, None, None, o.num_cached_tokens, o.logprobs,
+                                 o.prompt_logprobs)
+            results, stopped = self.outputs.process([o])
+            if stopped:  # a stop string in the first token's text: finished here
+                self.prefill.send(KVRelease([o.request_id]))
+                self._deliver(results)
+                continue
+            self._next_transfer += 1
+            live.phase, live.transfer_id = "decode", self._next_transfer
+            self.decode.send(KVDecode(EngineCoreRequest(o.request_id, live.prompt, live.params, time.monotonic()),
+                                      o.new_token_ids[0], live.transfer_id))
+            self._deliver(results)
+
+    def _on_transfer(self, msg) -> None:
+        if isinstance(msg, KVReady):
+            live = self._live.get(msg.request_id)
+            if live is not None:
+                live.readied = True
+            self.prefill.send(KVSend(msg.request_id, msg.transfer_id, msg.start, msg.stop))  # always: keeps order
+        elif isinstance(msg, KVDropped):
+            self.prefill.send(KVRelease([msg.request_id]))
+        elif isinstance(msg, KVSent):
+            t = self.totals
+            if msg.ok:
+                t.pack_s += msg.pack_s
+                t.send_s += msg.wire_s
+            live = self._live.get(msg.request_id)
+            if live is not None:
+                live.kv_seconds = msg.pack_s + msg.wire_s
+            if self._metrics is not None and msg.ok:
+                self._metrics[2].labels(self._metrics[0]).observe(msg.pack_s + msg.wire_s)
+        elif isinstance(msg, KVReceived):
+            t = self.totals
+            if msg.ok:
+                t.count += 1
+                t.nbytes += msg.nbytes
+                t.unpack_s += msg.unpack_s
+                t.recv_s += msg.wire_s
+            else:
+                t.failed += 1
+            live = self._live.get(msg.request_id)
+            if live is not None:
+                live.kv_bytes, live.kv_tokens, live.waited_for_blocks = msg.nbytes, msg.num_tokens, msg.waited_for_blocks
+                t.waited += int(msg.waited_for_blocks)
+            if self._metrics is not None:
+                name, nbytes, _, count = self._metrics
+                count.labels(name, "ok" if msg.ok else "failed").inc()
+                if msg.ok:
+                    nbytes.labels(name).observe(msg.nbytes)
+            if not msg.ok and live is not None:
+                self._fail_request(msg.request_id, f"KV transfer to the decode role failed: {msg.error}")
+
+    def _fail_request(self, rid: str, reason: str) -> None:
+        self._live.pop(rid, None)
+        self.outputs.abort(rid)
+        q = self._queues.get(rid)
+        if q is not None:
+            q.put_nowait(EngineDeadError(reason))
+
+    async def _receive(self, role: str, sock) -> None:
+        dec = from_core_decoder(FROM_PREFILL if role == "prefill" else FROM_DECODE)
+        core = self.cores[role]
+        try:
+            while True:
+                msg = dec.decode(await sock.recv())
+                if isinstance(msg, EngineCoreOutputs):
+                    if msg.stats is not None:
+                        self._stats[role] = EngineStats(*msg.stats)
+                    if msg.error is not None:
+                        self._role_failed(role, f"the {role} engine core failed: {msg.error}")
+                        return
+                    if role == "prefill":
+                        self._prefill_outputs(msg.outputs)
+                    else:
+                        results, stopped = self.outputs.process(msg.outputs)
+                        if stopped:
+                            core.send(FinishRequests(stopped, "stop"))
+                        self._deliver(results)
+                elif isinstance(msg, UtilityResult):
+                    fut = self._calls.pop(msg.call_id, None)
+                    if fut is not None and not fut.done():
+                        if msg.error is None:
+                            fut.set_result(msg.result)
+                        else:
+                            fut.set_exception(RuntimeError(msg.error))
+                else:
+                    self._on_transfer(msg)
+        except (asyncio.CancelledError, zmq.ZMQError):
+            return
+
+    def _on_exit(self, role: str) -> None:
+        core = self.cores[role]
+        if self._loop is not None:
+            self._loop.remove_reader(core.proc.sentinel)
+        if self._closed:
+            return
+        core.proc.join(1)
+        self._role_failed(role, f"the {role} engine core process exited (status {core.proc.exitcode})")
+
+    def _role_failed(self, role: str, reason: str) -> None:
+        if role == "prefill":
+            self._fail(reason)
+            return
+        if not self.decode_alive:
+            return
+        self.decode_alive = False
+        # Requests the decode role owned, or was going to: they fail; held KV of those never sent is released.
+        lost = [rid for rid, live in self._live.items() if live.phase in ("decode", "prefill")]
+        release = [rid for rid in lost if not self._live[rid].readied]
+        for rid in lost:
+            self._fail_request(rid, f"{reason} while it served this request")
+        if release and self.prefill.is_alive():
+            self.prefill.send(KVRelease(release))
+
+    def _fail(self, reason: str) -> None:
+        if self._error is not None:
+            return
+        self._error = reason
+        err = EngineDeadError(reason)
+        for rid, q in list(self._queues.items()):
+            self.outputs.abort(rid)
+            q.put_nowait(err)
+        self._live.clear()
+        for fut in self._calls.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._calls.clear()
+        if self.on_dead is not None and not self._closed:
+            self.on_dead(reason)
+
+    # ------------------------------------------------------------------ integrity record
+    def _write_record(self, rid: str, live: _Live, reason: str | None) -> None:
+        self._sequence += 1
+        if self._record is None:
+            return
+        t = self.totals
+        rec = {"type": "disaggregated_runtime_integrity", "sequence": self._sequence, "request_id": rid,
+               "finish_reason": reason, "handed_off": live.phase == "decode",
+               "kv_transfer": {"count_total": t.count, "bytes_total": t.nbytes, "failed_total": t.failed,
+                               "count_group": int(live.kv_bytes > 0 or live.phase == "decode"),
+                               "bytes_group": live.kv_bytes, "tokens_group": live.kv_tokens,
+                               "prompt_tokens": len(live.prompt), "waited_for_blocks": live.waited_for_blocks,
+                               "waited_total": t.waited},
+               "topology": self.topology(), "transport": {"backend": self.backend, "kind": "torch.distributed p2p"}}
+        if self.cfg.profile:
+            rec["timings_s"] = {"pack_total": t.pack_s, "send_total": t.send_s, "recv_total": t.recv_s,
+                                "unpack_total": t.unpack_s, "group_transfer": live.kv_seconds}
+        self._record.write(json.dumps(rec) + "\n")
+
+    # ------------------------------------------------------------------ teardown
+    def shutdown(self, timeout_s: float = 10.0) -> int | None:
+        if self._closed:
+            return self.prefill.proc.exitcode
+        self._closed = True
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                in_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                in_loop = False
+            if in_loop or not loop.is_running():
+                self._teardown_in_loop()
+            else:
+                loop.call_soon_threadsafe(self._teardown_in_loop)
+        else:
+            self._fail("the engine was shut down")
+        status = None
+        for role in ("decode", "prefill"):
+            s = self.cores[role].shutdown(timeout_s)
+            status = s if role == "prefill" else status
+        if self._record is not None:
+            self._record.close()
+        return status
+
+    def _teardown_in_loop(self) -> None:
+        for core in self.cores.values():
+            try:
+                self._loop.remove_reader(core.proc.sentinel)
+            except (ValueError, OSError, RuntimeError):
+                pass
+        for t in self._tasks:
+            t.cancel()
+        self._fail("the engine was shut down")

@@ -1,0 +1,197 @@
+"""The KV transport of a prefill/decode pair: a dedicated two-rank ``torch.distributed`` group and one thread.
+
+Rank 0 is the prefill role, rank 1 the decode role. The group is built from its own ``TCPStore`` (rank 0 hosts it on
+a port the API process picked), never the default group, so a role may also run its own tensor-parallel world.
+Backend: ``gloo`` (CPU tensors; a CUDA cache is staged through host memory) or ``nccl`` (device buffers; the two
+roles on different GPUs: NCCL refuses two ranks of one communicator on one device).
+
+Each side has one transfer thread that connects (the rendezvous blocks only that thread) and then runs transfers
+in the order they were queued, so the engine loop never waits on the wire. Protocol per transfer, sender ->
+receiver: a header ``int64 [4] = (transfer_id, start, stop, nbytes)`` then, when ``nbytes > 0``, the payload
+(``kv_io.pack_kv``). ``nbytes = -1``: the sender has no KV for that transfer (the receiver drops the request).
+Both sides queue transfers in the same order (the decode side's ``ready`` order, relayed by the API process); a
+header whose transfer id is not the expected one is a protocol error that breaks the transport.
+Invariant: each queued transfer produces exactly one ``TransferDone`` (``ok`` or not), from ``poll()``; after a
+failure (peer gone, timeout) the transport is broken and every later transfer fails at once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from torchinferno.disagg.kv_io import live_kv_bytes, pack_kv, unpack_kv
+
+__all__ = ["KVTransport", "TransferDone", "TransportConfig", "pick_backend"]
+
+
+def pick_backend(prefill_device: str, decode_device: str) -> str:
+    """``nccl`` for two different CUDA devices, else ``gloo`` (CPU, or both roles on one GPU: host-staged)."""
+    p, d = torch.device(prefill_device), torch.device(decode_device)
+    if p.type == d.type == "cuda" and (p.index or 0) != (d.index or 0):
+        return "nccl"
+    return "gloo"
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    rank: int  # 0 = prefill (sends, hosts the store), 1 = decode (receives)
+    host: str
+    port: int
+    backend: str  # "gloo" | "nccl"
+    timeout_s: float = 60.0
+    profile: bool = False  # synchronize the device around each phase (exact pack / wire / unpack timings)
+
+
+@dataclass
+class TransferDone:
+    request_id: str
+    transfer_id: int
+    ok: bool
+    nbytes: int = 0
+    error: str | None = None
+    pack_s: float = 0.0  # gather (sender) or scatter (receiver) time
+    wire_s: float = 0.0  # header + payload send / receive
+
+
+@dataclass
+class _Job:
+    request_id: str
+    transfer_id: int
+    block_ids: list[int]
+    start: int
+    stop: int
+    missing: bool = False  # sender: no KV held for it (send a -1 header)
+
+
+class KVTransport:
+    """One side of the pair (module docstring). ``kv`` is this role's ``PagedKVCache``."""
+
+    def __init__(self, cfg: TransportConfig, kv):
+        self.cfg = cfg
+        self.kv = kv
+        self.broken: str | None = None
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._done: queue.Queue[TransferDone] = queue.Queue()
+        self._pending = 0
+        self._pg = None
+        self._store = None
+        self._thread = threading.Thread(target=self._run, name=f"kv-transport-{cfg.rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ engine-loop side
+    def submit(self, request_id: str, transfer_id: int, block_ids: list[int], start: int, stop: int,
+               missing: bool = False) -> None:
+        """Queue one transfer (a send on rank 0, a receive into ``block_ids`` on rank 1); never blocks."""
+        self._pending += 1
+        self._jobs.put(_Job(request_id, transfer_id, list(block_ids), start, stop, missing))
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def poll(self) -> list[TransferDone]:
+        """Transfers finished since the last call (in order)."""
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        self._pending -= len(out)
+        return out
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=2.0)
+
+    # ------------------------------------------------------------------ transfer thread
+    def _connect(self) -> None:
+        import torch.distributed as dist
+
+        cfg = self.cfg
+        timeout = datetime.timedelta(seconds=cfg.timeout_s)
+        self._store = dist.TCPStore(cfg.host, cfg.port, 2, cfg.rank == 0, timeout=timeout, wait_for_workers=False)
+        if cfg.backend == "nccl":
+            torch.cuda.set_device(self.kv.device)
+            self._pg = dist.ProcessGroupNCCL(self._store, cfg.rank, 2)
+        else:
+            self._pg = dist.ProcessGroupGloo(self._store, cfg.rank, 2, timeout)
+
+    def _run(self) -> None:
+        try:
+            self._connect()
+        except Exception as e:  # noqa: BLE001 - reported per transfer
+            self.broken = f"KV transport could not connect ({type(e).__name__}: {e})"
+        stream = torch.cuda.Stream(self.kv.device) if self.kv.device.type == "cuda" else None
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if self.broken is not None:
+                self._done.put(TransferDone(job.request_id, job.transfer_id, False, error=self.broken))
+                continue
+            try:
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        done = self._transfer(job, stream)
+                else:
+                    done = self._transfer(job, None)
+            except Exception as e:  # noqa: BLE001 - the peer died, timed out or broke the protocol
+                self.broken = f"KV transfer failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                done = TransferDone(job.request_id, job.transfer_id, False, error=self.broken)
+            self._done.put(done)
+
+    def _sync(self, stream) -> None:
+        if stream is not None:
+            stream.synchronize()
+
+    def _wire_device(self) -> torch.device:
+        return self.kv.device if self.cfg.backend == "nccl" else torch.device("cpu")
+
+    def _transfer(self, job: _Job, stream) -> TransferDone:
+        clock = time.perf_counter
+        if self.cfg.rank == 0:
+            t0 = clock()
+            if job.missing:
+                buf = None
+                nbytes = -1
+            else:
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop).to(self._wire_device())
+                self._sync(stream)
+                nbytes = buf.numel()
+            t1 = clock()
+            header = torch.tensor([job.transfer_id, job.start, job.stop, nbytes], dtype=torch.long,
+                                  device=self._wire_device())
+            self._pg.send([header], 1, 0).wait()
+            if nbytes > 0:
+                self._pg.send([buf], 1, 0).wait()
+            self._sync(stream)
+            t2 = clock()
+            if job.missing:
+                return TransferDone(job.request_id, job.transfer_id, False, error="no KV held for the request")
+            return TransferDone(job.request_id, job.transfer_id, True, nbytes, None, t1 - t0, t2 - t1)
+        t0 = clock()
+        header = torch.empty(4, dtype=torch.long, device=self._wire_device())
+        self._pg.recv([header], 0, 0).wait()
+        tid, start, stop, nbytes = (int(x) for x in header.tolist())
+        if tid != job.transfer_id:
+            raise RuntimeError(f"expected KV transfer {job.transfer_id}, got {tid}")
+        if nbytes < 0:
+            return TransferDone(job.request_id, job.transfer_id, False, error="the prefill role had no KV for it")
+        if (start, stop) != (job.start, job.stop) or nbytes != live_kv_bytes(self.kv, stop - start):
+            raise RuntimeError(f"KV transfer {tid}: rows {start}..{stop} / {nbytes} bytes, expected "
+                               f"{job.start}..{job.stop} / {live_kv_bytes(self.kv, job.stop - job.start)}")
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=self._wire_device())
+        if nbytes:
+            self._pg.recv([buf], 0, 0).wait()
+        self._sync(stream)
+        t1 = clock()
+        unpack_kv(self.kv, job.block_ids, start, stop, buf)
+        self._sync(stream)
+        return TransferDone(job.request_id, job.transfer_id, True, nbytes, None, clock() - t1, t1 - t0)

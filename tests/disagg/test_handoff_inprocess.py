@@ -1,0 +1,105 @@
+"""The engine hooks of a prefill -> decode handoff, in one process (no transport): a request prefilled on one
+engine (``hold_kv``), its live KV rows packed (``disagg.kv_io``) and unpacked into blocks the other engine
+reserved (``reserve_prefilled`` / ``add_prefilled``), decodes to the same tokens as one colocated engine, for
+every family, greedy and seeded, with decode-side prefix hits; the payload is exactly the live tokens' bytes."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.disagg.kv_io import live_kv_bytes, pack_kv, unpack_kv
+from torchinferno.engine.assembly import ModelSpec, build_model
+from torchinferno.engine.core_types import EngineCoreRequest
+from torchinferno.engine.llm_engine import LLMEngine
+
+FAMILIES = ["llama3", "deepseek", "dsv4", "deepseek-v4"]  # deepseek = DeepSeek-V3.2 (MLA + DSA indexer)
+
+
+def engine(family, blocks=40, max_model_len=64, **kw):
+    model = build_model(ModelSpec(model_kind=family, dtype="float32"))
+    return LLMEngine(model, block_size=4, max_model_len=max_model_len, num_gpu_blocks=blocks, **kw)
+
+
+def prompts():
+    g = torch.Generator().manual_seed(3)
+    shared = torch.randint(0, 200, (9,), generator=g).tolist()
+    return [shared + [5, 6, 7], torch.randint(0, 200, (6,), generator=g).tolist(), shared + [9], shared[:8]]
+
+
+def colocated(eng, params):
+    for i, p in enumerate(prompts()):
+        eng.add_request(f"r{i}", p, params[i])
+    done = eng.run_to_completion()
+    return [done[f"r{i}"].token_ids for i in range(len(prompts()))]
+
+
+def disaggregated(pre, dec, params):
+    """Sequential handoffs (each request: prefill, transfer, then all decode together)."""
+    pc, dc = pre.core, dec.core
+    moved = []
+    for i, p in enumerate(prompts()):
+        rid = f"r{i}"
+        first = dataclasses.replace(params[i], max_tokens=1)
+        pc.add_request(EngineCoreRequest(rid, p, first), hold_kv=True)
+        tok = None
+        while pc.has_unfinished():
+            for o in pc.step():
+                tok = o.new_token_ids[0]
+        held = pc.scheduler.held[rid]
+        req = dc.make_request(EngineCoreRequest(rid, p, params[i]))
+        req.output_token_ids.append(tok)
+        req.num_prior_draws = 1
+        start, stop = dc.scheduler.reserve_prefilled(req)
+        buf = pack_kv(pre.executor.kv_cache, held.block_ids, start, stop)
+        assert buf.numel() == live_kv_bytes(dec.executor.kv_cache, stop - start)
+        assert buf.numel() == (stop - start) * dec.executor.kv_cache.bytes_per_token  # the KVSpec's bytes
+        unpack_kv(dec.executor.kv_cache, req.block_ids, start, stop, buf)
+        dc.scheduler.add_prefilled(rid)
+        assert pc.scheduler.release_held(rid)
+        moved.append((start, stop))
+    toks = {f"r{i}": [] for i in range(len(prompts()))}
+    while dc.has_unfinished():
+        for o in dc.step():
+            toks[o.request_id].extend(o.new_token_ids)
+    return moved, toks
+
+
+@pytest.mark.parametrize("family,kv", [(f, "auto") for f in FAMILIES] + [("llama3", "fp8")])
+def test_disaggregated_tokens_equal_colocated(family, kv):
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    seeded = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=11, ignore_eos=True)
+    params = [greedy, seeded, greedy, seeded]
+    ref = colocated(engine(family, kv_cache_dtype=kv), params)
+    pre, dec = engine(family, kv_cache_dtype=kv), engine(family, kv_cache_dtype=kv)
+    assert str(pre.executor.kv_cache.dtype) == ("torch.float8_e4m3fn" if kv == "fp8" else "torch.float32")
+    moved, toks = disaggregated(pre, dec, params)
+    got = [toks[f"r{i}"] for i in range(len(ref))]
+    # the decode engine's outputs start at the second token; the first came from the prefill engine
+    assert [r[1:] for r in ref] == got
+    assert moved[0] == (0, 12) and moved[2][0] == 8  # r2 shares r0's first two full blocks on the decode side
+    assert pre.core.scheduler.held == {} and pre.core.pool.num_free == pre.core.pool.num_blocks
+    assert dec.core.pool.num_free == dec.core.pool.num_blocks
+
+
+def test_backpressure_reserve_waits_for_blocks_and_changes_nothing():
+    dec = engine("llama3", blocks=6, max_model_len=24)
+    sch, pool = dec.core.scheduler, dec.core.pool
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def handoff(rid, prompt):
+        req = dec.core.make_request(EngineCoreRequest(rid, prompt, params))
+        req.output_token_ids.append(1)
+        return req
+
+    a = handoff("a", list(range(10, 26)))  # 16 tokens: 4 of the 6 blocks
+    assert sch.reserve_prefilled(a) == (0, 16)
+    sch.add_prefilled("a")
+    b = handoff("b", list(range(30, 37)))  # needs 2 blocks; 2 free, but "a" keeps one spare for its next token
+    free = pool.num_free
+    assert sch.reserve_prefilled(b) is None and pool.num_free == free and "b" not in sch.reserved
+    while dec.core.has_unfinished():
+        dec.core.step()
+    assert sch.reserve_prefilled(b) == (0, 7)
+    assert sch.drop_reserved("b") and pool.num_free == pool.num_blocks
