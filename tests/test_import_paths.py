@@ -39,6 +39,8 @@ PATHS = [
     ("torchinferno.runtime.serving", "LLM", "torchinferno.engine.llm", "LLM"),
     ("torchinferno.runtime.prefix", "PrefixRouter", "torchinferno.engine.router", "PrefixRouter"),
     ("torchinferno.runtime.prefix", "hash_token_blocks", "torchinferno.cache.block_pool", "hash_token_blocks"),
+    ("torchinferno.runtime.prefix", "RadixTree", "torchinferno.engine.radix_tree", "RadixTree"),
+    ("torchinferno.runtime.prefix", "make_policy", "torchinferno.engine.route_policy", "make_policy"),
     ("torchinferno.runtime.prefix_cache", "BlockPool", "torchinferno.cache.block_pool", "BlockPool"),
     ("torchinferno.runtime.offload", "LayerOffloader", "torchinferno.workbench.offload", "LayerOffloader"),
     ("torchinferno.runtime.simulation", "SimulatedExecutor", "torchinferno.sim.executor", "SimulatedExecutor"),
