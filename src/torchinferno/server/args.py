@@ -70,6 +70,12 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-parallel-size", type=int, default=1,
                    help="N > 1: start N worker processes, each a stage of consecutive layers (activations sent at "
                         "stage boundaries; no micro-batch overlap yet)")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N > 1: N engine-core processes (each a full replica, tensor-parallel itself with "
+                        "--tensor-parallel-size) behind this one API server; --router-policy picks the replica per request")
+    p.add_argument("--router-policy", default="cache-aware", choices=["round-robin", "least-loaded", "cache-aware"],
+                   help="with --data-parallel-size > 1: round-robin, least-loaded (requests in flight, then KV usage) or "
+                        "cache-aware (longest prefix a replica was sent, unless loads are unbalanced; default)")
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
                    help="how --tensor-parallel-size N devices split the model: tensor (every layer split, the default) "
                         "or pipeline (N stages of layers, as --pipeline-parallel-size N)")
