@@ -25,6 +25,7 @@ COMMAND_GROUPS = (
     "torchinferno.cli.variants_cmds",  # validate-model-variants (model-variants is in profile_cmds)
     "torchinferno.cli.sim_cmds",
     "torchinferno.cli.parallel_cmds",  # plan-parallel
+    "torchinferno.cli.router_cmds",  # router, bench-router, research
 )
 
 
