@@ -71,6 +71,18 @@ def register(sub) -> None:
     p.add_argument("--modes", default="live", help="live, sim or live,sim")
     p.set_defaults(func=cmd_research)
 
+    p = sub.add_parser("router", help="an OpenAI-compatible front over several remote OpenAI-compatible servers "
+                                      "(serve ...): routing policy, health probes, retry before the first byte")
+    p.add_argument("--workers", nargs="+", required=True, metavar="URL", help="worker base URLs (http://host:port)")
+    p.add_argument("--router-policy", default="cache-aware", choices=list(POLICIES))
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--health-interval", type=float, default=2.0, metavar="S", help="seconds between health probes")
+    p.add_argument("--request-timeout", type=float, default=600.0, metavar="S",
+                   help="longest a worker may take between bytes of an answer")
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=cmd_router)
+
 
 def _requests(a, vocab: int):
     from torchinferno.sim.chat_trace import (
@@ -161,3 +173,32 @@ def cmd_research(a) -> int:
     results = policy_harness(study).run()
     _print(a, results)
     return 0 if all(r.error is None for r in results) else 1
+
+
+def build_router(a):
+    """-> (app, config): the router app of ``router``'s flags (also used by tests)."""
+    from urllib.parse import urlparse
+
+    from torchinferno.engine.route_policy import make_policy
+    from torchinferno.errors import ConfigError
+    from torchinferno.server.router_app import RouterConfig, create_router_app
+
+    for u in a.workers:
+        parsed = urlparse(u)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"--workers: {u!r} is not an http(s)://host:port URL")
+    if a.health_interval <= 0 or a.request_timeout <= 0:
+        raise ConfigError("--health-interval and --request-timeout must be > 0")
+    cfg = RouterConfig(list(a.workers), health_interval_s=a.health_interval, request_timeout_s=a.request_timeout)
+    # bytes, not tokens: about 4 bytes a token, so a 16-token block is 64 bytes
+    opts = {"min_match_tokens": 64, "max_tree_tokens": 1 << 24} if a.router_policy == "cache-aware" else {}
+    return create_router_app(cfg, make_policy(a.router_policy, len(a.workers), **opts)), cfg
+
+
+def cmd_router(a) -> int:
+    import uvicorn
+
+    app, cfg = build_router(a)
+    print(f"routing ({a.router_policy}) over {len(cfg.workers)} workers on http://{a.host}:{a.port}", flush=True)
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+    return 0
