@@ -42,6 +42,8 @@ PATHS = [
     ("torchinferno.runtime.prefix", "RadixTree", "torchinferno.engine.radix_tree", "RadixTree"),
     ("torchinferno.runtime.prefix", "make_policy", "torchinferno.engine.route_policy", "make_policy"),
     ("torchinferno.runtime.prefix_cache", "BlockPool", "torchinferno.cache.block_pool", "BlockPool"),
+    ("torchinferno.runtime.prefix_cache", "save_prefix", "torchinferno.cache.prefix_snapshot", "save_prefix"),
+    ("torchinferno.runtime.prefix_cache", "restore_prefix", "torchinferno.cache.prefix_snapshot", "restore_prefix"),
     ("torchinferno.runtime.offload", "LayerOffloader", "torchinferno.workbench.offload", "LayerOffloader"),
     ("torchinferno.runtime.simulation", "SimulatedExecutor", "torchinferno.sim.executor", "SimulatedExecutor"),
     ("torchinferno.runtime.simulation", "replay_timeslice", "torchinferno.workbench.timeslice", "replay_timeslice"),
