@@ -54,3 +54,14 @@ def test_bad_trace_is_one_line(tmp_path, capsys):
     bad.write_text('{"arrival_s": 0, "prompt_token_ids": [1, 2], "output_len": 0}\n')
     assert main(["research", "--trace", str(bad), "--modes", "sim"]) == 1
     assert "output_len >= 1" in capsys.readouterr().err
+
+
+def test_research_smoke_policy_experiments():
+    from torchinferno.workbench.policy_research import policy_smoke_harness
+
+    results = {r.name: r for r in policy_smoke_harness(live=False).run()}
+    assert len(results) == 8 and all(r.error is None for r in results.values())
+    m = {k: r.metrics for k, r in results.items()}
+    assert m["sim:route/cache-aware"]["prefix_hit_rate"] > m["sim:route/round-robin"]["prefix_hit_rate"]
+    assert m["sim:cache/off"]["prefix_hit_rate"] == 0
+    assert m["sim:cache/off"]["ttft_p50_ms"] > m["sim:cache/lru"]["ttft_p50_ms"]

@@ -101,7 +101,7 @@ def restore_prefix(core, path: str | Path) -> PrefixSnapshot:
             raise ConfigError(f"prefix snapshot KV dtype {meta['dtype']} != this engine's {kv.dtype}")
         mine, theirs = _layout(kv), json.loads(meta["layout"])
         if mine != theirs:
-            k = sorted(x for x in set(mine) | set(theirs) if mine.get(x) != theirs.get(x))[0]
+            k = min(x for x in set(mine) | set(theirs) if mine.get(x) != theirs.get(x))
             raise ConfigError(f"prefix snapshot KV layout differs from this engine's (tensor {k}: per-block shape "
                               f"{theirs.get(k)} in the file, {mine.get(k)} here)")
         tokens = json.loads(meta["token_ids"])

@@ -132,3 +132,26 @@ def warm_up(study: PolicyStudy, n: int = 8) -> None:
     reps = live_replicas(study.model, cfg, 1, study.timer)
     run_policy([SimRequest(r.request_id, 0.0, r.prompt_token_ids, min(r.output_len, 4)) for r in study.requests[:n]],
                reps, RunSetup("round-robin", 1))
+
+
+def policy_smoke_harness(harness: ResearchHarness | None = None, live: bool = True) -> ResearchHarness:
+    """``research-smoke``'s policy experiments on a small shared-system-prompt chat trace (3 system prompts x 2 users x
+    2 turns): every group simulated, and the routing group live on the widened tiny llama3 (a few seconds)."""
+    import torch
+
+    from torchinferno.sim.chat_trace import ChatTraceSpec, shared_system_prompt
+    from torchinferno.sim.cost_model import CostModel
+    from torchinferno.sim.policy_bench import bench_model
+
+    h = harness or ResearchHarness()
+    reqs = shared_system_prompt(ChatTraceSpec(3, 2, 2, 128, "uniform:8:24", "uniform:8:16", rate=16.0, think_s=0.5,
+                                              vocab_size=259))
+    cfg = EngineConfig(block_size=16, max_num_seqs=16)
+    cost = CostModel.per_token(30e-6, 60e-6, 7e-3)
+    if live:
+        torch.set_num_threads(1)
+        study = PolicyStudy(reqs, cfg, 32, bench_model(max_len=1024), modes=("live",), groups=("route",),
+                            max_model_len=1024)
+        warm_up(study, 4)
+        policy_harness(study, h)
+    return policy_harness(PolicyStudy(reqs, cfg, 32, cost_model=cost, modes=("sim",), max_model_len=1024), h)
