@@ -36,6 +36,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steps timed by CPU time)")
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (live runs on CUDA)")
     g.add_argument("--timer", default=None, choices=["thread", "wall"],
                    help="how a live step is timed: this thread's CPU time (default on CPU) or wall time (default on "
                         "CUDA)")
@@ -115,7 +116,7 @@ def _study(a, modes: tuple[str, ...], groups: tuple[str, ...], routing: tuple[st
     vocab = model.config.vocab_size if model is not None else 259
     reqs = _requests(a, vocab)
     cfg = EngineConfig(block_size=a.block_size, max_num_seqs=a.max_num_seqs,
-                       max_num_batched_tokens=a.max_num_batched_tokens)  # context: the model's, capped by the pool
+                       max_num_batched_tokens=a.max_num_batched_tokens, enforce_eager=a.enforce_eager)  # context: the model's, capped by the pool
     cost = CostModel.per_token(a.sim_prefill_us_per_token * 1e-6, a.sim_decode_us_per_token * 1e-6, a.sim_step_ms * 1e-3)
     timer = a.timer or ("wall" if a.device.startswith("cuda") else "thread")
     return PolicyStudy(reqs, cfg, a.num_blocks, model, cost, a.replicas, modes, groups, routing, timer, a.max_model_len)

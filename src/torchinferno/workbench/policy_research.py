@@ -111,6 +111,7 @@ def policy_harness(study: PolicyStudy, harness: ResearchHarness | None = None) -
             def run(mode=mode, setup=setup, full=full) -> dict:
                 ecfg = engine_config_for(cfg, setup)
                 if mode == "live":
+                    _release_device_memory()  # the previous run's KV pools and graphs
                     reps = live_replicas(study.model, ecfg, setup.num_replicas, study.timer, prios)
                 else:
                     reps = sim_replicas(study.cost_model, ecfg, setup.num_replicas, study.num_blocks,
@@ -122,6 +123,16 @@ def policy_harness(study: PolicyStudy, harness: ResearchHarness | None = None) -
             h.register(full, run, f"{setup.policy} routing, {setup.scheduling} scheduling, "
                                   f"prefix cache {'lru' if setup.enable_prefix_caching else 'off'} ({mode})")
     return h
+
+
+def _release_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def warm_up(study: PolicyStudy, n: int = 8) -> None:
