@@ -84,3 +84,26 @@ def test_data_parallel_with_in_process_engine_is_refused():
         build(p.parse_args([*FLAGS, "--data-parallel-size", "2", "--engine-in-process"]))
     with pytest.raises(ConfigError, match="--data-parallel-size must be >= 1"):
         build(p.parse_args([*FLAGS, "--data-parallel-size", "0"]))
+
+
+def test_replica_devices():
+    from torchinferno.engine.assembly import ModelSpec
+    from torchinferno.engine.config import EngineConfig
+    from torchinferno.engine.dp_llm import replica_specs
+
+    cpu = ModelSpec(model_kind="llama3", device="cpu")
+    assert replica_specs(cpu, EngineConfig(), 2) == [cpu, cpu]
+    tp = ModelSpec(model_kind="llama3", device="cuda")
+    assert replica_specs(tp, EngineConfig(tensor_parallel_size=2), 2) == [tp, tp]  # ranks use cuda:rank
+
+
+def test_sum_stats_adds_counters_and_weights_usage():
+    from torchinferno.engine.core import EngineStats
+    from torchinferno.engine.dp_llm import sum_stats
+
+    a = EngineStats(1, 2, 0.5, 100, 16, 50, 3, 10, 4, 0, 5, 5, 3, 30, 40, 20, 2, 0)
+    b = EngineStats(2, 0, 0.25, 300, 16, 225, 1, 30, 6, 1, 7, 7, 8, 10, 60, 30, 3, 1)
+    s = sum_stats([a, b])
+    assert (s.num_running, s.num_waiting, s.num_blocks, s.prefix_queries, s.prefix_hits) == (3, 2, 400, 40, 10)
+    assert s.kv_usage == (0.5 * 100 + 0.25 * 300) / 400 and s.block_size == 16
+    assert (s.max_batch_seqs, s.max_batch_tokens) == (8, 30) and s.prefix_hit_rate == 0.25

@@ -27,7 +27,7 @@ from torchinferno.engine.outputs import RequestOutput
 from torchinferno.engine.route_policy import ReplicaState, RoutingPolicy, make_policy
 from torchinferno.errors import ConfigError, EngineDeadError
 
-__all__ = ["DataParallelLLM", "sum_stats"]
+__all__ = ["DataParallelLLM", "replica_specs", "sum_stats"]
 
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:
@@ -42,6 +42,21 @@ def sum_stats(stats: list[EngineStats]) -> EngineStats:
     d["max_batch_seqs"] = max(s.max_batch_seqs for s in stats)
     d["max_batch_tokens"] = max(s.max_batch_tokens for s in stats)
     return EngineStats(**d)
+
+
+def replica_specs(model, engine_config, size: int) -> list:
+    """One ``ModelSpec`` per replica: on ``--device cuda`` with single-device replicas and at least ``size`` GPUs,
+    replica i gets ``cuda:i``; otherwise every replica uses the given device (replicas share it; tensor-parallel
+    replicas all use ``cuda:0..TP-1``: ranks pick ``cuda:rank``)."""
+    from dataclasses import replace
+
+    if model.device != "cuda" or engine_config.tensor_parallel_size * engine_config.pipeline_parallel_size > 1:
+        return [model] * size
+    import torch
+
+    if torch.cuda.device_count() < size:
+        return [model] * size
+    return [replace(model, device=f"cuda:{i}") for i in range(size)]
 
 
 class DataParallelLLM:
@@ -70,8 +85,10 @@ class DataParallelLLM:
         if size < 1:
             raise ConfigError(f"--data-parallel-size must be >= 1 (got {size})")
         logs = [None if step_log is None else (step_log if size == 1 else f"{step_log}.dp{i}") for i in range(size)]
+        specs = replica_specs(model, engine_config, size)
         with ThreadPoolExecutor(size) as pool:
-            futs = [pool.submit(AsyncLLM, model, engine_config, tokenizer, warmup, step_log=logs[i]) for i in range(size)]
+            futs = [pool.submit(AsyncLLM, specs[i], engine_config, tokenizer, warmup, step_log=logs[i])
+                    for i in range(size)]
             built, err = [], None
             for f in futs:
                 try:
