@@ -35,7 +35,7 @@ def _reference(tok, prompt: str, max_tokens: int) -> str:
 def test_two_replicas_give_the_greedy_tokens_of_one_engine(dp_server):
     client = openai.OpenAI(base_url=dp_server.base + "/v1", api_key="unused", max_retries=0)
     prompts = ["hello world", "the quick brown fox", "data parallel", "abc"]
-    kw = dict(model="tiny", max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    kw = {"model": "tiny", "max_tokens": 10, "temperature": 0, "extra_body": {"ignore_eos": True}}
     texts = [client.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
     streamed = "".join(c.choices[0].text for c in client.completions.create(prompt=prompts[0], stream=True, **kw)
                        if c.choices)
@@ -107,3 +107,17 @@ def test_sum_stats_adds_counters_and_weights_usage():
     assert (s.num_running, s.num_waiting, s.num_blocks, s.prefix_queries, s.prefix_hits) == (3, 2, 400, 40, 10)
     assert s.kv_usage == (0.5 * 100 + 0.25 * 300) / 400 and s.block_size == 16
     assert (s.max_batch_seqs, s.max_batch_tokens) == (8, 30) and s.prefix_hit_rate == 0.25
+
+
+def test_a_dead_core_stops_the_whole_server(dp_server):  # last: it kills one of the module's cores
+    eng = dp_server.engine
+    reasons = []
+    eng.on_dead = reasons.append
+    eng.replicas[1].core.proc.kill()
+    deadline = time.time() + 20
+    while not reasons and time.time() < deadline:
+        time.sleep(0.05)
+    assert reasons and reasons[0].startswith("data-parallel replica 1: the engine core process exited")
+    assert not eng.is_running
+    r = httpx.post(dp_server.base + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 503 and httpx.get(dp_server.base + "/health").status_code == 503

@@ -42,10 +42,11 @@ def workers():
     procs, urls = [], []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in ["src", os.environ.get("PYTHONPATH", "")] if p)}
     try:
-        for _ in range(2):
+        for extra in (["--data-parallel-size", "2"], []):  # worker 0 is itself two engine cores (serve CLI path)
             port = free_port()
-            procs.append(subprocess.Popen([sys.executable, "-m", "torchinferno.cli.main", "serve", *SERVE, "--port",
-                                           str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(subprocess.Popen([sys.executable, "-m", "torchinferno.cli.main", "serve", *SERVE, *extra,
+                                           "--port", str(port)], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
             urls.append(f"http://127.0.0.1:{port}")
         for u, p in zip(urls, procs):
             _wait_health(u, p)
@@ -60,6 +61,7 @@ def workers():
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(5)
+    assert procs[0].returncode == 0  # the data-parallel server drained on SIGTERM and exited cleanly
 
 
 class RouterThread:
@@ -101,7 +103,7 @@ def test_router_proxies_to_both_workers(workers):
     urls, _ = workers
     r = RouterThread(urls)
     try:
-        direct = _client(urls[0]).completions.create(prompt="hello world", **KW).choices[0].text
+        direct = _client(urls[1]).completions.create(prompt="hello world", **KW).choices[0].text
         c = _client(r.base)
         got = [c.completions.create(prompt="hello world", **KW).choices[0].text for _ in range(2)]
         streamed = "".join(ch.choices[0].text for ch in c.completions.create(prompt="hello world", stream=True, **KW)
