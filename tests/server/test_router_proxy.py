@@ -65,12 +65,12 @@ def workers():
 
 
 class RouterThread:
-    def __init__(self, urls, policy="round-robin", interval=60.0):
+    def __init__(self, urls, policy="round-robin", interval=60.0, timeout=30.0):
         import uvicorn
 
         from torchinferno.cli.router_cmds import build_router
 
-        a = argparse.Namespace(workers=urls, router_policy=policy, health_interval=interval, request_timeout=30.0)
+        a = argparse.Namespace(workers=urls, router_policy=policy, health_interval=interval, request_timeout=timeout)
         self.app, _ = build_router(a)
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="error"))
@@ -140,8 +140,9 @@ def test_dead_worker_is_retried_before_the_first_byte(workers):
         r.stop()
 
 
-def _dropping_worker():
-    """A fake worker: healthy, and every POST gets a 200 event stream that stops after one event (connection cut)."""
+def _dropping_worker(silent: bool = False):
+    """A fake worker: healthy, and every POST gets a 200 event stream that stops after one event (connection cut);
+    ``silent``: every POST is read and never answered."""
     port = free_port()
     loop = asyncio.new_event_loop()
 
@@ -152,6 +153,8 @@ def _dropping_worker():
             await reader.readexactly(n)
         if head.startswith(b"GET"):
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+        elif silent:
+            await asyncio.sleep(30)
         else:
             event = b'data: {"choices": [{"index": 0, "text": "partial"}]}\n\n'
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -181,6 +184,18 @@ def test_stream_cut_mid_way_ends_with_an_error_event():
         assert json.loads(events[0])["choices"][0]["text"] == "partial"
         assert json.loads(events[1])["error"]["code"] == "worker_failed"
         assert events[2:] == ["[DONE]"]
+        assert r.app.state.workers[0].in_flight == 0
+    finally:
+        r.stop()
+        stop()
+
+
+def test_silent_worker_times_out_in_one_line():
+    url, stop = _dropping_worker(silent=True)
+    r = RouterThread([url], timeout=0.5)
+    try:
+        resp = httpx.post(r.base + "/v1/completions", json={"prompt": "x"}, timeout=30)
+        assert resp.status_code == 504 and resp.json()["error"]["code"] == "worker_timeout"
         assert r.app.state.workers[0].in_flight == 0
     finally:
         r.stop()

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, fields
 
 from torchinferno.core.sampling_params import SamplingParams
-from torchinferno.engine.core import EngineStats
+from torchinferno.engine.core import EngineStats, validate_request
 from torchinferno.engine.outputs import RequestOutput
 from torchinferno.engine.route_policy import ReplicaState, RoutingPolicy, make_policy
 from torchinferno.errors import ConfigError, EngineDeadError
@@ -155,6 +155,7 @@ class DataParallelLLM:
         if request_id in self.owner:
             raise ConfigError(f"request id {request_id!r} is already in use")
         prompt = [int(t) for t in prompt_token_ids]
+        validate_request(self.limits, prompt, params or SamplingParams())  # before routing: a refusal teaches no tree
         i = self.policy.route(prompt, self.states()).replica
         self.owner[request_id] = i
         self.in_flight[i] += 1

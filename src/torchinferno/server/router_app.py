@@ -198,6 +198,10 @@ def create_router_app(cfg: RouterConfig, policy: RoutingPolicy) -> FastAPI:
                 w.in_flight -= 1
                 fail(i)
                 continue
+            except httpx.TimeoutException:  # connected, but no response head in time: it may be generating
+                w.in_flight -= 1
+                return _error(f"worker {w.url} did not answer within {cfg.request_timeout_s:g} s", 504,
+                              "worker_timeout")
             except BaseException:
                 w.in_flight -= 1
                 raise
@@ -215,6 +219,10 @@ def create_router_app(cfg: RouterConfig, policy: RoutingPolicy) -> FastAPI:
                 w.in_flight -= 1
                 fail(i)
                 continue
+            except httpx.TimeoutException:
+                w.in_flight -= 1
+                return _error(f"worker {w.url} did not answer within {cfg.request_timeout_s:g} s", 504,
+                              "worker_timeout")
             finally:
                 await resp.aclose()
             w.in_flight -= 1
