@@ -109,6 +109,23 @@ def test_sum_stats_adds_counters_and_weights_usage():
     assert (s.max_batch_seqs, s.max_batch_tokens) == (8, 30) and s.prefix_hit_rate == 0.25
 
 
+def test_priority_field_and_scheduling_policy_flag(dp_server):
+    import argparse
+
+    from torchinferno.server.args import add_server_args, engine_config_from_args
+
+    ok = httpx.post(dp_server.base + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2,
+                                                              "priority": -3})
+    assert ok.status_code == 200  # accepted (served in arrival order under the default fcfs)
+    bad = httpx.post(dp_server.base + "/v1/completions", json={"model": "tiny", "prompt": "x", "priority": "high"})
+    assert bad.status_code == 400 and "priority" in bad.json()["error"]["message"]
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    assert engine_config_from_args(p.parse_args(["--scheduling-policy", "priority"]), 128).scheduling_policy == "priority"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--scheduling-policy", "lifo"])
+
+
 def test_a_dead_core_stops_the_whole_server(dp_server):  # last: it kills one of the module's cores
     eng = dp_server.engine
     reasons = []
