@@ -31,7 +31,8 @@ def test_research_on_synthetic_and_recorded_traces(tmp_path, capsys):
     assert main(["research", "--synthetic", "shared-system-prompt", *SMALL, "--modes", "sim", "--json"]) == 0
     rows = {r["name"]: r for r in _last_json(capsys.readouterr().out)["results"]}
     assert set(rows) == {"sim:route/round-robin", "sim:route/least-loaded", "sim:route/cache-aware", "sim:sched/fcfs",
-                         "sim:sched/sjf", "sim:sched/priority", "sim:cache/lru", "sim:cache/off"}
+                         "sim:sched/sjf", "sim:sched/priority", "sim:cache/lru", "sim:cache/fifo",
+                         "sim:cache/off"}
     assert all(r["error"] is None for r in rows.values())
     assert rows["sim:cache/off"]["metrics"]["prefix_hit_rate"] == 0 < rows["sim:cache/lru"]["metrics"]["prefix_hit_rate"]
 
@@ -60,7 +61,7 @@ def test_research_smoke_policy_experiments():
     from torchinferno.workbench.policy_research import policy_smoke_harness
 
     results = {r.name: r for r in policy_smoke_harness(live=False).run()}
-    assert len(results) == 8 and all(r.error is None for r in results.values())
+    assert len(results) == 9 and all(r.error is None for r in results.values())
     m = {k: r.metrics for k, r in results.items()}
     assert m["sim:route/cache-aware"]["prefix_hit_rate"] > m["sim:route/round-robin"]["prefix_hit_rate"]
     assert m["sim:cache/off"]["prefix_hit_rate"] == 0

@@ -85,6 +85,7 @@ class EngineConfig:
     # Order of the waiting queue (engine.scheduler): fcfs (arrival), sjf (shortest prompt first, ties by arrival) or
     # priority (SamplingParams.priority, lower first, ties by arrival); preempted requests always resume first.
     scheduling_policy: str = "fcfs"
+    prefix_cache_eviction: str = "lru"  # cache.block_pool.EVICTION_POLICIES: lru (default) or fifo (research)
 
     def __post_init__(self) -> None:
         if self.batch_invariant:
@@ -114,6 +115,8 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ConfigError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                               f"got {self.scheduling_policy!r}")
+        if self.prefix_cache_eviction not in ("lru", "fifo"):
+            raise ConfigError(f"prefix_cache_eviction must be lru or fifo, got {self.prefix_cache_eviction!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:

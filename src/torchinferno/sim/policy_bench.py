@@ -78,13 +78,14 @@ class PolicyRouter:
 @dataclass
 class RunSetup:
     """One run: ``policy`` routes over ``num_replicas`` replicas whose cores use ``scheduling`` (fcfs, sjf,
-    priority) and ``enable_prefix_caching``."""
+    priority), ``enable_prefix_caching`` and the prefix cache's ``eviction`` order (lru, fifo)."""
 
     policy: str = "cache-aware"
     num_replicas: int = 2
     scheduling: str = "fcfs"
     enable_prefix_caching: bool = True
     policy_options: dict | None = None
+    eviction: str = "lru"
 
 
 def live_replicas(model, engine_config: EngineConfig, n: int, timer: str = "thread",
@@ -113,7 +114,8 @@ def sim_replicas(cost_model, engine_config: EngineConfig, n: int, num_blocks: in
 
 
 def engine_config_for(base: EngineConfig, setup: RunSetup) -> EngineConfig:
-    return replace(base, scheduling_policy=setup.scheduling, enable_prefix_caching=setup.enable_prefix_caching)
+    return replace(base, scheduling_policy=setup.scheduling, enable_prefix_caching=setup.enable_prefix_caching,
+                   prefix_cache_eviction=setup.eviction)
 
 
 def run_policy(requests: list[SimRequest], replicas: list[Replica], setup: RunSetup,

@@ -9,9 +9,8 @@ Experiments (``live:`` and/or ``sim:`` prefixed):
 * ``route/<policy>``: each routing policy (``engine.route_policy.POLICIES``), FCFS scheduling, LRU prefix cache;
 * ``sched/<policy>``: each scheduling policy (fcfs, sjf, priority) under cache-aware routing; ``priority`` serves a
   conversation's later turns first (priority = -turn for the chat trace's ``c<i>-t<k>`` ids, 0 otherwise);
-* ``cache/lru`` vs ``cache/off``: the LRU prefix cache against no prefix caching, under cache-aware routing.
-
-The block pool's eviction is LRU only (``cache.block_pool``): other eviction orders are not implemented yet.
+* ``cache/lru``, ``cache/fifo``, ``cache/off``: the prefix cache evicting least recently used blocks first, or the
+  blocks registered longest ago first (``cache.block_pool``), against no prefix caching; cache-aware routing.
 """
 
 from __future__ import annotations
@@ -95,6 +94,7 @@ def _setups(study: PolicyStudy) -> list[tuple[str, RunSetup]]:
         out += [(f"sched/{s}", RunSetup("cache-aware", study.num_replicas, scheduling=s)) for s in SCHEDULING]
     if "cache" in study.groups:
         out += [("cache/lru", RunSetup("cache-aware", study.num_replicas)),
+                ("cache/fifo", RunSetup("cache-aware", study.num_replicas, eviction="fifo")),
                 ("cache/off", RunSetup("cache-aware", study.num_replicas, enable_prefix_caching=False))]
     return out
 
@@ -121,7 +121,7 @@ def policy_harness(study: PolicyStudy, harness: ResearchHarness | None = None) -
                 return _row(s)
 
             h.register(full, run, f"{setup.policy} routing, {setup.scheduling} scheduling, "
-                                  f"prefix cache {'lru' if setup.enable_prefix_caching else 'off'} ({mode})")
+                                  f"prefix cache {setup.eviction if setup.enable_prefix_caching else 'off'} ({mode})")
     return h
 
 
