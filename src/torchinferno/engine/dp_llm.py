@@ -154,6 +154,10 @@ class DataParallelLLM:
             raise EngineDeadError(f"the engine is not running{': ' + self.error if self.error else ''}")
         if request_id in self.owner:
             raise ConfigError(f"request id {request_id!r} is already in use")
+        for r in self.replicas:  # every core's death watch runs in this loop, not only the routed one's
+            start = getattr(r, "_start", None)
+            if start is not None:
+                start()
         prompt = [int(t) for t in prompt_token_ids]
         validate_request(self.limits, prompt, params or SamplingParams())  # before routing: a refusal teaches no tree
         i = self.policy.route(prompt, self.states()).replica
