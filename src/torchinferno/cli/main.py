@@ -17,6 +17,7 @@ COMMAND_GROUPS = (
     "torchinferno.cli.audit_cmds",
     "torchinferno.cli.engine_cmds",
     "torchinferno.cli.serve_cmds",
+    "torchinferno.cli.router_cmds",  # router, bench-router, research
     "torchinferno.cli.bench_suite_cmds",
     "torchinferno.cli.gpu_cmds",
     "torchinferno.cli.deepseek_cmds",
@@ -25,7 +26,6 @@ COMMAND_GROUPS = (
     "torchinferno.cli.variants_cmds",  # validate-model-variants (model-variants is in profile_cmds)
     "torchinferno.cli.sim_cmds",
     "torchinferno.cli.parallel_cmds",  # plan-parallel
-    "torchinferno.cli.router_cmds",  # router, bench-router, research
 )
 
 
