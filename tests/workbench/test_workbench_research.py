@@ -34,7 +34,7 @@ def test_harness_runs_compares_and_records_failures():
 
 
 def test_research_smoke_cli(capsys):
-    assert main(["research-smoke", "--tokens", "6", "--iters", "2", "--json"]) == 0
+    assert main(["research-smoke", "--tokens", "6", "--iters", "2", "--json", "--no-policies"]) == 0
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert set(rows) == {"eager-forward", "aten-graph", "pattern-fused-rmsnorm-swiglu"}
     assert rows["pattern-fused-rmsnorm-swiglu"]["metrics"]["replaced"] == 2

@@ -12,6 +12,9 @@ Free blocks live in two queues:
 * ``evictable``: unreferenced blocks that still carry a hash, in LRU order (oldest first). They
   stay reusable by a prefix lookup until an allocation needs the space and evicts them.
 
+Eviction order (``eviction``): ``lru`` (default: the least recently freed evictable block first) or ``fifo`` (the
+block registered in the cache longest ago first, however often it was reused since: for policy research).
+
 Invariants: every block is in exactly one of {referenced (ref_count > 0), plain, evictable};
 ``num_free == len(plain) + len(evictable)``; a hash maps to at most one block and that block
 carries the hash.
@@ -20,11 +23,15 @@ carries the hash.
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 from array import array
 from collections import OrderedDict, deque
 from typing import Iterable, Sequence
 
-__all__ = ["BlockPool", "NoFreeBlocksError", "hash_block_tokens", "hash_token_blocks"]
+__all__ = ["EVICTION_POLICIES", "BlockPool", "NoFreeBlocksError", "hash_block_tokens", "hash_token_blocks"]
+
+EVICTION_POLICIES = ("lru", "fifo")
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:
@@ -59,9 +66,15 @@ class NoFreeBlocksError(RuntimeError):
 class BlockPool:
     """Owns ``num_blocks`` block ids, their reference counts and the prefix-cache hash table."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, eviction: str = "lru"):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks}, {block_size}")
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction must be one of {', '.join(EVICTION_POLICIES)}, got {eviction!r}")
+        self.eviction = eviction
+        self._registered = [0] * num_blocks  # fifo: registration sequence number of each hashed block
+        self._seq = itertools.count(1)
+        self._fifo: list[tuple[int, int]] = []  # fifo: heap of (registration seq, block) of evictable blocks (lazy)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -140,6 +153,9 @@ class BlockPool:
         for _ in range(n):
             if self._plain:
                 b = self._plain.popleft()
+            elif self.eviction == "fifo":
+                b = self._pop_fifo()
+                self._evict(b)
             else:
                 b, _ = self._evictable.popitem(last=False)
                 self._evict(b)
@@ -160,6 +176,8 @@ class BlockPool:
             if self.ref_counts[b] == 0:
                 if self.block_hash[b] is not None:
                     self._evictable[b] = None
+                    if self.eviction == "fifo":
+                        heapq.heappush(self._fifo, (self._registered[b], b))
                 else:
                     self._plain.append(b)
 
@@ -175,6 +193,7 @@ class BlockPool:
             return False
         self._cached[block_hash] = block_id
         self.block_hash[block_id] = block_hash
+        self._registered[block_id] = next(self._seq)
         return True
 
     def reset_prefix_cache(self) -> None:
@@ -183,9 +202,22 @@ class BlockPool:
             self._evict(b)
             self._plain.append(b)
         self._evictable.clear()
+        self._fifo.clear()
         for b in range(self.num_blocks):
             self.block_hash[b] = None
         self._cached.clear()
+
+    def _pop_fifo(self) -> int:
+        """The evictable block registered longest ago (heap entries of blocks reused or re-registered since are
+        stale and skipped; the heap is rebuilt when stale entries dominate)."""
+        if len(self._fifo) > 4 * self.num_blocks:
+            self._fifo = [(self._registered[b], b) for b in self._evictable]
+            heapq.heapify(self._fifo)
+        while True:
+            seq, b = heapq.heappop(self._fifo)
+            if b in self._evictable and self._registered[b] == seq:
+                del self._evictable[b]
+                return b
 
     def _evict(self, b: int) -> None:
         h = self.block_hash[b]

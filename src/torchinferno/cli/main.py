@@ -17,6 +17,7 @@ COMMAND_GROUPS = (
     "torchinferno.cli.audit_cmds",
     "torchinferno.cli.engine_cmds",
     "torchinferno.cli.serve_cmds",
+    "torchinferno.cli.router_cmds",  # router, bench-router, research
     "torchinferno.cli.bench_suite_cmds",
     "torchinferno.cli.gpu_cmds",
     "torchinferno.cli.moe_cmds",  # bench-moe, tune-moe

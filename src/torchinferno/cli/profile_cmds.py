@@ -173,6 +173,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--with-compile", action="store_true", help="add a torch.compile (eager backend) experiment")
+    p.add_argument("--no-policies", action="store_true",
+                   help="skip the routing / scheduling / prefix-cache policy experiments (workbench.policy_research)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_research_smoke)
 
@@ -329,6 +331,10 @@ def cmd_research_smoke(a) -> int:
     from torchinferno.workbench.research import ResearchHarness, smoke_harness
 
     results = smoke_harness(a.model_kind, a.tokens, a.iters, a.with_compile).run()
+    if not a.no_policies:
+        from torchinferno.workbench.policy_research import policy_smoke_harness
+
+        results += policy_smoke_harness().run()
     if a.json:
         print(json.dumps([r.to_dict() for r in results], default=str))
     else:

@@ -198,7 +198,7 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-latency-us", type=float, default=5.0)
     p.add_argument("--tp-gbps", type=float, default=3200.0, help="TP link bandwidth in Gbit/s (NVLink-class)")
     p.add_argument("--kv-bytes-per-token", type=int, default=None, help="default: the calibration's, else 131072 (8B-class)")
-    p.add_argument("--router", default="least_loaded", choices=["round_robin", "least_loaded", "prefix_aware"])
+    p.add_argument("--router", default="least_loaded", choices=["round_robin", "least_loaded", "prefix_aware", "cache_aware"])
     p.add_argument("--num-blocks", type=int, default=4096, help="KV blocks per replica")
     p.add_argument("--max-concurrency", type=int, default=None)
     _engine_args(p)

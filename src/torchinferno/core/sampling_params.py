@@ -31,6 +31,7 @@ class SamplingParams:
     # Logprobs of the prompt's tokens 1.. (each given the tokens before it) with this many alternatives;
     # such a request never reuses cached prefix blocks (their logits are not computed).
     prompt_logprobs: int | None = None
+    priority: int = 0  # lower is served first under EngineConfig(scheduling_policy="priority"); ignored otherwise
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -64,6 +65,8 @@ class SamplingParams:
             raise bad(f"min_p must be in [0, 1], got {self.min_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise bad(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise bad(f"priority must be an integer, got {self.priority!r}")
         if not isinstance(self.n, int) or self.n < 1:
             raise bad(f"n must be an integer >= 1, got {self.n!r}")
         if any(not isinstance(s, str) or s == "" for s in self.stop):

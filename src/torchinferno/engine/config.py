@@ -14,6 +14,7 @@ __all__ = ["EngineConfig", "parse_memory", "CPU_DEFAULTS", "CUDA_DEFAULTS"]
 
 # Step limits when none are given: a CPU is saturated by a few sequences; an H200-class GPU needs
 # hundreds of sequences and thousands of tokens per step to be busy (vLLM's serving defaults).
+SCHEDULING_POLICIES = ("fcfs", "sjf", "priority")
 CPU_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 512}
 CUDA_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
 
@@ -81,6 +82,10 @@ class EngineConfig:
     batch_invariant: bool = False
     tensor_parallel_size: int = 1  # > 1: engine.multiproc_executor spawns one worker rank per device
     pipeline_parallel_size: int = 1  # > 1: as many ranks, each a stage of layers (parallel/pipeline.py)
+    # Order of the waiting queue (engine.scheduler): fcfs (arrival), sjf (shortest prompt first, ties by arrival) or
+    # priority (SamplingParams.priority, lower first, ties by arrival); preempted requests always resume first.
+    scheduling_policy: str = "fcfs"
+    prefix_cache_eviction: str = "lru"  # cache.block_pool.EVICTION_POLICIES: lru (default) or fifo (research)
 
     def __post_init__(self) -> None:
         if self.batch_invariant:
@@ -107,6 +112,11 @@ class EngineConfig:
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ConfigError(f"async_scheduling must be True, False or None (the device's default), "
                               f"got {self.async_scheduling!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                              f"got {self.scheduling_policy!r}")
+        if self.prefix_cache_eviction not in ("lru", "fifo"):
+            raise ConfigError(f"prefix_cache_eviction must be lru or fifo, got {self.prefix_cache_eviction!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:

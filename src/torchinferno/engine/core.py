@@ -108,7 +108,8 @@ class EngineCore:
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.limits = RequestLimits(self.max_model_len, vocab_size, self.config.max_logprobs)
-        self.pool = BlockPool(executor.num_blocks, executor.block_size, self.config.enable_prefix_caching)
+        self.pool = BlockPool(executor.num_blocks, executor.block_size, self.config.enable_prefix_caching,
+                              getattr(self.config, "prefix_cache_eviction", "lru"))
         self.scheduler = Scheduler(self.config, self.pool, self.max_model_len)
         self._inflight: tuple[SchedulerOutput, StepHandle, int] | None = None  # async: launched, unapplied (+ index)
         self._steps = 0

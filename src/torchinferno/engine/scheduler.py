@@ -88,7 +88,21 @@ class Scheduler:
         request.arrival_index = next(self._arrivals)
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
+        policy = self.config.scheduling_policy
+        if policy == "fcfs":
+            self.waiting.append(request)
+            return
+        key = self._order_key(request)
+        for i, other in enumerate(self.waiting):  # before the first waiting (not preempted) request that sorts later
+            if other.status == RequestStatus.WAITING and self._order_key(other) > key:
+                self.waiting.insert(i, request)
+                return
         self.waiting.append(request)
+
+    def _order_key(self, req: Request) -> tuple:
+        if self.config.scheduling_policy == "sjf":
+            return (req.num_prompt_tokens, req.arrival_index)
+        return (req.sampling_params.priority, req.arrival_index)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """Finish a live request (abort, stop string); frees its blocks. None if unknown/finished."""

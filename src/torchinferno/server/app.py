@@ -166,6 +166,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
     @app.get("/metrics")
     async def prom() -> Response:
         metrics.refresh(engine.stats())
+        metrics.refresh_replicas(engine)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")

@@ -70,6 +70,15 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-parallel-size", type=int, default=1,
                    help="N > 1: start N worker processes, each a stage of consecutive layers (activations sent at "
                         "stage boundaries; no micro-batch overlap yet)")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N > 1: N engine-core processes (each a full replica, tensor-parallel itself with "
+                        "--tensor-parallel-size) behind this one API server; --router-policy picks the replica per request")
+    p.add_argument("--router-policy", default="cache-aware", choices=["round-robin", "least-loaded", "cache-aware"],
+                   help="with --data-parallel-size > 1: round-robin, least-loaded (requests in flight, then KV usage) or "
+                        "cache-aware (longest prefix a replica was sent, unless loads are unbalanced; default)")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "sjf", "priority"],
+                   help="order of the waiting queue: fcfs (arrival; default), sjf (shortest prompt first) or priority "
+                        "(the request's 'priority' field, lower first; ties by arrival)")
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
                    help="how --tensor-parallel-size N devices split the model: tensor (every layer split, the default) "
                         "or pipeline (N stages of layers, as --pipeline-parallel-size N)")
@@ -200,7 +209,8 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
                         kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                         batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size,
-                        pipeline_parallel_size=args.pipeline_parallel_size)
+                        pipeline_parallel_size=args.pipeline_parallel_size,
+                        scheduling_policy=getattr(args, "scheduling_policy", "fcfs"))
 
 
 def disagg_config_from_args(args: argparse.Namespace):

@@ -60,8 +60,13 @@ def build(args: argparse.Namespace):
     else:
         tokenizer = load_tokenizer(tokenizer_spec(spec, args.tokenizer, None if spec.model is None else root))
     cfg = engine_config_from_args(args, _model_context_len(spec))
+    if getattr(args, "data_parallel_size", 1) < 1:
+        raise ConfigError(f"--data-parallel-size must be >= 1 (got {args.data_parallel_size})")
     disagg = disagg_config_from_args(args)
     if disagg is not None:
+        if getattr(args, "data_parallel_size", 1) > 1:
+            raise ConfigError("--disaggregation-mode prefill-decode runs one prefill and one decode engine: "
+                              "leave out --data-parallel-size")
         from torchinferno.disagg.client import DisaggLLM
 
         check_device(disagg.prefill_device)
@@ -69,10 +74,18 @@ def build(args: argparse.Namespace):
         engine = DisaggLLM(spec, cfg, tokenizer, disagg, step_log=args.step_log)
         max_len = engine.max_model_len
     elif args.engine_in_process:
+        if getattr(args, "data_parallel_size", 1) > 1:
+            raise ConfigError("--data-parallel-size needs engine-core processes (leave out --engine-in-process)")
         if args.step_log:
             raise ConfigError("--step-log needs the engine-core process (leave out --engine-in-process)")
         engine = _in_process_engine(spec, cfg, tokenizer)
         max_len = engine.engine.max_model_len
+    elif getattr(args, "data_parallel_size", 1) > 1:
+        from torchinferno.engine.dp_llm import DataParallelLLM
+
+        engine = DataParallelLLM.from_spec(spec, cfg, tokenizer, args.data_parallel_size, args.router_policy,
+                                           step_log=args.step_log)
+        max_len = engine.max_model_len
     else:
         from torchinferno.engine.async_llm import AsyncLLM
 

@@ -35,6 +35,34 @@ class ServerMetrics:
         self.prefix_hits.labels(m).set(stats.prefix_hits)
         self.preemptions.labels(m).set(stats.num_preemptions)
 
+    def refresh_replicas(self, engine) -> None:
+        """Per-replica gauges and the router's counters, for an engine with replicas (``DataParallelLLM``, the
+        remote ``router``); nothing for a single engine (the series appear on first use)."""
+        per = getattr(engine, "replica_stats", None)
+        if per is None:
+            return
+        if not hasattr(self, "replica_running"):
+            r, lbl = self.registry, ["model_name", "replica"]
+            g = lambda name, doc: Gauge(name, doc, lbl, registry=r)
+            self.replica_running = g("torchinferno_replica_num_requests_running", "Requests running on a replica")
+            self.replica_waiting = g("torchinferno_replica_num_requests_waiting", "Requests waiting on a replica")
+            self.replica_kv_usage = g("torchinferno_replica_kv_cache_usage_perc", "KV blocks in use on a replica (0-1)")
+            self.replica_prefix_queries = g("torchinferno_replica_prefix_cache_queries", "Prompt tokens looked up (cumulative)")
+            self.replica_prefix_hits = g("torchinferno_replica_prefix_cache_hits", "Prompt tokens found (cumulative)")
+            self.replica_routed = g("torchinferno_replica_requests_routed", "Requests the router sent to a replica (cumulative)")
+            self.router_hit_rate = Gauge("torchinferno_router_prefix_hit_rate", "Prompt tokens the router found in the "
+                                         "chosen replica's prefix tree / prompt tokens routed", ["model_name", "policy"], registry=r)
+        m, policy = self.model, engine.policy
+        for i, st in enumerate(per()):
+            k = str(i)
+            self.replica_running.labels(m, k).set(st.num_running)
+            self.replica_waiting.labels(m, k).set(st.num_waiting)
+            self.replica_kv_usage.labels(m, k).set(st.kv_usage)
+            self.replica_prefix_queries.labels(m, k).set(st.prefix_queries)
+            self.replica_prefix_hits.labels(m, k).set(st.prefix_hits)
+            self.replica_routed.labels(m, k).set(policy.stats.per_replica[i])
+        self.router_hit_rate.labels(m, policy.name).set(policy.stats.hit_rate)
+
     def observe_request(self, ttft: float | None, itls: list[float], e2e: float, prompt_tokens: int, completion_tokens: int, reason: str | None) -> None:
         m = self.model
         if ttft is not None:

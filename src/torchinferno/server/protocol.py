@@ -67,6 +67,7 @@ class _Common(BaseModel):
     stream_options: Optional[StreamOptions] = None
     ignore_eos: StrictBool = False
     user: Optional[str] = None
+    priority: StrictInt = 0  # lower first, under serve --scheduling-policy priority (vLLM's field)
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -180,4 +181,5 @@ def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: in
         ignore_eos=req.ignore_eos,
         n=req.n,
         logprobs=logprobs,
+        priority=req.priority,
     )

@@ -1,9 +1,11 @@
-"""Routers over simulated replicas: ``round_robin``, ``least_loaded``, ``prefix_aware``.
+"""Routers over simulated replicas: ``round_robin``, ``least_loaded``, ``prefix_aware``, ``cache_aware``.
 
 A router is called as ``router(request, candidates) -> Replica`` at the request's send time, with the
 replicas that may take it (all entry replicas, or the decode replicas of a P/D cluster). ``prefix_aware``
 is the engine's own ``engine.router.PrefixRouter`` (longest cached prefix in whole blocks, else least
-loaded) over the replicas' real block pools.
+loaded) over the replicas' real block pools (an oracle: it sees every pool); ``cache_aware`` is the serving
+router's policy (``engine.route_policy``: its own approximate prefix trees, load-balance threshold), as
+``serve --data-parallel-size`` and ``router`` run it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from torchinferno.errors import ConfigError
 
 __all__ = ["ROUTERS", "make_router"]
 
-ROUTERS = ("round_robin", "least_loaded", "prefix_aware")
+ROUTERS = ("round_robin", "least_loaded", "prefix_aware", "cache_aware")
 
 
 class _RoundRobin:
@@ -50,6 +52,23 @@ class _PrefixAware:
         return cands[r.route(req.prompt_token_ids).replica]
 
 
+class _CacheAware:
+    def __init__(self):
+        self.routers: dict[int, object] = {}
+
+    def __call__(self, req, cands):
+        from torchinferno.engine.route_policy import make_policy
+        from torchinferno.sim.policy_bench import PolicyRouter
+
+        k = id(cands)
+        r = self.routers.get(k)
+        if r is None:
+            pool = cands[0].core.pool
+            r = self.routers[k] = PolicyRouter(make_policy("cache-aware", len(cands), min_match_tokens=pool.block_size,
+                                                           max_tree_tokens=pool.num_blocks * pool.block_size))
+        return r(req, cands)
+
+
 def make_router(name: str, max_load_gap: int | None = 8):
     """A fresh router by name (state such as the round-robin cursor is per router)."""
     if name == "round_robin":
@@ -58,4 +77,6 @@ def make_router(name: str, max_load_gap: int | None = 8):
         return _least_loaded
     if name == "prefix_aware":
         return _PrefixAware(max_load_gap)
+    if name == "cache_aware":
+        return _CacheAware()
     raise ConfigError(f"unknown router {name!r} (valid: {', '.join(ROUTERS)})")
