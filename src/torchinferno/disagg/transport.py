@@ -118,12 +118,13 @@ class KVTransport:
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
         self._store = dist.TCPStore(cfg.host, cfg.port, 2, cfg.rank == 0, timeout=timeout, wait_for_workers=False)
         if cfg.backend == "nccl":
-            torch.cuda.set_device(self.kv.device)
             self._pg = dist.ProcessGroupNCCL(self._store, cfg.rank, 2)
         else:
             self._pg = dist.ProcessGroupGloo(self._store, cfg.rank, 2, timeout)
 
     def _run(self) -> None:
+        if self.kv.device.type == "cuda":
+            torch.cuda.set_device(self.kv.device)  # this thread's current device: its stream and NCCL's
         try:
             self._connect()
         except Exception as e:  # noqa: BLE001 - reported per transfer
