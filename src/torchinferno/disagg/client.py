@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -354,6 +355,10 @@ class DisaggLLM:
             live = self._live.get(msg.request_id)
             if live is not None:
                 live.kv_seconds = msg.pack_s + msg.wire_s
+            if self.cfg.profile:
+                print(f"disagg {msg.request_id}: prefill side pack {msg.pack_s * 1e3:.3f} ms, send "
+                      f"{msg.wire_s * 1e3:.3f} ms, {msg.nbytes} bytes{'' if msg.ok else ' FAILED: ' + str(msg.error)}",
+                      file=sys.stderr, flush=True)
             if self._metrics is not None and msg.ok:
                 self._metrics[2].labels(self._metrics[0]).observe(msg.pack_s + msg.wire_s)
         elif isinstance(msg, KVReceived):
@@ -365,6 +370,10 @@ class DisaggLLM:
                 t.recv_s += msg.wire_s
             else:
                 t.failed += 1
+            if self.cfg.profile:
+                print(f"disagg {msg.request_id}: decode side receive {msg.wire_s * 1e3:.3f} ms, unpack "
+                      f"{msg.unpack_s * 1e3:.3f} ms, {msg.num_tokens} tokens ({msg.num_cached_tokens} prefix-cached "
+                      f"there){'' if msg.waited_for_blocks is False else ', waited for blocks'}", file=sys.stderr, flush=True)
             live = self._live.get(msg.request_id)
             if live is not None:
                 live.kv_bytes, live.kv_tokens, live.waited_for_blocks = msg.nbytes, msg.num_tokens, msg.waited_for_blocks

@@ -45,7 +45,10 @@ class TransportConfig:
     port: int
     backend: str  # "gloo" | "nccl"
     timeout_s: float = 60.0
-    profile: bool = False  # synchronize the device around each phase (exact pack / wire / unpack timings)
+    # Timings are always measured: the transfer thread synchronizes its own stream after each phase anyway (the pack
+    # must be done before the held blocks are released, the unpack before the request runs), never the engine's
+    # stream. ``profile`` only asks the API process to log them and put them in the integrity record.
+    profile: bool = False
 
 
 @dataclass
