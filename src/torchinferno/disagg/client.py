@@ -107,10 +107,17 @@ class DisaggLLM:
         port = disagg.port or free_port()
         eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.cores: dict[str, EngineCoreProcess] = {}
+        utilization = {"prefill": engine_config.gpu_memory_utilization, "decode": engine_config.gpu_memory_utilization}
+        if (disagg.prefill_device == disagg.decode_device and disagg.prefill_device.startswith("cuda")
+                and engine_config.kv_cache_memory is None and engine_config.num_gpu_blocks is None):
+            # One GPU, two roles, started in order: the prefill role sizes its pool to half the share; the decode
+            # role's sizing counts the prefill process as used memory, so it takes the rest of the share.
+            utilization["prefill"] /= 2
         try:
             for rank, (role, device) in enumerate((("prefill", disagg.prefill_device), ("decode", disagg.decode_device))):
                 tcfg = TransportConfig(rank, disagg.host, port, backend, disagg.timeout_s, disagg.profile)
-                cfg = CoreProcessConfig(dataclasses.replace(model, device=device), dataclasses.replace(engine_config),
+                ecfg = dataclasses.replace(engine_config, gpu_memory_utilization=utilization[role])
+                cfg = CoreProcessConfig(dataclasses.replace(model, device=device), ecfg,
                                         eos, warmup, f"{step_log}.{role}" if step_log else None,
                                         disagg=RoleConfig(role, tcfg))
                 self.cores[role] = EngineCoreProcess(cfg, start_timeout_s)
