@@ -126,3 +126,20 @@ def test_bad_mode_lists_choices(capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["--disaggregation-mode", "split"])
     assert "choose from 'none', 'prefill-decode'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--disaggregation-mode", "prefill-decode", "--tensor-parallel-size", "2"], "--tensor-parallel-size per role"),
+    (["--disaggregation-mode", "prefill-decode", "--engine-in-process"], "needs engine-core processes"),
+    (["--decode-devices", "cuda:1"], "--decode-devices needs --disaggregation-mode prefill-decode"),
+])
+def test_flag_combinations_refused_in_one_line(argv, msg):
+    import argparse
+
+    from torchinferno.errors import ConfigError
+    from torchinferno.server.args import add_server_args, disagg_config_from_args
+
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    with pytest.raises(ConfigError, match=msg):
+        disagg_config_from_args(p.parse_args(argv))

@@ -2,7 +2,8 @@
 the prompt's live KV handed from one to the other over a dedicated two-rank ``torch.distributed`` group.
 
 ``kv_io`` (pack/unpack of live KV rows), ``transport`` (the two-rank group and its transfer thread),
-``messages`` (the control messages between the API process and the cores), ``roles`` (each core's side of the
+``messages`` (the control messages between the API process and the cores), ``accounting`` (transfer totals,
+/metrics collectors, the integrity record), ``roles`` (each core's side of the
 handoff, driven from the engine-core process loop), ``client`` (``DisaggLLM``: the API side, ``AsyncLLM``'s
 interface over the two cores). ``runtime.disaggregated`` re-exports the public names under the original's path.
 """

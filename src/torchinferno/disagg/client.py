@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import zmq
 import zmq.asyncio
 
 from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.disagg.accounting import (
+    KVTransferTotals,
+    RequestTransfer,
+    TransferLedger,
+)
 from torchinferno.disagg.messages import (
     FROM_DECODE,
     FROM_PREFILL,
@@ -76,28 +80,13 @@ class DisaggConfig:
 
 
 @dataclass
-class KVTransferTotals:
-    count: int = 0
-    nbytes: int = 0
-    failed: int = 0
-    waited: int = 0  # handoffs that queued on the decode side for free blocks
-    pack_s: float = 0.0
-    send_s: float = 0.0
-    recv_s: float = 0.0
-    unpack_s: float = 0.0
-
-
-@dataclass
 class _Live:
     prompt: list[int]
     params: SamplingParams
     phase: str  # "prefill" | "decode" | "colocated"
     transfer_id: int = 0
     readied: bool = False  # the decode core reserved blocks and asked for the rows
-    kv_bytes: int = 0
-    kv_tokens: int = 0
-    kv_seconds: float = 0.0
-    waited_for_blocks: bool = False
+    kv: RequestTransfer = field(default_factory=RequestTransfer)
 
 
 class DisaggLLM:
@@ -118,10 +107,17 @@ class DisaggLLM:
         port = disagg.port or free_port()
         eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.cores: dict[str, EngineCoreProcess] = {}
+        utilization = {"prefill": engine_config.gpu_memory_utilization, "decode": engine_config.gpu_memory_utilization}
+        if (disagg.prefill_device == disagg.decode_device and disagg.prefill_device.startswith("cuda")
+                and engine_config.kv_cache_memory is None and engine_config.num_gpu_blocks is None):
+            # One GPU, two roles, started in order: the prefill role sizes its pool to half the share; the decode
+            # role's sizing counts the prefill process as used memory, so it takes the rest of the share.
+            utilization["prefill"] /= 2
         try:
             for rank, (role, device) in enumerate((("prefill", disagg.prefill_device), ("decode", disagg.decode_device))):
                 tcfg = TransportConfig(rank, disagg.host, port, backend, disagg.timeout_s, disagg.profile)
-                cfg = CoreProcessConfig(dataclasses.replace(model, device=device), dataclasses.replace(engine_config),
+                ecfg = dataclasses.replace(engine_config, gpu_memory_utilization=utilization[role])
+                cfg = CoreProcessConfig(dataclasses.replace(model, device=device), ecfg,
                                         eos, warmup, f"{step_log}.{role}" if step_log else None,
                                         disagg=RoleConfig(role, tcfg))
                 self.cores[role] = EngineCoreProcess(cfg, start_timeout_s)
@@ -138,7 +134,7 @@ class DisaggLLM:
         self.outputs = OutputProcessor(tokenizer)
         self.on_dead: Callable[[str], None] | None = None
         self.decode_alive = True
-        self.totals = KVTransferTotals()
+        self.ledger = TransferLedger(disagg.record_path, disagg.profile)
         self._live: dict[str, _Live] = {}
         self._queues: dict[str, asyncio.Queue] = {}
         self._calls: dict[int, asyncio.Future] = {}
@@ -150,9 +146,6 @@ class DisaggLLM:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
-        self._record = open(disagg.record_path, "a", buffering=1) if disagg.record_path else None  # noqa: SIM115
-        self._sequence = 0
-        self._metrics = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -192,20 +185,13 @@ class DisaggLLM:
                 f"{self.cfg.prefill_device}: {self.prefill.info.description}; decode core pid {self.decode.pid} on "
                 f"{self.cfg.decode_device}: {self.decode.info.description}")
 
-    def bind_metrics(self, metrics) -> None:
-        """Register the KV-transfer collectors in a ``server.metrics.ServerMetrics``' registry."""
-        from prometheus_client import Counter, Histogram
+    @property
+    def totals(self) -> KVTransferTotals:
+        return self.ledger.totals
 
-        r, lbl = metrics.registry, ["model_name"]
-        b = (2**10, 2**14, 2**17, 2**20, 2**23, 2**26, 2**29, 2**32)
-        t = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-        self._metrics = (metrics.model,
-                         Histogram("torchinferno_disagg_kv_transfer_bytes", "KV bytes moved per request (prefill -> decode)",
-                                   lbl, buckets=b, registry=r),
-                         Histogram("torchinferno_disagg_kv_transfer_seconds", "KV transfer time per request "
-                                   "(pack + send on the prefill side)", lbl, buckets=t, registry=r),
-                         Counter("torchinferno_disagg_kv_transfers", "KV transfers by outcome", lbl + ["outcome"],
-                                 registry=r))
+    def bind_metrics(self, metrics) -> None:
+        """KV transfer bytes / seconds / outcomes in the server's ``/metrics`` (``disagg.accounting``)."""
+        self.ledger.bind_metrics(metrics)
 
     # ------------------------------------------------------------------ requests
     def _check_running(self) -> None:
@@ -301,7 +287,8 @@ class DisaggLLM:
             if r.finished:
                 live = self._live.pop(r.request_id, None)
                 if live is not None:
-                    self._write_record(r.request_id, live, r.finish_reason)
+                    self.ledger.finished(r.request_id, r.finish_reason, len(live.prompt), live.phase == "decode",
+                                         live.kv, self.topology(), self.backend)
 
     def _prefill_outputs(self, outs: list[EngineCoreOutput]) -> None:
         for o in outs:
@@ -347,33 +334,11 @@ class DisaggLLM:
         elif isinstance(msg, KVDropped):
             self.prefill.send(KVRelease([msg.request_id]))
         elif isinstance(msg, KVSent):
-            t = self.totals
-            if msg.ok:
-                t.pack_s += msg.pack_s
-                t.send_s += msg.wire_s
             live = self._live.get(msg.request_id)
-            if live is not None:
-                live.kv_seconds = msg.pack_s + msg.wire_s
-            if self._metrics is not None and msg.ok:
-                self._metrics[2].labels(self._metrics[0]).observe(msg.pack_s + msg.wire_s)
+            self.ledger.sent(msg, live.kv if live is not None else None)
         elif isinstance(msg, KVReceived):
-            t = self.totals
-            if msg.ok:
-                t.count += 1
-                t.nbytes += msg.nbytes
-                t.unpack_s += msg.unpack_s
-                t.recv_s += msg.wire_s
-            else:
-                t.failed += 1
             live = self._live.get(msg.request_id)
-            if live is not None:
-                live.kv_bytes, live.kv_tokens, live.waited_for_blocks = msg.nbytes, msg.num_tokens, msg.waited_for_blocks
-                t.waited += int(msg.waited_for_blocks)
-            if self._metrics is not None:
-                name, nbytes, _, count = self._metrics
-                count.labels(name, "ok" if msg.ok else "failed").inc()
-                if msg.ok:
-                    nbytes.labels(name).observe(msg.nbytes)
+            self.ledger.received(msg, live.kv if live is not None else None)
             if not msg.ok and live is not None:
                 self._fail_request(msg.request_id, f"KV transfer to the decode role failed: {msg.error}")
 
@@ -455,25 +420,6 @@ class DisaggLLM:
         if self.on_dead is not None and not self._closed:
             self.on_dead(reason)
 
-    # ------------------------------------------------------------------ integrity record
-    def _write_record(self, rid: str, live: _Live, reason: str | None) -> None:
-        self._sequence += 1
-        if self._record is None:
-            return
-        t = self.totals
-        rec = {"type": "disaggregated_runtime_integrity", "sequence": self._sequence, "request_id": rid,
-               "finish_reason": reason, "handed_off": live.phase == "decode",
-               "kv_transfer": {"count_total": t.count, "bytes_total": t.nbytes, "failed_total": t.failed,
-                               "count_group": int(live.kv_bytes > 0 or live.phase == "decode"),
-                               "bytes_group": live.kv_bytes, "tokens_group": live.kv_tokens,
-                               "prompt_tokens": len(live.prompt), "waited_for_blocks": live.waited_for_blocks,
-                               "waited_total": t.waited},
-               "topology": self.topology(), "transport": {"backend": self.backend, "kind": "torch.distributed p2p"}}
-        if self.cfg.profile:
-            rec["timings_s"] = {"pack_total": t.pack_s, "send_total": t.send_s, "recv_total": t.recv_s,
-                                "unpack_total": t.unpack_s, "group_transfer": live.kv_seconds}
-        self._record.write(json.dumps(rec) + "\n")
-
     # ------------------------------------------------------------------ teardown
     def shutdown(self, timeout_s: float = 10.0) -> int | None:
         if self._closed:
@@ -495,8 +441,7 @@ class DisaggLLM:
         for role in ("decode", "prefill"):
             s = self.cores[role].shutdown(timeout_s)
             status = s if role == "prefill" else status
-        if self._record is not None:
-            self._record.close()
+        self.ledger.close()
         return status
 
     def _teardown_in_loop(self) -> None:

@@ -45,7 +45,10 @@ class TransportConfig:
     port: int
     backend: str  # "gloo" | "nccl"
     timeout_s: float = 60.0
-    profile: bool = False  # synchronize the device around each phase (exact pack / wire / unpack timings)
+    # Timings are always measured: the transfer thread synchronizes its own stream after each phase anyway (the pack
+    # must be done before the held blocks are released, the unpack before the request runs), never the engine's
+    # stream. ``profile`` only asks the API process to log them and put them in the integrity record.
+    profile: bool = False
 
 
 @dataclass
@@ -118,12 +121,13 @@ class KVTransport:
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
         self._store = dist.TCPStore(cfg.host, cfg.port, 2, cfg.rank == 0, timeout=timeout, wait_for_workers=False)
         if cfg.backend == "nccl":
-            torch.cuda.set_device(self.kv.device)
             self._pg = dist.ProcessGroupNCCL(self._store, cfg.rank, 2)
         else:
             self._pg = dist.ProcessGroupGloo(self._store, cfg.rank, 2, timeout)
 
     def _run(self) -> None:
+        if self.kv.device.type == "cuda":
+            torch.cuda.set_device(self.kv.device)  # this thread's current device: its stream and NCCL's
         try:
             self._connect()
         except Exception as e:  # noqa: BLE001 - reported per transfer

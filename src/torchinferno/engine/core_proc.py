@@ -152,9 +152,12 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
         while running and not stopping:
             busy = core.has_unfinished()
             if role is not None:
-                for m in role.poll():
-                    stalled = False  # blocks may have been released or received
+                msgs = role.poll()
+                for m in msgs:
                     outbox.send(enc.encode(m))
+                if msgs:  # blocks were released or received: a fresh snapshot, and the next step may admit
+                    stalled = False
+                    outbox.send(enc.encode(EngineCoreOutputs([], core.stats().as_list())))
                 # Transfers in flight or requests waiting for blocks: come back soon. A core whose last step
                 # scheduled nothing (its waiting requests stalled on held/reserved blocks) waits too, not spins.
                 if stalled:
