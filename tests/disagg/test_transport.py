@@ -71,5 +71,37 @@ def test_rows_move_exactly_then_a_bad_id_breaks_the_transport(pair):
 
 def test_backend_choice():
     assert pick_backend("cpu", "cpu") == "gloo"
-    assert pick_backend("cuda:0", "cuda:0") == "gloo"  # NCCL refuses two ranks on one device: host-staged gloo
+    assert pick_backend("cuda:0", "cuda:0") == "cuda-ipc"  # NCCL refuses two ranks on one device: CUDA IPC staging
     assert pick_backend("cuda:0", "cuda:1") == "nccl"
+
+
+def test_staged_chunks_move_exactly(monkeypatch):
+    """The cuda-ipc protocol (payload through one shared staging buffer, chunk by chunk, each acknowledged before the
+    buffer is reused), run on CPU: the two in-process sides share a CPU buffer instead of mapping a CUDA IPC handle,
+    and the buffer is smaller than the payload so it moves in several chunks."""
+    import torchinferno.disagg.transport as tp
+
+    shared = torch.zeros(40, dtype=torch.uint8)
+    monkeypatch.setattr(tp, "STAGING_BYTES", shared.numel())
+    monkeypatch.setattr(tp.KVTransport, "_share_staging", lambda self: setattr(self, "_staging", shared))
+    port = free_port()
+    src = allocate_kv_cache(SPEC, 4, torch.float32, "cpu", num_blocks=8)
+    dst = allocate_kv_cache(SPEC, 4, torch.float32, "cpu", num_blocks=8)
+    for layer in src.tensors:
+        for t in layer:
+            t.normal_()
+    tx = KVTransport(TransportConfig(0, "127.0.0.1", port, "cuda-ipc", 10.0), src)
+    rx = KVTransport(TransportConfig(1, "127.0.0.1", port, "cuda-ipc", 10.0), dst)
+    try:
+        for tid, (a, b) in enumerate(((0, 7), (3, 12)), 1):
+            rx.submit(f"r{tid}", tid, [0, 7, 2], a, b)
+            tx.submit(f"r{tid}", tid, [5, 1, 6], a, b)
+            (sent,), (got,) = wait(tx), wait(rx)
+            assert sent.ok and got.ok and got.nbytes == live_kv_bytes(src, b - a) > 3 * shared.numel()
+            s, d = token_slots([5, 1, 6], 4, a, b, "cpu"), token_slots([0, 7, 2], 4, a, b, "cpu")
+            for ls, ld in zip(src.tensors, dst.tensors):
+                for x, y in zip(ls, ld):
+                    assert torch.equal(x.flatten(0, 1)[s], y.flatten(0, 1)[d])
+    finally:
+        tx.close()
+        rx.close()

@@ -254,7 +254,7 @@ def test_abort_in_flight_and_request_id_reuse(tiny_llama):
     for _ in range(4):
         for o in eng.step():
             seen.setdefault(o.request_id, []).append(o)
-    sched, _ = eng.core._inflight
+    sched = eng.core._inflight[0]
     assert "r2" in [s.request_id for s in sched.scheduled]  # its next step is in flight
     used = eng.pool.num_used
     assert eng.abort_request("r2") and not eng.abort_request("r2")

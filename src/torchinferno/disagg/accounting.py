@@ -112,7 +112,8 @@ class TransferLedger:
                                "count_group": int(handed_off), "bytes_group": req.nbytes, "tokens_group": req.tokens,
                                "prompt_tokens": prompt_tokens, "waited_for_blocks": req.waited_for_blocks,
                                "waited_total": t.waited},
-               "topology": topology, "transport": {"backend": backend, "kind": "torch.distributed p2p"}}
+               "topology": topology, "transport": {"backend": backend, "kind": "CUDA IPC staging + gloo control" if backend == "cuda-ipc"
+                             else "torch.distributed p2p"}}
         if self.profile:
             rec["timings_s"] = {"pack_total": t.pack_s, "send_total": t.send_s, "recv_total": t.recv_s,
                                 "unpack_total": t.unpack_s, "group_transfer": req.seconds}

@@ -48,7 +48,7 @@ from torchinferno.disagg.messages import (
     KVSent,
 )
 from torchinferno.disagg.roles import RoleConfig
-from torchinferno.disagg.transport import TransportConfig, pick_backend
+from torchinferno.disagg.transport import BACKENDS, TransportConfig, pick_backend
 from torchinferno.engine.core import EngineStats, RequestLimits, validate_request
 from torchinferno.engine.core_client import EngineCoreProcess
 from torchinferno.engine.core_proc import CoreProcessConfig
@@ -73,7 +73,7 @@ class DisaggConfig:
     decode_device: str = "cpu"
     host: str = "127.0.0.1"
     port: int = 0  # the transport's store; 0 = a free port
-    backend: str = "auto"  # auto | gloo | nccl
+    backend: str = "auto"  # auto | gloo | nccl | cuda-ipc
     timeout_s: float = 60.0
     profile: bool = False  # synchronized pack / wire / unpack timings
     record_path: str | None = None  # JSONL: one disaggregated_runtime_integrity record per completed request
@@ -100,8 +100,8 @@ class DisaggLLM:
             raise ConfigError("--disaggregation-mode prefill-decode runs each role on one device for now "
                               "(--tensor-parallel-size / --pipeline-parallel-size 1)")
         backend = pick_backend(disagg.prefill_device, disagg.decode_device) if disagg.backend == "auto" else disagg.backend
-        if backend not in ("gloo", "nccl"):
-            raise ConfigError(f"disaggregation transport {backend!r}: valid are auto, gloo, nccl")
+        if backend not in BACKENDS:
+            raise ConfigError(f"disaggregation transport {backend!r}: valid are auto, {', '.join(BACKENDS)}")
         self.backend = backend
         self.cfg = disagg
         port = disagg.port or free_port()

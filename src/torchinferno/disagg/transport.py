@@ -2,8 +2,12 @@
 
 Rank 0 is the prefill role, rank 1 the decode role. The group is built from its own ``TCPStore`` (rank 0 hosts it on
 a port the API process picked), never the default group, so a role may also run its own tensor-parallel world.
-Backend: ``gloo`` (CPU tensors; a CUDA cache is staged through host memory) or ``nccl`` (device buffers; the two
-roles on different GPUs: NCCL refuses two ranks of one communicator on one device).
+Backend: ``gloo`` (CPU tensors; a CUDA cache is staged through host memory), ``nccl`` (device buffers; the two
+roles on different GPUs: NCCL refuses two ranks of one communicator on one device) or ``cuda-ipc`` (both roles on
+one GPU: the payload moves device to device through a staging buffer the prefill side allocates once and the decode
+side maps with CUDA IPC, ``torch.multiprocessing``'s sharing of CUDA tensors; headers and per-chunk
+acknowledgements go over the gloo group; a payload larger than the buffer moves in chunks, each acknowledged before
+the buffer is reused).
 
 Each side has one transfer thread that connects (the rendezvous blocks only that thread) and then runs transfers
 in the order they were queued, so the engine loop never waits on the wire. Protocol per transfer, sender ->
@@ -27,14 +31,18 @@ import torch
 
 from torchinferno.disagg.kv_io import live_kv_bytes, pack_kv, unpack_kv
 
-__all__ = ["KVTransport", "TransferDone", "TransportConfig", "pick_backend"]
+__all__ = ["BACKENDS", "KVTransport", "TransferDone", "TransportConfig", "pick_backend"]
+
+
+BACKENDS = ("gloo", "nccl", "cuda-ipc")
+STAGING_BYTES = 256 << 20  # cuda-ipc: the shared staging buffer (one chunk in flight)
 
 
 def pick_backend(prefill_device: str, decode_device: str) -> str:
-    """``nccl`` for two different CUDA devices, else ``gloo`` (CPU, or both roles on one GPU: host-staged)."""
+    """``nccl`` for two different CUDA devices, ``cuda-ipc`` for one CUDA device, else ``gloo`` (CPU)."""
     p, d = torch.device(prefill_device), torch.device(decode_device)
-    if p.type == d.type == "cuda" and (p.index or 0) != (d.index or 0):
-        return "nccl"
+    if p.type == d.type == "cuda":
+        return "nccl" if (p.index or 0) != (d.index or 0) else "cuda-ipc"
     return "gloo"
 
 
@@ -43,7 +51,7 @@ class TransportConfig:
     rank: int  # 0 = prefill (sends, hosts the store), 1 = decode (receives)
     host: str
     port: int
-    backend: str  # "gloo" | "nccl"
+    backend: str  # "gloo" | "nccl" | "cuda-ipc"
     timeout_s: float = 60.0
     # Timings are always measured: the transfer thread synchronizes its own stream after each phase anyway (the pack
     # must be done before the held blocks are released, the unpack before the request runs), never the engine's
@@ -84,6 +92,7 @@ class KVTransport:
         self._pending = 0
         self._pg = None
         self._store = None
+        self._staging: torch.Tensor | None = None  # cuda-ipc: the shared buffer (owned by rank 0, mapped by rank 1)
         self._thread = threading.Thread(target=self._run, name=f"kv-transport-{cfg.rank}", daemon=True)
         self._thread.start()
 
@@ -124,6 +133,23 @@ class KVTransport:
             self._pg = dist.ProcessGroupNCCL(self._store, cfg.rank, 2)
         else:
             self._pg = dist.ProcessGroupGloo(self._store, cfg.rank, 2, timeout)
+        if cfg.backend == "cuda-ipc":
+            self._share_staging()
+
+    def _share_staging(self) -> None:
+        """Rank 0 allocates the staging buffer and publishes its CUDA IPC handle in the pair's own store (a local
+        TCPStore between these two processes); rank 1 maps it. torch's CUDA tensor sharing keeps the allocation
+        alive while the consumer holds it."""
+        import pickle
+
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+        if self.cfg.rank == 0:
+            self._staging = torch.empty(STAGING_BYTES, dtype=torch.uint8, device=self.kv.device)
+            _, args = reduce_tensor(self._staging)
+            self._store.set("kv_staging", pickle.dumps(args))
+        else:
+            self._staging = rebuild_cuda_tensor(*pickle.loads(self._store.get("kv_staging")))
 
     def _run(self) -> None:
         if self.kv.device.type == "cuda":
@@ -158,6 +184,37 @@ class KVTransport:
     def _wire_device(self) -> torch.device:
         return self.kv.device if self.cfg.backend == "nccl" else torch.device("cpu")
 
+    def _payload_device(self) -> torch.device:
+        return self.kv.device if self.cfg.backend in ("nccl", "cuda-ipc") else torch.device("cpu")
+
+    def _send_payload(self, buf: torch.Tensor, stream) -> None:
+        if self.cfg.backend != "cuda-ipc":
+            self._pg.send([buf], 1, 0).wait()
+            return
+        ack = torch.empty(1, dtype=torch.long)
+        for off in range(0, buf.numel(), STAGING_BYTES):
+            n = min(STAGING_BYTES, buf.numel() - off)
+            self._staging[:n].copy_(buf[off:off + n])
+            self._sync(stream)  # the chunk is in the buffer before the peer is told
+            self._pg.send([torch.tensor([off, n], dtype=torch.long)], 1, 1).wait()
+            self._pg.recv([ack], 1, 2).wait()  # the peer copied it out: the buffer is free again
+
+    def _recv_payload(self, buf: torch.Tensor, stream) -> None:
+        if self.cfg.backend != "cuda-ipc":
+            self._pg.recv([buf], 0, 0).wait()
+            return
+        hdr = torch.empty(2, dtype=torch.long)
+        got = 0
+        while got < buf.numel():
+            self._pg.recv([hdr], 0, 1).wait()
+            off, n = (int(x) for x in hdr.tolist())
+            if off != got or n <= 0 or off + n > buf.numel():
+                raise RuntimeError(f"KV chunk {off}+{n} out of order (expected offset {got} of {buf.numel()})")
+            buf[off:off + n].copy_(self._staging[:n])
+            self._sync(stream)
+            self._pg.send([torch.tensor([off], dtype=torch.long)], 0, 2).wait()
+            got += n
+
     def _transfer(self, job: _Job, stream) -> TransferDone:
         clock = time.perf_counter
         if self.cfg.rank == 0:
@@ -166,7 +223,7 @@ class KVTransport:
                 buf = None
                 nbytes = -1
             else:
-                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop).to(self._wire_device())
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop).to(self._payload_device())
                 self._sync(stream)
                 nbytes = buf.numel()
             t1 = clock()
@@ -174,7 +231,7 @@ class KVTransport:
                                   device=self._wire_device())
             self._pg.send([header], 1, 0).wait()
             if nbytes > 0:
-                self._pg.send([buf], 1, 0).wait()
+                self._send_payload(buf, stream)
             self._sync(stream)
             t2 = clock()
             if job.missing:
@@ -191,9 +248,9 @@ class KVTransport:
         if (start, stop) != (job.start, job.stop) or nbytes != live_kv_bytes(self.kv, stop - start):
             raise RuntimeError(f"KV transfer {tid}: rows {start}..{stop} / {nbytes} bytes, expected "
                                f"{job.start}..{job.stop} / {live_kv_bytes(self.kv, job.stop - job.start)}")
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=self._wire_device())
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=self._payload_device())
         if nbytes:
-            self._pg.recv([buf], 0, 0).wait()
+            self._recv_payload(buf, stream)
         self._sync(stream)
         t1 = clock()
         unpack_kv(self.kv, job.block_ids, start, stop, buf)
