@@ -3,12 +3,14 @@
 The tiny V4 (sliding / CSA rate 4 / HCA rate 8 / CSA, window 6, indexer top-3) with its untrained tensors
 (sinks, hash table ``tid2eid``, router bias, mHC bases) randomized, so a mis-split sink or a rank routing
 differently shows. TP=2 through ``generate``: test_variants_tp.py (tp-v0); here TP=4 (one head per rank, half an
-output group each, experts 2/1/2/1) step by step, and the engine at TP=2 reading its slices from safetensors.
+output group each, experts 1/2/1/2) step by step, and the engine at TP=2 reading its slices (and their FP8 block
+scales) from a release-format safetensors checkpoint.
 """
 
 import json
 
 import pytest
+import torch
 
 from torchinferno.errors import ConfigError
 from torchinferno.models.deepseek_v4 import parallel as v4p
@@ -81,13 +83,85 @@ def test_tp4_equals_tp1_at_prefill_and_every_cached_decode_step():
     assert s0["model.embed_tokens.weight"] == (80, 64)
 
 
-def test_engine_tp2_reads_its_slices_and_equals_tp1(tmp_path):
-    """LLM(tensor_parallel_size=2) from a safetensors checkpoint: greedy, seeded sampling and a prefix-cache hit."""
-    from torchinferno.checkpoint.auto import save_pretrained
+def _fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> (e4m3 weight, ue8m0 scale [ceil(N/128), ceil(K/128)]): the release's FP8 block format."""
+    n, k = w.shape
+    bn, bk = -(-n // 128), -(-k // 128)
+    pad = torch.zeros(bn * 128, bk * 128)
+    pad[:n, :k] = w
+    e = torch.ceil(torch.log2(pad.view(bn, 128, bk, 128).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0))
+    s = torch.exp2(e).repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    return (w / s).to(torch.float8_e4m3fn), (e + 127).to(torch.uint8)
+
+
+def _quantized_checkpoint(path):
+    """A release-format checkpoint: the split dense weights in FP8 with 128x128 block scales (dims 128-aligned:
+    2 heads of 128, o_lora_rank 128, shared intermediate 256), routed experts one tensor per expert in MXFP4."""
+    from safetensors.torch import save_file
+
+    from torchinferno.checkpoint.quant_v4 import quantize_mxfp4
+    from torchinferno.models.deepseek_v4.config import config_to_hf
+    from torchinferno.models.deepseek_v4.v0 import DeepSeekV4V0
+    from torchinferno.testing import randomize_
+
+    cfg = tiny_deepseek_v4_config(num_attention_heads=2, head_dim=128, o_groups=2, o_lora_rank=128,
+                                  moe_intermediate_size=256)
+    torch.manual_seed(0)
+    model = randomize_untrained_(randomize_(DeepSeekV4V0(cfg)).eval(), seed=5)
+    out, inter = {}, cfg.moe_intermediate_size
+    for name, t in model.state_dict().items():
+        if name.endswith(("q_b_proj.weight", "o_a_proj.weight", "o_b_proj.weight")) or ".shared_experts." in name:
+            out[name], out[name.removesuffix("weight") + "scale"] = _fp8(t)
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            prefix = name.rsplit(".", 1)[0]
+            for e in range(t.shape[0]):
+                parts = ({"gate_proj": t[e, :inter], "up_proj": t[e, inter:]} if name.endswith("gate_up_proj")
+                         else {"down_proj": t[e]})
+                for piece, w in parts.items():
+                    out[f"{prefix}.{e}.{piece}.weight"], out[f"{prefix}.{e}.{piece}.scale"] = quantize_mxfp4(w)
+        else:
+            out[name] = t
+    path.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in out.items()}, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(config_to_hf(cfg)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    return _quantized_checkpoint(tmp_path_factory.mktemp("v4tp") / "ckpt")
+
+
+def test_a_rank_reads_its_fp8_slices_with_their_block_scales(quantized):
+    """Rank 1 of 2 (fake world, no collectives) from the quantized checkpoint: each parameter is exactly its slice
+    of the single-device model's dequantized one."""
+    from torchinferno.checkpoint.auto import load_model_auto
+    from torchinferno.parallel.fake import fake_world
+    from torchinferno.parallel.load import build_rank, shard_checkpoint
+
+    full = load_model_auto(quantized).state_dict()
+    fam = get_family("deepseek-v4")
+    cfg = fam.config_from_hf(json.loads((quantized / "config.json").read_text()))
+    with fake_world(2, rank=1, use_torch=False) as comm:
+        rank = build_rank(fam, cfg, comm, lambda rule: shard_checkpoint(quantized, rule)).state_dict()
+    a = "model.layers.1.self_attn."
+    want = {a + "q_b_proj.weight": full[a + "q_b_proj.weight"][128:], a + "sinks": full[a + "sinks"][1:],
+            a + "o_a_proj.weight": full[a + "o_a_proj.weight"][128:], a + "o_b_proj.weight": full[a + "o_b_proj.weight"][:, 128:],
+            a + "kv_proj.weight": full[a + "kv_proj.weight"],
+            "model.layers.1.mlp.shared_experts.down_proj.weight": full["model.layers.1.mlp.shared_experts.down_proj.weight"][:, 128:],
+            "model.layers.1.mlp.experts.down_proj": full["model.layers.1.mlp.experts.down_proj"][3:]}
+    for name, w in want.items():
+        assert torch.equal(rank[name], w), name
+    assert full[a + "q_b_proj.weight"].dtype == torch.float32 and not torch.equal(full[a + "q_b_proj.weight"][128:], full[a + "q_b_proj.weight"][:128])
+
+
+def test_engine_tp2_reads_its_fp8_slices_and_equals_tp1(quantized):
+    """LLM(tensor_parallel_size=2) from an FP8 / MXFP4 release-format checkpoint (each rank reads its row / column
+    slices with their block scales, and only its experts): greedy, seeded sampling and a prefix-cache hit."""
     from torchinferno.core.sampling_params import SamplingParams
     from torchinferno.engine.llm import LLM
 
-    ckpt = save_pretrained(_full(), tmp_path / "ckpt")
+    ckpt = quantized
     prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[0] + [8, 9]]  # the third hits the first's cached blocks
     params = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=8, temperature=0.9, seed=4, ignore_eos=True),
@@ -133,7 +207,7 @@ def test_release_names_expert_skip_rename_and_scale_refusal():
     assert rule("layers.0.attn.attn_sink", cfg, p).start == 2
     assert rule("layers.0.hc_attn_scale", cfg, p).count is None  # a plain parameter named .scale: whole
     assert rule("embed.weight", cfg, p).start == 160 and rule("head.weight", cfg, p).count == 160
-    with pytest.raises(ConfigError, match="block scales of quantized 'layers.0.attn.wo_b.scale'"):
+    with pytest.raises(ConfigError, match="cannot split the 128x128 block scales of quantized 'layers.0.attn.wo_b.scale' at 24"):
         rule("layers.0.attn.wo_b.scale", cfg, p)
 
 

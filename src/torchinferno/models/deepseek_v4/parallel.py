@@ -20,8 +20,8 @@ What is split and what is replicated, per layer (the why in brackets):
 
 Checkpoint names of either spelling (transformers' or the release's) are matched through
 ``weights.canonical_name``; a rank reads only its slices. Release FP8 / MXFP4 checkpoints: per-expert
-tensors and their scales are skipped / renumbered by expert; the block scales of split dense tensors are
-refused with one line (not sliced yet).
+tensors and their scales are skipped / renumbered by expert; a split dense FP8 weight reads the rows / columns
+of its 128x128 block scale that cover its slice (slices must be 128-aligned: V4-Flash's are at TP <= 8).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from torchinferno.checkpoint.quant_v4 import FP8_BLOCK
 from torchinferno.errors import ConfigError
 from torchinferno.models.deepseek_v4.model import Experts, GroupedLinear
 from torchinferno.models.deepseek_v4.weights import canonical_name
@@ -221,12 +222,24 @@ def tensor_rule(name: str, config, pcfg: ParallelConfig) -> plan.ShardRule:
     rest = plan.layer_suffix(canon)
     if rest is None:
         return plan.WHOLE
-    for suffix in _SCALES:  # a quantization scale follows its weight: whole, by expert, or refused when sliced
+    for suffix in _SCALES:  # a quantization scale follows its weight (whole, by expert, or by 128-blocks)
         if rest.endswith(suffix):
-            base = _weight_rule(rest[: -len(suffix)] + ".weight", name, config, pcfg)
-            if base.count is not None:
-                raise ConfigError(f"tensor parallelism does not slice the block scales of quantized '{name}' yet; "
-                                  "convert the checkpoint (deepseek-v4-convert --dtype bfloat16) or use "
-                                  "--tensor-parallel-size 1")
-            return base
+            return _scale_rule(_weight_rule(rest[: -len(suffix)] + ".weight", name, config, pcfg), name)
     return _weight_rule(rest, name, config, pcfg)
+
+
+def _scale_rule(base: plan.ShardRule, name: str) -> plan.ShardRule:
+    """The rule of a scale whose weight reads ``base``: the same when whole or by expert; a slice of a dense
+    weight reads the FP8 block scale ``[ceil(N/128), ceil(K/128)]`` of its 128-aligned blocks (the release
+    quantizes dense tensors in FP8 and only the per-expert tensors in MXFP4)."""
+    if base.count is None:
+        return base
+    spans = [(base.start, base.count)] + ([(base.c0, base.cn)] if isinstance(base, BlockRule) else [])
+    if any(a % FP8_BLOCK or n % FP8_BLOCK for a, n in spans):
+        raise ConfigError(f"tensor parallelism cannot split the 128x128 block scales of quantized '{name}' at "
+                          f"{base.start}+{base.count}; convert the checkpoint (deepseek-v4-convert) or pick another "
+                          "--tensor-parallel-size")
+    if isinstance(base, BlockRule):
+        return BlockRule(start=base.start // FP8_BLOCK, count=base.count // FP8_BLOCK, c0=base.c0 // FP8_BLOCK,
+                         cn=base.cn // FP8_BLOCK)
+    return plan.ShardRule(dim=base.dim, start=base.start // FP8_BLOCK, count=base.count // FP8_BLOCK)
