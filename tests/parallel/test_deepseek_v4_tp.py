@@ -21,7 +21,7 @@ from torchinferno.parallel.config import ParallelConfig
 from torchinferno.testing import tiny_model
 
 PROMPTS = [[5, 17, 99, 3, 250, 42, 7, 128, 64, 11, 200], [9, 301, 4, 77, 3]]
-NEW = 12  # decode positions 11..22 / 5..16: CSA windows close at 11, 15, 19; HCA at 15; the window slides past
+NEW = 10  # decode positions 11..20 / 5..14: CSA windows close at 7, 11, 15, 19; HCA at 7, 15; the window slides past
 
 
 def _full():
@@ -29,7 +29,8 @@ def _full():
 
 
 def _steps(model) -> dict:
-    """Logits of every generate step (prefill's last tokens, then each cached decode step) and the tokens."""
+    """Logits of every greedy generate step (prefill's last tokens, then each cached decode step) and the tokens
+    (seeded sampling: the engine test below and tp-v0)."""
     seen = []
     plain = model.compute_logits
 
@@ -45,9 +46,7 @@ def _steps(model) -> dict:
     greedy = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
     gen = StaticGenerator(model, 2, 32)
     tokens = [r.token_ids for r in gen.generate(PROMPTS, greedy)]
-    sampled = [r.token_ids for r in gen.generate(PROMPTS, [SamplingParams(max_tokens=NEW, temperature=0.9, seed=s,
-                                                                          ignore_eos=True) for s in (3, 4)])]
-    return {"logits": seen[: NEW], "greedy": tokens, "sampled": sampled}
+    return {"logits": seen, "greedy": tokens}
 
 
 def _rank(comm):
@@ -71,7 +70,7 @@ def test_tp4_equals_tp1_at_prefill_and_every_cached_decode_step():
         for step, (got, want) in enumerate(zip(out["logits"], ref["logits"])):
             assert got.shape == want.shape == (2, 320)
             assert float((got - want).abs().max()) <= 1e-5, (rank, step)
-        assert out["greedy"] == ref["greedy"] and out["sampled"] == ref["sampled"], rank
+        assert out["greedy"] == ref["greedy"], rank
     # one head per rank with its sink; half of output group rank // 2; experts 2/1/2/1; vocab 320 / 4
     s0, s1 = worlds[0]["shapes"], worlds[1]["shapes"]
     assert s0["model.layers.0.self_attn.sinks"] == (1,) and s0["model.layers.0.self_attn.q_b_proj.weight"] == (32, 48)
