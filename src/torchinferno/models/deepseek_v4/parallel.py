@@ -1,6 +1,6 @@
 """Tensor-parallel plan of deepseek-v4 (``ModelFamily.parallel_module``; helpers in ``parallel/plan.py``).
 
-What is split and what is replicated, per layer (the why in brackets):
+What is split and what is replicated, per layer, and why:
 
 * attention: query heads split (``q_b_proj`` rows, the per-head ``sinks`` with them); the output's grouped
   low-rank projection follows the heads: a rank holds whole ``o_groups`` groups (``o_a_proj`` rows of its
