@@ -9,6 +9,6 @@ needs_two = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CU
 
 
 @needs_two
-@pytest.mark.parametrize("kinds", [("llama3", "deepseek-v3.2", "dsv4")])
+@pytest.mark.parametrize("kinds", [("llama3", "deepseek-v3.2", "dsv4", "deepseek-v4")])
 def test_tp2_on_nccl_equals_one_device(kinds):
     assert compare_tp(kinds, 2, device="cuda", atol=1e-4) == ""

@@ -16,7 +16,8 @@ from torchinferno.errors import ConfigError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan-parallel", help="per-rank memory and collectives of a tensor-parallel plan (meta, no weights)")
     p.add_argument("--size", required=True, help="a family size name, e.g. llama3-70b, llama3-8b, small")
-    p.add_argument("--family", default=None, help="the family (default: the one that has --size)")
+    p.add_argument("--family", "--model-kind", dest="family", default=None,
+                   help="the family (default: the one that has --size)")
     p.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16", help="weights dtype (default bfloat16)")
     p.add_argument("--batch", type=int, default=1, help="decode batch for the bytes per step (default 1)")

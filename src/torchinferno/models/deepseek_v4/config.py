@@ -245,4 +245,10 @@ def small_deepseek_v4_config() -> DeepSeekV4Config:
     )
 
 
-SIZES = {"debug": tiny_deepseek_v4_config, "small": small_deepseek_v4_config}
+def flash_deepseek_v4_config() -> DeepSeekV4Config:
+    """The config's defaults: DeepSeek-V4-Flash's shape (43 layers, 64 heads of 512, 256 experts of 2048, 6 active);
+    for planning on ``meta`` (``plan-parallel --size deepseek-v4-flash``), never allocated in tests."""
+    return DeepSeekV4Config()
+
+
+SIZES = {"debug": tiny_deepseek_v4_config, "small": small_deepseek_v4_config, "deepseek-v4-flash": flash_deepseek_v4_config}

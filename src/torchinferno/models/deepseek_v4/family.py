@@ -47,6 +47,7 @@ FAMILY = ModelFamily(
     export_weights=weights.export_weights,
     kv_spec=kv_spec,
     variants_module="torchinferno.models.deepseek_v4.registry",
+    parallel_module="torchinferno.models.deepseek_v4.parallel",
     notes="DeepSeek-V4: mHC hyper-connections, sliding / CSA (indexer top-k) / HCA compressed attention with sinks, "
           "hash + top-k sqrt-softplus MoE; validated against transformers DeepseekV4ForCausalLM",
 )

@@ -1,6 +1,6 @@
 """Provenance ladder of the deepseek-v4 family: every variant, its parent, class, ops module and status."""
 
-from torchinferno.models.variants import Variant
+from torchinferno.models.variants import Variant, parallel_variants
 
 VARIANTS = {
     "v0": Variant(
@@ -16,4 +16,6 @@ VARIANTS = {
         notes="norms / SwiGLU ops routed to torchinferno.kernels; attention, compressor and experts still reference",
     ),
 }
+# tensor parallel only: pipeline-v0's stage hand-off carries (hidden, residual), not V4's mHC streams [T, n, D]
+VARIANTS["tp-v0"] = parallel_variants(VARIANTS["v0"], "models/deepseek_v4/parallel.py")["tp-v0"]
 DEFAULT_VARIANT = "v1"
