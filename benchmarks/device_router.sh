@@ -13,7 +13,7 @@ if [[ ${STAGES:-bench,serve} == *bench* ]]; then
     --dtype bfloat16 --timer wall --threads 4 --system-prompts 8 --users ${USERS:-24} --turns 3 --system-len 1024 \
     --user-len uniform:32:128 --reply-len uniform:32:96 --rate ${RATE:-12} --think-s 1 --num-blocks ${BLOCKS:-640} \
     --max-num-seqs 64 --max-num-batched-tokens 8192 --enforce-eager --policies ${POLICIES:-round-robin,cache-aware} --sim \
-    --json 2>&1 | tee "$OUT/bench_router.json" | tail -3
+    --json 2> "$OUT/bench_router.log" | tee "$OUT/bench_router.json" | python3 -c "import json,sys; d=json.load(sys.stdin); [print(r['name'], r['metrics'], r['error']) for r in d['results']]; print(d['verdicts'])"; tail -3 "$OUT/bench_router.log"
 fi
 if [[ ${STAGES:-bench,serve} == *serve* ]]; then
   PORT=18025

@@ -10,7 +10,7 @@ SMALL = ["--system-prompts", "4", "--users", "3", "--turns", "2", "--system-len"
 
 
 def _last_json(out: str) -> dict:
-    return json.loads(out.strip().splitlines()[-1])
+    return json.loads(out)  # --json: the whole of stdout is one JSON document (the header goes to stderr)
 
 
 def test_bench_router_cache_aware_beats_round_robin(capsys):

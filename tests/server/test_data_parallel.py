@@ -109,6 +109,32 @@ def test_sum_stats_adds_counters_and_weights_usage():
     assert (s.max_batch_seqs, s.max_batch_tokens) == (8, 30) and s.prefix_hit_rate == 0.25
 
 
+def _prefix_hits(server, policy, system: str) -> tuple[int, list[int]]:
+    """Swap the router's policy, send 6 prompts sharing ``system`` one after another; -> (prefix-cache hit tokens
+    over both replicas during the run, requests per replica)."""
+    from torchinferno.engine.route_policy import make_policy
+
+    eng = server.engine
+    eng.policy = make_policy(policy, 2, **({"min_match_tokens": 16} if policy == "cache-aware" else {}))
+    before = sum(s.prefix_hits for s in eng.replica_stats())
+    for i in range(6):
+        r = httpx.post(server.base + "/v1/completions",
+                       json={"model": "tiny", "prompt": f"{system} user {i}", "max_tokens": 2})
+        assert r.status_code == 200
+    return sum(s.prefix_hits for s in eng.replica_stats()) - before, eng.policy.stats.per_replica
+
+
+def test_cache_aware_keeps_a_shared_prefix_on_one_replica(dp_server):
+    eng, saved = dp_server.engine, dp_server.engine.policy
+    try:
+        rr_hits, rr_routed = _prefix_hits(dp_server, "round-robin", "A" * 64)
+        ca_hits, ca_routed = _prefix_hits(dp_server, "cache-aware", "B" * 64)
+    finally:
+        eng.policy = saved
+    assert rr_routed == [3, 3] and sorted(ca_routed) == [0, 6]
+    assert ca_hits > rr_hits > 0  # round-robin computes the shared prefix once on each replica
+
+
 def test_priority_field_and_scheduling_policy_flag(dp_server):
     import argparse
 

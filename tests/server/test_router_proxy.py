@@ -167,9 +167,17 @@ def _dropping_worker(silent: bool = False):
     t.start()
 
     def stop():
-        loop.call_soon_threadsafe(server.close)
-        loop.call_soon_threadsafe(loop.stop)
+        async def shutdown():
+            server.close()
+            tasks = [x for x in asyncio.all_tasks() if x is not asyncio.current_task()]
+            for x in tasks:
+                x.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
         t.join(5)
+        loop.close()
 
     return f"http://127.0.0.1:{port}", stop
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def _trace_args(p: argparse.ArgumentParser, users: int, turns: int) -> None:
@@ -142,7 +143,7 @@ def cmd_bench_router(a) -> int:
     n = len(study.requests)
     print(f"trace: {a.system_prompts} system prompts x {a.users} users x {a.turns} turns = {n} requests; "
           f"{a.replicas} replicas of {a.num_blocks} x {a.block_size}-token KV blocks; model {a.model_size} on "
-          f"{a.device}; steps timed by {study.timer} time", flush=True)
+          f"{a.device}; steps timed by {study.timer} time", file=sys.stderr if a.json else sys.stdout, flush=True)
     warm_up(study)
     results = policy_harness(study).run()
     verdicts = {}
@@ -169,7 +170,7 @@ def cmd_research(a) -> int:
 
     study = _study(a, _split(a.modes), _split(a.groups), POLICIES)
     print(f"{len(study.requests)} requests ({a.trace or a.synthetic}); {a.replicas} replicas of {a.num_blocks} KV "
-          f"blocks", flush=True)
+          f"blocks", file=sys.stderr if a.json else sys.stdout, flush=True)
     warm_up(study)
     results = policy_harness(study).run()
     _print(a, results)
