@@ -9,10 +9,16 @@ receives the same batch (the engine runs in lockstep on each); a step runs the s
 * ``compute_logits``: the last stage computes the logits and broadcasts them, so every rank samples the same
   token. Other stages return placeholder hidden states (zeros) from ``forward``.
 
+Micro-batches: a step of several sequences is cut into up to ``pp_microbatches`` (default ``pp_size``) groups of
+whole sequences, balanced by tokens; every stage runs them in order and sends each group's activations on as soon
+as it is done (``isend``), so stage ``r + 1`` works on group ``k`` while stage ``r`` works on group ``k + 1``
+(GPipe-style forward fill; the last stage's outputs are put back in batch order). Attention only mixes tokens of
+one sequence, so a group's result does not depend on the others: the same numbers as one group, up to kernel
+rounding. A step of one sequence is one group.
+
 Embedding, final norm and head are replicated on every rank (simple; a stage that does not use them still
-holds them). Stages do not overlap yet: there is one batch in flight, no micro-batches (the issue's overlap
-target is not met). Invariant: every rank gets the last stage's logits, equal to the unsharded model's up to
-kernel rounding (the same ops in the same order; a rank's thread count may change GEMM blocking).
+holds them). Invariant: every rank gets the last stage's logits, equal to the unsharded model's up to kernel
+rounding (the same ops in the same order; a rank's thread count may change GEMM blocking).
 """
 
 from __future__ import annotations
@@ -52,24 +58,56 @@ def tensor_rule(name: str, config, pp_size: int, rank: int) -> ShardRule:
     return ShardRule(rename=f"{m.group(1)}{i - start}{m.group(3)}")
 
 
+def micro_batches(meta, max_groups: int) -> list[tuple[int, int, int, int]]:
+    """``(b0, b1, t0, t1)`` per group: sequences ``b0..b1-1`` = flat tokens ``t0..t1-1``; at most ``max_groups``
+    contiguous groups of whole sequences with about equal token counts (one group without metadata)."""
+    if meta is None or max_groups <= 1 or meta.num_seqs <= 1:
+        n = meta.num_tokens if meta is not None else None
+        return [(0, meta.num_seqs if meta is not None else 1, 0, n)]
+    starts = meta.query_starts_list
+    total, groups, b0 = starts[-1], [], 0
+    k = min(max_groups, meta.num_seqs)
+    for g in range(1, k + 1):
+        if g == k:
+            b1 = meta.num_seqs
+        else:  # the sequence boundary nearest this group's share, leaving one sequence per later group
+            want = total * g / k
+            b1 = min(range(b0 + 1, meta.num_seqs - (k - g) + 1), key=lambda b: abs(starts[b] - want))
+        groups.append((b0, b1, starts[b0], starts[b1]))
+        b0 = b1
+    return groups
+
+
 def _forward(self, input_ids, positions, kv_caches=None, attn_meta=None):  # [T] -> [T, D]
     rank, last = self.pp_rank, self.pp_size - 1
-    h = self.model.embed_tokens(input_ids)
-    cos, sin = self.prepare_rope(self.rope_cos[positions], self.rope_sin[positions], h.dtype)
-    residual = None
-    if rank > 0:  # hidden and residual of the previous stage
-        h = torch.empty_like(h)
-        residual = torch.empty_like(h)
-        dist.recv(h, src=rank - 1)
-        dist.recv(residual, src=rank - 1)
-    for i, layer in enumerate(self.model.layers):
-        h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], attn_meta)
+    h_all = self.model.embed_tokens(input_ids)  # [T, D]
+    cos_all, sin_all = self.prepare_rope(self.rope_cos[positions], self.rope_sin[positions], h_all.dtype)
+    groups = micro_batches(attn_meta, self.pp_microbatches)
+    self.pp_last_groups = len(groups)
+    sends, outs = [], []
+    for b0, b1, t0, t1 in groups:
+        one = len(groups) == 1
+        meta = attn_meta if one else attn_meta.sub_batch(b0, b1)
+        h = h_all if one else h_all[t0:t1]
+        cos, sin = (cos_all, sin_all) if one else (cos_all[t0:t1], sin_all[t0:t1])
+        residual = None
+        if rank > 0:  # this group's hidden and residual from the previous stage
+            h, residual = torch.empty_like(h), torch.empty_like(h)
+            dist.recv(h, src=rank - 1)
+            dist.recv(residual, src=rank - 1)
+        for i, layer in enumerate(self.model.layers):
+            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], meta)
+        if rank < last:  # on its way while this stage runs the next group
+            h, residual = h.contiguous(), residual.contiguous()
+            sends += [dist.isend(h, dst=rank + 1), dist.isend(residual, dst=rank + 1)]
+            outs.append(h)  # keeps the buffers alive until sent
+        else:
+            outs.append(self.model.norm(h, residual)[0])
+    for work in sends:
+        work.wait()
     if rank < last:
-        dist.send(h.contiguous(), dst=rank + 1)
-        dist.send(residual.contiguous(), dst=rank + 1)
-        return torch.zeros_like(h)
-    h, _ = self.model.norm(h, residual)
-    return h
+        return torch.zeros_like(h_all)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def _compute_logits(self, hidden):  # [N, D] -> [N, V] fp32, the last stage's on every rank
@@ -88,6 +126,7 @@ def shard_model(model: nn.Module, pp_size: int, rank: int) -> None:
     start, stop = stage_range(len(model.model.layers), pp_size, rank)
     model.model.layers = nn.ModuleList(list(model.model.layers)[start:stop])
     model.pp_size, model.pp_rank, model.pp_layers = pp_size, rank, (start, stop)
+    model.pp_microbatches, model.pp_last_groups = pp_size, 0  # micro-batches per step (module docstring)
     model.full_config = model.config
     local = {"num_hidden_layers": stop - start}
     if getattr(model.config, "mlp_layer_types", None) is not None:

@@ -67,6 +67,19 @@ class AttentionMetadata:
             block_tables_host=None if self.block_tables_host is None else [self.block_tables_host[b]],
         )
 
+    def sub_batch(self, b0: int, b1: int) -> "AttentionMetadata":
+        """The metadata of sequences ``b0..b1-1`` on their own: their tokens are flat indices
+        ``query_starts_list[b0]..query_starts_list[b1]-1`` of this batch, renumbered from 0."""
+        starts = self.query_starts_list
+        t0, t1 = starts[b0], starts[b1]
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc[b0 : b1 + 1] - t0, seq_lens=self.seq_lens[b0:b1],
+            slot_mapping=self.slot_mapping[t0:t1], block_tables=self.block_tables[b0:b1], block_size=self.block_size,
+            query_lens_list=self.query_lens_list[b0:b1], seq_lens_list=self.seq_lens_list[b0:b1],
+            has_padding=self.has_padding,
+            block_tables_host=None if self.block_tables_host is None else self.block_tables_host[b0:b1],
+        )
+
     @property
     def query_starts_list(self) -> list[int]:
         """Host copy of ``query_start_loc`` (derived from ``query_lens_list``: no device sync)."""
