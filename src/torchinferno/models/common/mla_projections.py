@@ -15,6 +15,7 @@ from torch import nn
 
 from torchinferno.models.common.layers import DirectWeightLinear, RMSNorm
 
+
 def capturing(t: torch.Tensor) -> bool:
     """A CUDA graph is being captured on ``t``'s device: host metadata (``seq_lens_list``) is then a placeholder
     (``kernels.cuda_graphs``: the full block-table width), so decode must mask from the device lengths."""
