@@ -212,6 +212,24 @@ def test_graph_engine_equals_enforce_eager_cuda(cuda_tiny_llama, stagger):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family,size", [("deepseek-v3.2", "debug-v3"), ("dsv4", "debug"), ("deepseek-v3.2", "debug")])
+def test_graph_engine_equals_enforce_eager_cuda_mla_moe(family, size):
+    """DeepSeek-style models (fused MoE + paged MLA / DSA decode) replay decode steps from CUDA graphs: same greedy
+    tokens as the eager runner."""
+    from torchinferno.testing import tiny_model
+
+    model = tiny_model(family, size=size, device="cuda")
+    prompts, params = _ragged_requests(9)
+    kw = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "max_model_len": 64}
+    graphs = LLMEngine(model, None, EngineConfig(**kw))
+    assert isinstance(graphs.runner, graph_runner.CudaGraphModelRunner)
+    got = _engine_outputs(graphs, prompts, params, True)
+    want = _engine_outputs(LLMEngine(model, None, EngineConfig(**kw, enforce_eager=True)), prompts, params, True)
+    assert got == want and graphs.stats().num_graph_steps > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_load_model_auto_builds_triton_attention_on_cuda(tmp_path):
     from torchinferno.checkpoint.auto import load_model_auto, save_pretrained
     from torchinferno.testing import tiny_model
