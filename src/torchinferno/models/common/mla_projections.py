@@ -93,10 +93,11 @@ class MLAProjections(nn.Module):
 
     @property
     def supports_cuda_graphs(self) -> bool:
-        """A decode step reads only device tensors (``kernels.cuda_graphs.backend_supports_graphs``): the paged
-        absorbed decode; with a DSA indexer, the gathered path over the static block-table width, masked from the
-        device lengths while :func:`capturing` (latent and index-key rows appended by the Triton row write)."""
-        return self._paged_ops() and self.absorb_decode
+        """A decode step reads only device tensors and only the live rows (``kernels.cuda_graphs``): the paged
+        absorbed decode, so not with a DSA indexer. (Its gathered path is capture-correct, masked from the device
+        lengths while :func:`capturing`, but it would gather the whole block-table width, i.e. ``max_model_len``
+        rows per sequence and layer, every step: it waits for a sparse kernel over the selected rows.)"""
+        return self._paged_ops() and self.absorb_decode and getattr(self, "indexer", None) is None
 
     def paged_decode(self, q_nope, q_pe, cache: torch.Tensor, meta) -> torch.Tensor | None:
         """``[B, H, dv]`` from the Triton absorbed decode over the paged latent cache (CUDA), or None where it does
