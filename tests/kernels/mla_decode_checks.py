@@ -157,6 +157,7 @@ def main() -> None:
     if what == "kernel":
         check_kernel(cpu, torch.float32)
         check_kernel(cpu, torch.float16)
+        check_kernel(cpu, torch.float32, lens=(3, 40), H=20, dn=8, dv=8, R=32, r=8)  # heads over two launches
     elif what == "models":
         check_models(cpu)
     print(f"ok {what}")
