@@ -56,11 +56,11 @@ def test_graph_batch_sizes_end_at_max_num_seqs():
 
 
 def test_deepseek_models_are_captured_only_on_the_paged_mla_path():
-    """MLA models declare ``supports_cuda_graphs`` when decode reads only device tensors: the fused variant's paged
-    MLA decode (kernels.mla_decode) without a DSA indexer (its top-k still reads host lengths)."""
+    """MLA models declare ``supports_cuda_graphs`` when decode reads only device tensors and live rows: the fused
+    variant's paged MLA decode (kernels.mla_decode), not with a DSA indexer (V3.2), never v0."""
     from torchinferno.testing import tiny_model
 
-    assert not backend_supports_graphs(tiny_model("deepseek-v3.2"))  # V3.2: DSA indexer
+    assert not backend_supports_graphs(tiny_model("deepseek-v3.2"))  # DSA indexer
     for name, size in (("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")):
         assert backend_supports_graphs(tiny_model(name, size=size))
         assert not backend_supports_graphs(tiny_model(name, size=size, variant="v0"))  # the reference ops
@@ -105,7 +105,7 @@ def test_graph_runner_step_logic_equals_eager_on_cpu(tiny_llama, monkeypatch):
     assert padded.pool.num_used == 0
 
 
-@pytest.mark.parametrize("family,size", [("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")])
+@pytest.mark.parametrize("family,size", [("deepseek-v3.2", "debug-v3"), ("dsv4", "debug"), ("deepseek-v3.2", "debug")])
 def test_graph_runner_padded_buckets_equal_eager_for_mla_models(family, size, monkeypatch):
     """MLA models through the padded bucket buffers (slot -1 rows, scratch block tables) on CPU: same tokens as the
     eager runner (the torch latent write skips the padded rows)."""
@@ -209,6 +209,24 @@ def test_graph_engine_equals_enforce_eager_cuda(cuda_tiny_llama, stagger):
     assert 0 < s.num_graph_steps < s.num_forward_calls  # replays, plus eager prefill / logprob steps
     assert eager.stats().num_graph_steps == 0
     assert graphs.pool.num_used == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("family,size", [("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")])
+def test_graph_engine_equals_enforce_eager_cuda_mla_moe(family, size):
+    """DeepSeek-style models (fused MoE + paged MLA / DSA decode) replay decode steps from CUDA graphs: same greedy
+    tokens as the eager runner."""
+    from torchinferno.testing import tiny_model
+
+    model = tiny_model(family, size=size, device="cuda")
+    prompts, params = _ragged_requests(9)
+    kw = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "max_model_len": 64}
+    graphs = LLMEngine(model, None, EngineConfig(**kw))
+    assert isinstance(graphs.runner, graph_runner.CudaGraphModelRunner)
+    got = _engine_outputs(graphs, prompts, params, True)
+    want = _engine_outputs(LLMEngine(model, None, EngineConfig(**kw, enforce_eager=True)), prompts, params, True)
+    assert got == want and graphs.stats().num_graph_steps > 0
 
 
 @pytest.mark.cuda

@@ -3,9 +3,10 @@
 
 ``check_kernel``: ``kernels.mla_decode.paged_absorbed_decode`` == ``mla.mla_absorbed_attention`` over the gathered
 latent (ragged lengths 1..300, scattered block tables); ``write_latent`` skips slot -1.
-``check_models``: tiny deepseek-v3 (no indexer) and dsv4 models, default (fused) variant vs the v0 reference with
-the same weights: prefill into a paged cache then decode steps (paged MLA + fused MoE on the fused side), and the
-same decode through ``CudaGraphDecodeRunner``'s padded buckets (graphs on CUDA, its eager padded path on CPU).
+``check_models``: tiny deepseek-v3 (no indexer), dsv4 and deepseek-v3.2 (DSA) models, default (fused) variant vs the
+v0 reference with the same weights: prefill into a paged cache then decode steps (paged MLA + fused MoE on the fused
+side) through the module path and ``CudaGraphDecodeRunner`` (graphs on CUDA), or on CPU through the runner's bucket
+buffers as a capture sees them (placeholder host lengths, ``MLAProjections.capturing`` forced on).
 """
 
 from __future__ import annotations
@@ -53,62 +54,97 @@ def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r
     assert torch.equal(flat, ref), "write_latent: wrong rows written (slot -1 must write nothing)"
 
 
-def _pair(family: str, size: str, device, dtype):
-    from torchinferno.testing import tiny_model
+def _pair(family: str, size: str, device, dtype, **overrides):
+    from dataclasses import replace
 
-    fused = tiny_model(family, size=size, dtype=dtype).to(device)
-    ref = tiny_model(family, size=size, dtype=dtype, variant="v0").to(device)
+    from torchinferno.models.registry import get_family
+    from torchinferno.testing import randomize_
+
+    fam = get_family(family)
+    cfg = replace(fam.size(size), **overrides)
+    models = []
+    for variant in ("v1", "v0"):
+        torch.manual_seed(0)
+        m = randomize_(fam.build(cfg, device="cpu", variant=variant)).to(device=device, dtype=dtype).eval()
+        m.family = fam
+        models.append(m)
+    fused, ref = models
     ref.load_state_dict(fused.state_dict())
     assert fused.ops.NAME == "fused" and ref.ops.NAME == "raw"
     return fused, ref
 
 
-def _decode_logits(model, device, dtype, ids, runner: bool):
+def _decode_logits(model, device, dtype, ids, mode: str = "module"):
+    """Prefill ``P`` tokens per row, then decode the rest one step at a time -> logits [steps, B, V] fp32.
+
+    ``mode``: "module" (model forward), "runner" (``CudaGraphDecodeRunner``: graphs on CUDA, its eager padded path
+    on CPU) or "emulated" (CPU: the runner's bucket buffers with the placeholder host lengths a capture sees and
+    ``MLAProjections.capturing`` forced on, i.e. what a captured graph computes)."""
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
+    from torchinferno.models.common import mla_projections
     from torchinferno.models.common.attention_metadata import (
         build_attention_metadata,
         positions_for,
     )
 
-    bs, B = 4, ids.shape[0]
+    bs, B, P = 4, ids.shape[0], 9
     caches = model.family.kv_spec(model.config).allocate(num_blocks=4 * B + 1, block_size=bs, dtype=dtype,
                                                          device=device)
     table = [[1 + 4 * b + j for j in range(4)][::-1] for b in range(B)]  # reversed: non-contiguous
-    P = 5
     out = []
     with torch.no_grad():
         meta = build_attention_metadata([P] * B, [0] * B, table, bs, device=device)
         model(ids[:, :P].reshape(-1), positions_for([P] * B, [0] * B).to(device), caches, meta)
-        gr = CudaGraphDecodeRunner(model, caches, bs, 4, batch_sizes=(B + 1,)) if runner else None
-        if gr is not None:
-            gr.capture()
+        gr = None
+        if mode != "module":
+            gr = CudaGraphDecodeRunner(model, caches, bs, 4, batch_sizes=(B + 1,))
+            if mode == "runner":
+                gr.capture()
         for t in range(P, ids.shape[1]):
             meta = build_attention_metadata([1] * B, [t] * B, table, bs, device=device)
             pos = torch.full((B,), t, device=device)
-            if gr is None:
+            if mode == "module":
                 out.append(model.compute_logits(model(ids[:, t], pos, caches, meta)))
-            else:
+            elif mode == "runner":
                 out.append(gr.run(ids[:, t], pos, meta.slot_mapping, meta.block_tables, meta.seq_lens,
                                   meta.seq_lens_list).clone())
+            else:
+                gr._load(ids[:, t], pos, meta.slot_mapping, meta.block_tables, meta.seq_lens, B + 1)
+                real = mla_projections.capturing
+                mla_projections.capturing = lambda t: True
+                try:
+                    out.append(gr._forward(B + 1)[:B].clone())  # host lengths: the placeholder a capture sees
+                finally:
+                    mla_projections.capturing = real
     return torch.stack(out).float(), gr
 
 
+MODEL_CASES = [  # family, size, overrides, modes on CPU (CUDA: module + runner with graphs)
+    ("deepseek-v3.2", "debug-v3", {}, ("emulated",)),  # paged MLA decode
+    ("dsv4", "debug", {}, ("emulated",)),
+    # DSA (not declared capturable: its gathered path reads the whole table width), still capture-correct:
+    ("deepseek-v3.2", "debug", {}, ("emulated",)),  # contexts 10-11 past its top-8, sparse selection
+    ("deepseek-v3.2", "debug", {"index_topk": 16}, ("emulated",)),  # top-k >= the static width: masked dense
+]
+
+
 def check_models(device, dtype=torch.float32) -> None:
+    """Fused variants (paged MLA decode or DSA's gathered path, fused MoE and routing) == the v0 reference with the
+    same weights, through the modes of :func:`_decode_logits`."""
     from torchinferno.kernels.cuda_graphs import backend_supports_graphs
 
-    ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(2)).to(device)
-    for family, size in (("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")):
-        fused, ref = _pair(family, size, device, dtype)
-        assert backend_supports_graphs(fused) and not backend_supports_graphs(ref), family
-        want, _ = _decode_logits(ref, device, dtype, ids, runner=False)
-        if device.type == "cuda":  # the module path too (on CPU the runner's eager padded path runs it already)
-            got, _ = _decode_logits(fused, device, dtype, ids, runner=False)
-            assert _rel(got, want) <= TOL[dtype], f"{family} decode: rel err {_rel(got, want):.2e}"
-        got, gr = _decode_logits(fused, device, dtype, ids, runner=True)
-        assert gr.use_graphs == (device.type == "cuda"), (gr.use_graphs, device)
-        assert _rel(got, want) <= TOL[dtype], f"{family} padded-bucket decode: rel err {_rel(got, want):.2e}"
-    fused, _ = _pair("deepseek-v3.2", "debug", device, dtype)  # V3.2: the DSA indexer still needs host lengths
-    assert not backend_supports_graphs(fused)
+    ids = torch.randint(0, 320, (2, 11), generator=torch.Generator().manual_seed(2)).to(device)
+    for family, size, overrides, cpu_modes in MODEL_CASES:
+        fused, ref = _pair(family, size, device, dtype, **overrides)
+        graphs = not fused.config.index_n_heads if family == "deepseek-v3.2" else True  # DSA: not declared (yet)
+        assert backend_supports_graphs(fused) == graphs and not backend_supports_graphs(ref), family
+        want, _ = _decode_logits(ref, device, dtype, ids)
+        for mode in ("module", "runner") if device.type == "cuda" else cpu_modes:
+            got, gr = _decode_logits(fused, device, dtype, ids, mode)
+            if mode == "runner":
+                assert gr.use_graphs == (graphs and device.type == "cuda"), (gr.use_graphs, device)
+            err = _rel(got, want)
+            assert err <= TOL[dtype], f"{family} {size} {overrides} {mode}: rel err {err:.2e}"
 
 
 def main() -> None:
@@ -121,6 +157,7 @@ def main() -> None:
     if what == "kernel":
         check_kernel(cpu, torch.float32)
         check_kernel(cpu, torch.float16)
+        check_kernel(cpu, torch.float32, lens=(3, 40), H=20, dn=8, dv=8, R=32, r=8)  # heads over two launches
     elif what == "models":
         check_models(cpu)
     print(f"ok {what}")

@@ -58,6 +58,27 @@ def test_config_lookup_falls_back_to_defaults():
     assert config_for(6, 64, 1408, 2048, torch.float64)["BLOCK_M"] == 16
 
 
+def test_config_table_is_read_by_pair_bucket(tmp_path, monkeypatch):
+    """A tune-moe table: the nearest stored bucket at or above the pair count, the largest past the end."""
+    import json
+
+    from torchinferno.kernels import fused_moe
+
+    small = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+    big = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps({fused_moe.config_key(64, 1408, 2048, torch.bfloat16): {"8": small, "2048": big}}))
+    monkeypatch.setattr(fused_moe, "CONFIG_FILE", path)
+    fused_moe._stored_configs.cache_clear()
+    try:
+        assert fused_moe.config_for(6, 64, 1408, 2048, torch.bfloat16) == small
+        assert fused_moe.config_for(9, 64, 1408, 2048, torch.bfloat16) == big
+        assert fused_moe.config_for(50_000, 64, 1408, 2048, torch.bfloat16) == big
+        assert fused_moe.config_for(6, 64, 2048, 1408, torch.bfloat16) == default_config(6, 64, 2048, 1408)
+    finally:
+        fused_moe._stored_configs.cache_clear()
+
+
 @pytest.mark.parametrize("check", ["experts", "model"])
 def test_fused_moe_on_the_triton_interpreter(check):
     pytest.importorskip("triton")

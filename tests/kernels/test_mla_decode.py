@@ -40,6 +40,7 @@ def test_mla_paged_decode_cuda(dtype):
 
     C.check_kernel(torch.device("cuda"), dtype)
     C.check_kernel(torch.device("cuda"), dtype, lens=(1, 700, 4000), H=16, dn=128, dv=128, R=512, r=64)
+    C.check_kernel(torch.device("cuda"), dtype, lens=(5, 300), H=40, dn=128, dv=128, R=512, r=64)  # 3 launches
 
 
 @cuda

@@ -3,7 +3,8 @@
 Two sections, each beside a same-run bound:
 
 * ``layer``: one MoE block (router + routed experts + shared experts) at decode batches (1, 8, 64, 256 tokens)
-  and a prefill of 2048 tokens. Fused: captured in a CUDA graph (which also proves the step has no host sync)
+  and a prefill of 2048 tokens, at the V2-Lite-like shape and at DeepSeek-V3's (256 experts top-8 in 8 groups
+  keeping 4, hidden 7168, one shared expert). Fused: captured in a CUDA graph (which also proves the step has no host sync)
   and replayed; reference: the grouped loop eagerly (it syncs per layer). Bound: bytes actually read (router,
   the experts the routing hits, shared experts) / copy bandwidth; prefill: FLOPs / sustained matmul rate.
 * ``model``: the whole V2-Lite-like model (``deepseek_v32`` size ``v2-lite-shape``, random bf16): a decode step
@@ -25,12 +26,17 @@ import torch
 from torchinferno.bench.ceilings import copy_bandwidth, sustained_matmul_rate
 from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms
 
+LAYER_SHAPES = {  # name -> (E, top_k, D, I, shared, n_group, topk_group)
+    "v2-lite": (64, 6, 2048, 1408, 2, 1, 1),
+    "v3": (256, 8, 7168, 2048, 1, 8, 4),  # one DeepSeek-V3 MoE layer (22.5 GB in bf16)
+}
 
-def _moe_cfg(E: int, top_k: int, D: int, inter: int, shared: int):
+
+def _moe_cfg(E: int, top_k: int, D: int, inter: int, shared: int, n_group: int = 1, topk_group: int = 1):
     from torchinferno.models.deepseek_v32.config import DeepSeekV32Config
 
     return DeepSeekV32Config(hidden_size=D, moe_intermediate_size=inter, n_routed_experts=E, num_experts_per_tok=top_k,
-                             n_shared_experts=shared, n_group=1, topk_group=1, norm_topk_prob=True,
+                             n_shared_experts=shared, n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
                              routed_scaling_factor=1.0, index_n_heads=0)
 
 
@@ -54,14 +60,15 @@ def _hit_experts(moe, x) -> int:
 
 
 def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 64, 256), prefill=2048,
-               bw: float | None = None, mm: float | None = None, log=print) -> list[dict]:
+               bw: float | None = None, mm: float | None = None, log=print, n_group: int = 1,
+               topk_group: int = 1) -> list[dict]:
     """One MoE block: fused (graph-replayed) vs the grouped reference, per token count."""
     from torchinferno.models.common.layers import SparseMoE
     from torchinferno.models.common.moe import set_moe_backend
     from torchinferno.models.deepseek_v32 import fused_ops
 
     with torch.device("meta"):
-        moe = SparseMoE(_moe_cfg(E, top_k, D, inter, shared), fused_ops)
+        moe = SparseMoE(_moe_cfg(E, top_k, D, inter, shared, n_group, topk_group), fused_ops)
     moe.to(dtype=torch.bfloat16).to_empty(device=dev)
     _randomize(moe)
     moe.eval()
@@ -280,7 +287,7 @@ def hf_rows(model, batches=(1, 64), ctx: int = 128, new_tokens: int = 8, log=pri
 
 
 def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill: int = 2048, hf: bool = True,
-                  layers: int | None = None, log=print) -> dict:
+                  layers: int | None = None, layer_shapes=("v2-lite", "v3"), log=print) -> dict:
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     bw = copy_bandwidth(dev)
@@ -288,8 +295,12 @@ def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill:
     log(f"ceilings: copy bandwidth {bw / 1e9:.0f} GB/s, sustained bf16 matmul {mm / 1e12:.0f} TFLOP/s")
     rep: dict = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "copy_bw": bw, "matmul": mm}
     if "layer" in sections:
-        log("MoE layer (E=64 top-6, D=2048, I=1408, 2 shared; bf16):")
-        rep["layer"] = layer_rows(dev, batches=batches, prefill=prefill, bw=bw, mm=mm, log=log)
+        rep["layer"] = {}
+        for name in layer_shapes:
+            E, k, D, inter, shared, G, TG = LAYER_SHAPES[name]
+            log(f"MoE layer {name} (E={E} top-{k}, D={D}, I={inter}, {shared} shared, groups {TG}/{G}; bf16):")
+            rep["layer"][name] = layer_rows(dev, E, k, D, inter, shared, batches, prefill, bw, mm, log, G, TG)
+            torch.cuda.empty_cache()
     if "model" in sections:
         model = build_v2_lite(dev, layers)
         n = sum(p.numel() for p in model.parameters())

@@ -21,6 +21,7 @@ from torchinferno.bench.gpu_timing import cuda_time_ms
 from torchinferno.kernels import fused_moe
 
 V2_LITE = (64, 6, 2048, 1408)  # E, top_k, D, I
+V3 = (256, 8, 7168, 2048)
 DEFAULT_TOKENS = (1, 8, 64, 256, 2048)
 
 

@@ -22,13 +22,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256], help="decode batch sizes")
     b.add_argument("--prefill-tokens", type=int, default=2048)
     b.add_argument("--layers", type=int, default=None, help="model layers (default: the shape's 16)")
+    b.add_argument("--layer-shapes", nargs="+", default=["v2-lite", "v3"], choices=["v2-lite", "v3"],
+                   help="MoE layer shapes of the layer section")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers eager peer")
     b.add_argument("--json-output", default=None)
     b.set_defaults(func=cmd_bench_moe)
 
     t = sub.add_parser("tune-moe", help="search tile configs for the fused MoE GEMMs on the GPU; write them as data")
     t.add_argument("--shape", type=_shape, action="append", default=None,
-                   help="E,top_k,hidden,moe_intermediate (repeatable; default 64,6,2048,1408: V2-Lite)")
+                   help="E,top_k,hidden,moe_intermediate (repeatable; default 64,6,2048,1408 (V2-Lite) then "
+                        "256,8,7168,2048 (V3))")
     t.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256, 2048])
     t.add_argument("--output", default=None, help="JSON file (default: the package's kernels/triton/fused_moe_configs.json)")
     t.add_argument("--budget-s", type=float, default=240.0)
@@ -48,7 +51,8 @@ def cmd_bench_moe(a) -> int:
     _need_cuda("bench-moe")
     from torchinferno.bench.moe_bench import run_bench_moe
 
-    rep = run_bench_moe(tuple(a.sections), tuple(a.batches), a.prefill_tokens, not a.no_hf, a.layers)
+    rep = run_bench_moe(tuple(a.sections), tuple(a.batches), a.prefill_tokens, not a.no_hf, a.layers,
+                        tuple(a.layer_shapes))
     if a.json_output:
         with open(a.json_output, "w") as f:
             json.dump(rep, f, indent=1, default=str)
@@ -57,7 +61,7 @@ def cmd_bench_moe(a) -> int:
 
 def cmd_tune_moe(a) -> int:
     _need_cuda("tune-moe")
-    from torchinferno.bench.moe_tune import V2_LITE, run_tune_moe
+    from torchinferno.bench.moe_tune import V2_LITE, V3, run_tune_moe
 
-    run_tune_moe(tuple(a.shape or [V2_LITE]), tuple(a.tokens), a.output, a.budget_s)
+    run_tune_moe(tuple(a.shape or [V2_LITE, V3]), tuple(a.tokens), a.output, a.budget_s)
     return 0

@@ -7,6 +7,7 @@ GQA layout the split-K paged decode kernel (``kernels.triton.decode_attention``)
 query heads in one group; its lengths and block tables are device tensors, so nothing here reads a host value.
 
 * :func:`paged_absorbed_decode` — ``q_nope [B, H, dn], q_pe [B, H, r]`` -> ``[B, H, dv]`` (W_UV folded in after).
+  At most :data:`MAX_HEADS_PER_LAUNCH` heads per launch (a program holds its heads' 576-wide query rows).
   Reference: ``models.common.mla.mla_absorbed_attention`` over the gathered latent (tests/kernels/test_mla_decode.py).
 * :func:`write_latent` — the new tokens' latent rows into the cache; ``slot_mapping = -1`` (a padded row of a
   CUDA-graph bucket) writes nothing, without the boolean indexing (a host sync) the torch path needs for that.
@@ -21,6 +22,8 @@ import torch
 
 from torchinferno.kernels import triton as _tri
 from torchinferno.models.common.mla import split_kv_b
+
+MAX_HEADS_PER_LAUNCH = 16  # heads per kernel launch (V2-Lite: one launch; V3's 128 heads: 8, each re-reading the rows)
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -44,7 +47,11 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
     q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1).contiguous()  # [B, H, R + r]
     kc = latent_cache.unsqueeze(2)  # [N, bs, 1, R + r]: one KV head
     vc = kc[..., :R]  # values: c_kv, the first R of the same rows
-    o_lat = batched_paged_decode_attention(q, kc, vc, block_tables, seq_lens.to(torch.int32), scale)  # [B, H, R]
+    lens = seq_lens.to(torch.int32)
+    o_lat = torch.empty(q.shape[0], H, R, dtype=q.dtype, device=q.device)  # [B, H, R]
+    for h0 in range(0, H, MAX_HEADS_PER_LAUNCH):  # a program holds all its heads' [576-wide] query rows
+        h1 = min(H, h0 + MAX_HEADS_PER_LAUNCH)
+        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, out=o_lat[:, h0:h1])
     return torch.einsum("bhr,hvr->bhv", o_lat, w_uv)
 
 

@@ -15,6 +15,13 @@ from torch import nn
 
 from torchinferno.models.common.layers import DirectWeightLinear, RMSNorm
 
+
+def capturing(t: torch.Tensor) -> bool:
+    """A CUDA graph is being captured on ``t``'s device: host metadata (``seq_lens_list``) is then a placeholder
+    (``kernels.cuda_graphs``: the full block-table width), so decode must mask from the device lengths."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 # q_a_layernorm / kv_a_layernorm: transformers and DeepSeek's release build them with the RMSNorm
 # default eps, not config.rms_norm_eps (dsv4 follows, so converted DeepSeek weights match).
 LATENT_NORM_EPS = 1e-6
@@ -79,10 +86,17 @@ class MLAProjections(nn.Module):
         """The ops module opts into the Triton paged path (``PAGED_MLA_DECODE``) and decode is not batch-invariant."""
         return bool(getattr(self.ops, "PAGED_MLA_DECODE", False)) and not self.batch_invariant
 
+    @staticmethod
+    def capturing(t: torch.Tensor) -> bool:
+        """Module-level :func:`capturing` (looked up at call time, so a test can emulate a capture on CPU)."""
+        return capturing(t)
+
     @property
     def supports_cuda_graphs(self) -> bool:
-        """A decode step reads only device tensors: the paged absorbed decode applies and there is no DSA indexer
-        (its top-k still sizes a gather from host lengths). ``kernels.cuda_graphs.backend_supports_graphs``."""
+        """A decode step reads only device tensors and only the live rows (``kernels.cuda_graphs``): the paged
+        absorbed decode, so not with a DSA indexer. (Its gathered path is capture-correct, masked from the device
+        lengths while :func:`capturing`, but it would gather the whole block-table width, i.e. ``max_model_len``
+        rows per sequence and layer, every step: it waits for a sparse kernel over the selected rows.)"""
         return self._paged_ops() and self.absorb_decode and getattr(self, "indexer", None) is None
 
     def paged_decode(self, q_nope, q_pe, cache: torch.Tensor, meta) -> torch.Tensor | None:
@@ -96,8 +110,9 @@ class MLAProjections(nn.Module):
                                                 meta.block_tables, meta.seq_lens)
 
     def write_latent(self, cache: torch.Tensor, latent: torch.Tensor, meta) -> None:
-        """The new tokens' latent rows into the cache: a Triton append on CUDA (skips slot -1 without a host sync),
-        ``write_kv`` elsewhere (padded rows skipped when ``meta.has_padding``)."""
+        """The new tokens' rows (latent ``[T, R + r]``, or any per-token rows such as index keys) into a
+        ``[N, bs, width]`` cache: a Triton append on CUDA (skips slot -1 without a host sync), ``write_kv``
+        elsewhere (padded rows skipped when ``meta.has_padding``)."""
         from torchinferno.kernels import mla_decode
         from torchinferno.models.common.attention import write_kv
 

@@ -23,7 +23,8 @@ and padded per expert on the device, one grouped Triton GEMM with SwiGLU fused, 
 a reshape-sum over the top-k): no host sync, so a decode step with MoE layers is CUDA-graph capturable. It applies
 to CUDA tensors outside tracing and batch-invariant mode; elsewhere it is :func:`grouped_expert_mlp`, which stays
 the reference (``moe_backend = "torch"`` on a :class:`~torchinferno.models.common.layers.RoutedExperts` selects
-it on CUDA too; :func:`set_moe_backend`). Routing (:func:`route_sigmoid_grouped`) is device tensor ops already.
+it on CUDA too; :func:`set_moe_backend`). Routing (:func:`route_sigmoid_grouped`) is device tensor ops (no host
+sync); :func:`route_fused` runs it as one Triton launch on CUDA (``kernels.triton.moe_routing``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from torchinferno.models.common.attention import gather_kv, write_kv
+from torchinferno.models.common.attention import gather_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, PreNormDecoderLayer
 from torchinferno.models.common.layers import FP32Linear, GatedMLP, RMSNorm, SparseMoE
@@ -112,7 +112,7 @@ class DeepSeekMLA(MLAProjections):
         if kv_cache is not None and meta is not None:
             self.write_latent(kv_cache[0], latent, meta)
             if idx is not None:
-                write_kv(kv_cache[1], idx.k, meta.slot_mapping, meta.has_padding)
+                self.write_latent(kv_cache[1], idx.k, meta)
         if kv_cache is not None and meta is not None and meta.is_decode and self.absorb_decode:
             if self.batch_invariant:
                 o = self.each_decode_row(lambda qn, qp, ix, m: self._decode_absorbed(qn, qp, ix, kv_cache, m),
@@ -160,7 +160,7 @@ class DeepSeekMLA(MLAProjections):
         L = meta.max_seq_len
         lat = gather_kv(kv_cache[0], meta.block_tables, L).to(q_nope.dtype)  # [B, L, R + r]
         visible = torch.arange(L, device=q_nope.device)[None, :] < meta.seq_lens[:, None].to(q_nope.device)  # [B, L]
-        mask = None if min(meta.seq_lens_list) == L else visible
+        mask = None if min(meta.seq_lens_list) == L and not self.capturing(q_nope) else visible
         if idx is not None and self.index_topk < L:
             ik = gather_kv(kv_cache[1], meta.block_tables, L)  # [B, L, Di]
             mask = self.indexer.select(idx.q[:, None], ik, idx.w[:, None], visible[:, None])[:, 0]

@@ -12,7 +12,9 @@ VARIANTS = {
     "v1": Variant(
         name="v1", parent="v0", class_path="torchinferno.models.deepseek_v32.v1:DeepSeekV32V1",
         ops_module="torchinferno.models.deepseek_v32.fused_ops", status="validated",
-        notes="RMSNorm / SwiGLU / neox rope routed to torchinferno.kernels; MLA, indexer and MoE still reference",
+        notes="RMSNorm / SwiGLU / neox rope routed to torchinferno.kernels; on CUDA: fused MoE + one-launch routing "
+              "(kernels.fused_moe), paged MLA decode (kernels.mla_decode), CUDA-graph capturable decode; indexer "
+              "scoring and prefill attention still reference",
     ),
 }
 VARIANTS.update(parallel_variants(VARIANTS["v0"], "models/deepseek_v32/parallel.py"))

@@ -11,7 +11,8 @@ VARIANTS = {
     "v1": Variant(
         name="v1", parent="v0", class_path="torchinferno.models.dsv4.v1:DSv4V1",
         ops_module="torchinferno.models.dsv4.fused_ops", status="validated",
-        notes="absorbed decode over the latent cache; RMSNorm / SwiGLU / neox rope routed to torchinferno.kernels",
+        notes="absorbed decode over the latent cache; RMSNorm / SwiGLU / neox rope routed to torchinferno.kernels; "
+              "on CUDA: fused MoE + routing, paged MLA decode, CUDA-graph capturable decode",
     ),
 }
 VARIANTS.update(parallel_variants(VARIANTS["v0"], "models/dsv4/parallel.py"))
