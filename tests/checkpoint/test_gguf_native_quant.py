@@ -106,3 +106,24 @@ def test_gguf_quantization_needs_kept_blocks(tmp_path, tiny_gguf_converted):
         quantize_block_linears(model, "gguf", tmp_path)
     with pytest.raises(ConfigError, match="unknown block quantization"):
         quantize_block_linears(model, "q5_k")
+
+
+def test_dtype_auto_keeps_a_gguf_models_blocks(tiny_gguf, tiny_gguf_converted, tmp_path):
+    from torchinferno.engine.assembly import ModelSpec, build_model, resolve_auto
+
+    spec = resolve_auto(ModelSpec(model=str(tiny_gguf.path), dtype="auto", cache_dir=str(tmp_path)))
+    assert (spec.dtype, spec.quantization) == ("bfloat16", "gguf")
+    model = build_model(ModelSpec(model=str(tiny_gguf.path), dtype="auto", cache_dir=str(tmp_path)))
+    assert isinstance(model.model.layers[0].mlp.gate_up_proj, QuantLinear)
+    explicit = resolve_auto(ModelSpec(model=str(tiny_gguf.path), dtype="auto", quantization="q8_0",
+                                      cache_dir=str(tmp_path)))
+    assert explicit.quantization == "q8_0"  # an asked quantization wins
+    (tmp_path / "plain").mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (tmp_path / "plain" / f).write_bytes((tiny_gguf_converted / f).read_bytes())
+    plain = resolve_auto(ModelSpec(model=str(tmp_path / "plain"), dtype="auto"))
+    assert (plain.dtype, plain.quantization) == ("bfloat16", "none")  # not a GGUF: nothing to keep
+    with pytest.raises(ConfigError, match="needs a GGUF model"):
+        resolve_auto(ModelSpec(model=str(tmp_path / "plain"), quantization="gguf"))
+    with pytest.raises(ConfigError, match="CPU only"):
+        resolve_auto(ModelSpec(model=str(tiny_gguf.path), quantization="q4_1", device="cuda"))
