@@ -32,7 +32,7 @@ def _case(n: int, k: int, m: int, fmt: str, seed: int = 0):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("n,k", [(576, 576), (37, 64), (16, 32), (100, 1536), (1, 96)])
-@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 17])
 def test_matches_reference_within_fp32_accumulation(fn, fmt, n, k, m):
     raw, x = _case(n, k, m, fmt)
     y = cpu_qgemv.make_qgemv(fn, cpu_qgemv.pack_blocks(raw, fmt), fmt, n, k, out_dtype=torch.float32)(x)

@@ -53,6 +53,19 @@ def weight_bytes_per_step(model) -> int:
     for name, b in model.named_buffers():  # quantized linears hold their weights as buffers (kernels/fp8_linear.py)
         if name.endswith((".weight_fp8", ".weight_scale")):
             total += b.numel() * b.element_size()
+    return total + _packed_bytes(model)
+
+
+def _packed_bytes(model) -> int:
+    """Bytes of pre-packed / block-quantized weights (``PackedLinear`` buffers, the packed head included); the
+    embedding is then only gathered, except when a tied head was not packed (counted above as a parameter)."""
+    from torchinferno.kernels.cpu_linear import PackedLinear
+
+    total = sum(m.packed_weight.numel() * m.packed_weight.element_size()
+                for m in model.modules() if isinstance(m, PackedLinear))
+    emb = model.model.embed_tokens.weight if hasattr(model, "model") else None
+    if total and emb is not None and getattr(model, "packed_head", None) is not None:
+        total -= emb.numel() * emb.element_size()  # counted above as the tied head; the packed head replaces it
     return total
 
 
@@ -94,16 +107,21 @@ def hf_decode_tok_s(hf_model, prompts: list[list[int]], new_tokens: int, repeats
 
 
 def run_bench(model_spec: str, batch_sizes: list[int], new_tokens: int, dtype: str, device: str, compare_hf: bool,
-              prompt_len: int = 32, cache_dir=None, log=print, prepack: bool = True) -> BenchReport:
+              prompt_len: int = 32, cache_dir=None, log=print, prepack: bool = True, quantization: str = "none",
+              keep_model: list | None = None) -> BenchReport:
+    """Our decode tok/s per batch size (and transformers' with ``compare_hf``); ``keep_model`` (a list) gets the
+    model appended, for a caller that times it again (``--compare-llamacpp``)."""
     from torchinferno.bench.ceilings import copy_bandwidth
-    from torchinferno.checkpoint.auto import load_model_auto, resolve_dtype
+    from torchinferno.checkpoint.auto import resolve_dtype
+    from torchinferno.engine.assembly import ModelSpec, build_model, resolve_auto
 
-    model = load_model_auto(model_spec, device=device, dtype=dtype, cache_dir=cache_dir)
-    wbytes = weight_bytes_per_step(model)  # before packing: packed weights are buffers, same bytes
-    if prepack:
-        from torchinferno.kernels.cpu_linear import prepack_linears
-
-        prepack_linears(model)
+    spec = resolve_auto(ModelSpec(model=model_spec, dtype=dtype, device=device, quantization=quantization,
+                                  prepack=prepack, cache_dir=cache_dir))
+    dtype = spec.dtype
+    model = build_model(spec)
+    if keep_model is not None:
+        keep_model.append(model)
+    wbytes = weight_bytes_per_step(model)  # packed and block-quantized weights as their buffers' bytes
     bw = copy_bandwidth(device)
     report = BenchReport(model_spec, dtype, device, torch.get_num_threads(), bw / 1e9, wbytes)
     hf = None

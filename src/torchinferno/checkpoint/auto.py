@@ -21,7 +21,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, default: torch.dtype = torch.
     if isinstance(dtype, torch.dtype):
         return dtype
     table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+             "float16": torch.float16, "fp16": torch.float16,
+             "auto": torch.bfloat16}  # "auto" as ModelSpec resolves it (engine/assembly.resolve_auto) where no spec is
     if dtype not in table:
         raise ConfigError(f"unknown dtype '{dtype}' (valid: float32, bfloat16, float16)")
     return table[dtype]

@@ -13,10 +13,15 @@ Invariants:
 * The tensor set and every shape are checked against the config before anything is written;
   an unknown, missing or misshapen tensor raises CheckpointError naming it and the file.
 * Tensors are dequantized one at a time and streamed into the shard writer.
+* The 2-D weights stored in a block format our quantized CPU GEMV reads (Q8_0, Q4_0, Q4_1) are also
+  kept as the file's raw blocks (q/k rows un-permuted the same way: a row's blocks move with it) in
+  ``gguf_blocks.safetensors`` under their HF names, metadata ``formats`` = {name: format}: what
+  ``--quantization gguf`` / ``--dtype auto`` multiply natively (``kernels/cpu_quant_linear.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -49,6 +54,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+BLOCKS_FILE = "gguf_blocks.safetensors"  # = kernels.cpu_quant_linear.BLOCKS_FILE (kept import-light here)
 _SKIPPED = {"rope_freqs.weight"}  # folded into config.rope_scaling
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _GLOBAL_RE = re.compile(r"^([a-z_]+)\.(weight|bias)$")
@@ -100,9 +106,16 @@ def convert_gguf(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = _converted_tensors(reader.tensors, config, dtype, path, progress)
+    blocks: dict[str, tuple[str, torch.Tensor]] = {}
+    tensors = _converted_tensors(reader.tensors, config, dtype, path, progress, blocks)
     save_hf_dir(out, config, tensors, max_shard_bytes=max_shard_bytes,
                 metadata={"source": "gguf", "gguf_file": path.name})
+    if blocks:
+        from safetensors.torch import save_file
+
+        formats = json.dumps({name: fmt for name, (fmt, _) in blocks.items()})
+        save_file({name: raw for name, (_, raw) in blocks.items()}, str(out / BLOCKS_FILE),
+                  metadata={"formats": formats, "gguf_file": path.name})
     write_json(out / "generation_config.json", generation_config(meta))
     write_tokenizer_files(meta, out, path)
     return out
@@ -171,9 +184,24 @@ def _dequantize(t: Any, path: Path) -> Any:
     return arr if arr.flags.writeable else arr.copy()
 
 
+def _raw_blocks(t: Any) -> tuple[str, torch.Tensor] | None:
+    """(format, raw uint8 [rows, row bytes]) of a 2-D tensor in a format the quantized GEMV reads, else None."""
+    import numpy as np
+
+    from torchinferno.kernels.cpu_qgemv import BY_GGML_TYPE
+
+    f = BY_GGML_TYPE.get(int(t.tensor_type))
+    if f is None or len(t.shape) != 2:
+        return None
+    rows = int(t.shape[1])
+    return f.name, torch.from_numpy(np.array(t.data, copy=True)).view(torch.uint8).reshape(rows, -1)
+
+
 def _converted_tensors(
-    gguf_tensors: list[Any], cfg: dict[str, Any], dtype: torch.dtype, path: Path, progress: bool
+    gguf_tensors: list[Any], cfg: dict[str, Any], dtype: torch.dtype, path: Path, progress: bool,
+    blocks: dict[str, tuple[str, torch.Tensor]] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, dequantized tensor) per GGUF tensor; ``blocks`` (when given) also gets the raw blocks kept."""
     from tqdm.auto import tqdm
 
     bar = tqdm(gguf_tensors, desc=f"convert {path.name}", unit="tensor", disable=not progress)
@@ -181,8 +209,12 @@ def _converted_tensors(
         if t.name in _SKIPPED:
             continue
         w = torch.from_numpy(_dequantize(t, path))
-        if ".attn_q." in t.name:
-            w = unpermute_rope_rows(w, cfg["num_attention_heads"])
-        elif ".attn_k." in t.name:
-            w = unpermute_rope_rows(w, cfg["num_key_value_heads"])
+        raw = _raw_blocks(t) if blocks is not None else None
+        heads = {".attn_q.": cfg["num_attention_heads"], ".attn_k.": cfg["num_key_value_heads"]}
+        for key, n in heads.items():
+            if key in t.name:
+                w = unpermute_rope_rows(w, n)
+                raw = None if raw is None else (raw[0], unpermute_rope_rows(raw[1], n))
+        if raw is not None:
+            blocks[hf_name(t.name)] = raw  # type: ignore[index]  # names were checked
         yield hf_name(t.name), w.to(dtype)  # type: ignore[misc]  # names were checked

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -13,7 +14,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=32)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "auto"],
+                   help="auto: bfloat16, and a GGUF model keeps its quantized blocks (--quantization gguf)")
+    p.add_argument("--quantization", default="none", choices=["none", "gguf", "q8_0", "q4_0", "q4_1"],
+                   help="gguf: the GGUF's own Q8_0/Q4_0/Q4_1 blocks; q8_0/q4_0/q4_1: quantize so (CPU, native)")
+    p.add_argument("--compare-llamacpp", action="store_true",
+                   help="also time llama.cpp's llama-bench (batch 1, same thread count) on the same weights, "
+                        "alternating with ours for --rounds pairs (BF16 GGUF for a bf16 run, the model's GGUF "
+                        "for a quantized one)")
+    p.add_argument("--rounds", type=int, default=3, help="paired rounds of --compare-llamacpp (default 3)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="a quantized run: greedy-token agreement and perplexity vs the bf16 model of the same "
+                        "checkpoint")
     p.add_argument("--device", default="cpu")
     p.add_argument("--compare-hf", action="store_true", help="also time transformers' generate on the same weights")
     p.add_argument("--cache-dir", default=None)
@@ -34,14 +46,49 @@ def cmd_bench_generate(a) -> int:
     check_device(a.device)
     print(f"bench-generate {a.model} dtype={a.dtype} device={a.device} threads={torch.get_num_threads()} "
           f"prompt={a.prompt_tokens} new={a.new_tokens}")
+    kept: list = []
     with use_kernel(a.cpu_gemv):  # run_bench's prepack_linears(model) packs for this kernel
         rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens,
-                        a.cache_dir, prepack=not a.no_prepack)
+                        a.cache_dir, prepack=not a.no_prepack, quantization=a.quantization, keep_model=kept)
     print(f"copy bandwidth (read+write): {rep.bandwidth_gb_s:.1f} GB/s; weight bytes per decode step: {rep.weight_bytes_per_step / 1e6:.1f} MB")
+    quant = _quantization_of(kept[0])
+    extra = {}
+    if a.compare_llamacpp:
+        from torchinferno.bench.llamacpp import compare_rounds
+        from torchinferno.env import read_env
+
+        cache = Path(a.cache_dir).expanduser() if a.cache_dir else read_env().cache_dir
+        extra["llamacpp"] = compare_rounds(kept[0], a.model, quant, cache, a.new_tokens, a.prompt_tokens, a.rounds)
+    if a.accuracy:
+        extra["accuracy"] = _accuracy(a, kept[0], quant)
     if a.json_output:
-        data = asdict(rep)
+        data = {**asdict(rep), **extra}
         for r, rr in zip(rep.rows, data["rows"]):
             rr["ratio"] = r.ratio
         with open(a.json_output, "w") as f:
             json.dump(data, f, indent=2)
     return 0
+
+
+def _quantization_of(model) -> str:
+    """"none", or the block format(s) the built model's linears run in (e.g. "q4_1+q8_0")."""
+    from torchinferno.kernels.cpu_quant_linear import QuantLinear
+
+    fmts = sorted({m.kernel for m in model.modules() if isinstance(m, QuantLinear)})
+    return "+".join(fmts) if fmts else "none"
+
+
+def _accuracy(a, model, quant: str) -> dict | None:
+    from torchinferno.bench.quant_accuracy import compare, format_accuracy
+    from torchinferno.engine.assembly import ModelSpec, build_model, tokenizer_spec
+    from torchinferno.text.tokenizer import load_tokenizer
+
+    if quant == "none":
+        print("accuracy: the run is not quantized; nothing to compare")
+        return None
+    spec = ModelSpec(model=a.model, dtype="bfloat16", device=a.device, cache_dir=a.cache_dir)
+    ref = build_model(spec)
+    tok = load_tokenizer(tokenizer_spec(spec, None, ref.checkpoint_dir))
+    rep = compare(ref, model, tok)
+    print(format_accuracy(rep, "bf16", quant))
+    return asdict(rep)

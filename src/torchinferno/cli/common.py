@@ -13,7 +13,8 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
     if positional:
         p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                        help=f"registry name, HF dir, .gguf file or hub id (default: {DEFAULT_MODEL})")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"],
+                   help="auto: bfloat16, and a GGUF model on CPU keeps its quantized blocks (--quantization gguf)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--tokenizer", default=None, help="byte | PATH (default: the model's tokenizer.json, else byte)")
     p.add_argument("--cache-dir", default=None, help="model cache (default ~/.cache/torchinferno)")
@@ -24,9 +25,13 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
 
 
 def add_quantization_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--quantization", default="none", choices=["none", "fp8"],
+    from torchinferno.engine.assembly import QUANTIZATIONS
+
+    p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
                    help="fp8: FP8-E4M3 weights and per-token activations (W8A8) for every linear but the head; "
-                        "FP8 tensor cores on CUDA sm89+, a torch reference elsewhere (slow on CPU)")
+                        "FP8 tensor cores on CUDA sm89+, a torch reference elsewhere (slow on CPU). "
+                        "gguf: a GGUF model's own Q8_0/Q4_0/Q4_1 blocks; q8_0/q4_0/q4_1: quantize any model so; "
+                        "both multiplied natively on CPU (AVX512-VNNI), never dequantized")
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

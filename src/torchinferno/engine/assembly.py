@@ -22,7 +22,11 @@ __all__ = ["ModelSpec", "build_model", "check_device", "tokenizer_spec", "tiny_k
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
 """``--model tiny``: a tiny random model (of ``--model-kind``'s family, default llama3) instead of a checkpoint."""
-QUANTIZATIONS = ("none", "fp8")
+QUANTIZATIONS = ("none", "fp8", "gguf", "q8_0", "q4_0", "q4_1")
+"""fp8: W8A8 (kernels/fp8_linear); gguf: a GGUF model's own Q8_0/Q4_0/Q4_1 blocks, q8_0/q4_0/q4_1: ggml's
+quantizers on any model, both multiplied natively on CPU (kernels/cpu_quant_linear)."""
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+"""auto: bfloat16, and a GGUF model on CPU keeps its quantized blocks (``--quantization gguf``)."""
 
 
 def tiny_kind_family(model_kind: str) -> str:
@@ -85,9 +89,11 @@ class ModelSpec:
 def build_model(spec: ModelSpec) -> nn.Module:
     """Load (or build at random), quantize and pre-pack; the returned model has ``.family`` set."""
     from torchinferno.checkpoint.auto import default_attention_backend, load_model_auto, resolve_dtype
+    from torchinferno.kernels.cpu_quant_linear import BLOCK_QUANTIZATIONS, quantize_block_linears
     from torchinferno.kernels.fp8_linear import quantize_model
 
     check_device(spec.device)
+    spec = resolve_auto(spec)
     if spec.model_kind is not None:
         from torchinferno.models.registry import get_family
         from torchinferno.testing import tiny_model
@@ -99,12 +105,61 @@ def build_model(spec: ModelSpec) -> nn.Module:
     else:
         model = load_model_auto(spec.model, device=spec.device, dtype=spec.dtype, variant=spec.variant,
                                 cache_dir=spec.cache_dir)
-    quantize_model(model, spec.quantization)
+    if spec.quantization in BLOCK_QUANTIZATIONS:
+        quantize_block_linears(model, spec.quantization, getattr(model, "checkpoint_dir", None))
+    else:
+        quantize_model(model, spec.quantization)
     if spec.prepack:
         from torchinferno.kernels.cpu_linear import prepack_linears
 
         prepack_linears(model)  # no-op unless bf16 weights on a CPU with oneDNN bf16
     return model
+
+
+def resolve_auto(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with ``dtype="auto"`` made concrete (bfloat16; on CPU a GGUF model keeps its blocks: quantization
+    "gguf" unless one was asked), and a block quantization checked against the device. A GGUF conversion made
+    before blocks were kept is redone once (registry models are re-extracted from pip's cache)."""
+    from dataclasses import replace
+
+    from torchinferno.kernels.cpu_quant_linear import BLOCK_QUANTIZATIONS
+
+    quant = spec.quantization
+    if spec.dtype == "auto":
+        if quant == "none" and spec.device == "cpu" and spec.model is not None and _gguf_blocks(spec) is not None:
+            quant = "gguf"
+        spec = replace(spec, dtype="bfloat16", quantization=quant)
+    if quant in BLOCK_QUANTIZATIONS and spec.device != "cpu":
+        raise ConfigError(f"--quantization {quant} runs on CPU only (device {spec.device})")
+    if quant == "gguf" and (spec.model is None or _gguf_blocks(spec) is None):
+        raise ConfigError(f"--quantization gguf needs a GGUF model (a .gguf file or a registry name), not {spec.name}")
+    return spec
+
+
+def _gguf_blocks(spec: ModelSpec) -> Path | None:
+    """The blocks file of a GGUF-converted ``spec.model`` (reconverting an older conversion once), else None."""
+    from torchinferno.checkpoint.gguf_import import BLOCKS_FILE
+    from torchinferno.checkpoint.zoo import MODEL_ZOO, pull
+
+    ckpt = spec.checkpoint_dir()
+    if ckpt is None or (ckpt / BLOCKS_FILE).is_file():
+        return None if ckpt is None else ckpt / BLOCKS_FILE
+    from torchinferno.checkpoint.build_once import MARKER
+
+    marker = ckpt / MARKER
+    if not marker.is_file() or "gguf" not in marker.read_text():
+        return None  # not converted from a GGUF
+    if spec.model in MODEL_ZOO:
+        ckpt = pull(spec.model, cache_dir=spec.cache_dir, force=True)
+    else:
+        from torchinferno.checkpoint.build_once import build_once
+        from torchinferno.checkpoint.gguf_import import convert_gguf
+        from torchinferno.checkpoint.zoo import gguf_cache_dir
+
+        src = Path(spec.model).expanduser().resolve()
+        ckpt = build_once(gguf_cache_dir(src, spec.cache_dir), lambda out, _s: convert_gguf(src, out, progress=True),
+                          info={"gguf": str(src)}, force=True)
+    return ckpt / BLOCKS_FILE if (ckpt / BLOCKS_FILE).is_file() else None
 
 
 def tokenizer_spec(spec: ModelSpec, tokenizer: str | None = None, checkpoint_dir: str | Path | None = None) -> str:

@@ -9,6 +9,10 @@
  * u unsigned (4 bits: 0..15, 8 bits: 0..255), d and c fp16. This is GGUF's own numbers, repacked
  * losslessly: Q4_1 (u = q, c = m), Q4_0 (u = q, c = -8 d), Q8_0 (u = q + 128, c = -128 d).
  *
+ * Tiles: up to 8 x rows share each unpacked block (MR); tiles of 2+ rows software-prefetch the weight
+ * stream PF_DIST blocks ahead (measured: a 32 MB Q8_0 head at 4 rows went from 3.7 to 0.95 ms, 1 thread;
+ * 1-row tiles are faster without).
+ *
  * Packed weight layout (made once by cpu_qgemv.pack_blocks):
  *   wp[NG][KB][WB + 64] bytes, NG = ceil(N / 16) (zero padded rows: d = c = 0), KB = K / 32.
  *   A group is 16 output rows (one zmm lane per row); a block holds WB weight bytes then d[16] and
@@ -31,7 +35,13 @@
 #include <string.h>
 
 #define QK 32
-#define MR 4 /* x rows per tile */
+#define MR 8 /* x rows per tile: a block's weights are unpacked once for up to 8 rows */
+#ifndef PF_DIST
+#define PF_DIST 4
+#endif
+#ifndef PF_MIN_ROWS
+#define PF_MIN_ROWS 2
+#endif
 
 static inline __m512 load16(const void *x, int x_fp32) {
     if (x_fp32) return _mm512_loadu_ps((const float *)x);
@@ -73,6 +83,8 @@ static inline __attribute__((always_inline)) void qtile(
     for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < KB; b++, w += BS) {
         __m512i wv[8];
+        if (mr >= PF_MIN_ROWS) /* compute-heavier tiles: keep the stream PF_DIST blocks ahead (see header) */
+            for (int64_t off = 0; off < BS; off += 64) _mm_prefetch((const char *)(w + PF_DIST * BS + off), _MM_HINT_T0);
         if (bits == 4) {
             for (int j = 0; j < 4; j++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(w + 64 * j));
@@ -120,6 +132,10 @@ static inline __attribute__((always_inline)) void qtile(
             case 1: qtile(BITS, 1, wp, qx, dx, sx, bias, y, ldy, m0, g, N, K, out_fp32); break;                  \
             case 2: qtile(BITS, 2, wp, qx, dx, sx, bias, y, ldy, m0, g, N, K, out_fp32); break;                  \
             case 3: qtile(BITS, 3, wp, qx, dx, sx, bias, y, ldy, m0, g, N, K, out_fp32); break;                  \
+            case 4: qtile(BITS, 4, wp, qx, dx, sx, bias, y, ldy, m0, g, N, K, out_fp32); break;                  \
+            case 5: qtile(BITS, 5, wp, qx, dx, sx, bias, y, ldy, m0, g, N, K, out_fp32); break;                  \
+            case 6: qtile(BITS, 6, wp, qx, dx, sx, bias, y, ldy, m0, g, N, K, out_fp32); break;                  \
+            case 7: qtile(BITS, 7, wp, qx, dx, sx, bias, y, ldy, m0, g, N, K, out_fp32); break;                  \
             default: break;                                                                                      \
             }                                                                                                    \
         }                                                                                                        \

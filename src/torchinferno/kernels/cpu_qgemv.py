@@ -20,9 +20,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 
 import torch
 
