@@ -141,13 +141,7 @@ def _cmd_validate(a) -> int:
 
         if not a.calibration:
             raise ConfigError("--bench-results needs --calibration (sim-calibrate --from-step-log of the served run)")
-        res = validate_served(Calibration.load(a.calibration), a.bench_results, a.seed)
-        print(f"sim-validate: max |relative error| {res['max_abs_relative_error'] * 100:.1f}%, "
-              f"mean {res['mean_abs_relative_error'] * 100:.1f}%")
-        if a.json_output:
-            with open(a.json_output, "w") as f:
-                json.dump(res, f, indent=2)
-        return 0
+        return _report_validation(a, validate_served(Calibration.load(a.calibration), a.bench_results, a.seed))
     model = _load_model(a)
     cfg = _engine_config(a)
     if a.calibration:
@@ -156,7 +150,10 @@ def _cmd_validate(a) -> int:
         print("sim-validate: no --calibration: probing the model first")
         cal, _ = calibrate_model(model, cfg, ProbeGrid(clock=a.clock))
     vc = ValidateConfig(tuple(a.concurrency), a.requests, a.input_len, a.output_len, a.seed, a.clock)
-    res = validate(model, cal, cfg, vc)
+    return _report_validation(a, validate(model, cal, cfg, vc))
+
+
+def _report_validation(a, res: dict) -> int:
     print(f"sim-validate: max |relative error| {res['max_abs_relative_error'] * 100:.1f}%, "
           f"mean {res['mean_abs_relative_error'] * 100:.1f}%")
     if a.json_output:
