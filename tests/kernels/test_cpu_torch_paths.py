@@ -76,3 +76,35 @@ def test_swiglu_matches_reference(dtype):
     got = api.swiglu_activation(gu)
     assert got.shape == (6, 40) and got.dtype == dtype
     assert rel_err(got, ref_swiglu(gu.double())) < TOL[dtype]
+
+
+def test_one_sequence_in_consecutive_blocks_is_read_as_a_view():
+    """Decode of one sequence whose blocks are consecutive ids (``AttentionMetadata.contiguous``, set by the engine's
+    input batch on CPU) reads its context as one strided view: same output and same cache writes as the gather
+    path over the same context in scattered blocks."""
+    from torchinferno.models.common.attention import TorchAttention
+    from torchinferno.models.common.attention_metadata import build_attention_metadata
+
+    g = torch.Generator().manual_seed(0)
+    H, Hkv, D, bs, length = 4, 2, 8, 4, 10
+    ctx_k, ctx_v = torch.randn(length - 1, Hkv, D, generator=g), torch.randn(length - 1, Hkv, D, generator=g)
+    q, k, v = torch.randn(1, H, D, generator=g), torch.randn(1, Hkv, D, generator=g), torch.randn(1, Hkv, D, generator=g)
+    attn = TorchAttention(H, Hkv, D ** -0.5)
+
+    def run(blocks, contiguous):
+        kc, vc = torch.zeros(8, bs, Hkv, D), torch.zeros(8, bs, Hkv, D)
+        for p in range(length - 1):
+            kc[blocks[p // bs], p % bs], vc[blocks[p // bs], p % bs] = ctx_k[p], ctx_v[p]
+        meta = build_attention_metadata([1], [length - 1], [blocks], bs)
+        if contiguous:
+            meta.block_tables_host, meta.contiguous = [[blocks[0]]], True
+        out = attn(q, k, v, (kc, vc), meta)
+        p = length - 1
+        return out, kc[blocks[p // bs], p % bs].clone(), vc[blocks[p // bs], p % bs].clone()
+
+    view = run([2, 3, 4], True)
+    gather = run([5, 1, 7], False)
+    for a, b in zip(view, gather):
+        torch.testing.assert_close(a, b)
+    # the flag is what selects the view: set on blocks that are not consecutive, it reads the wrong tokens
+    assert not torch.allclose(run([2, 4, 3], True)[0], run([2, 4, 3], False)[0])

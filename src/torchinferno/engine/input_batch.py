@@ -58,6 +58,9 @@ class StepInputs:
     block_size: int
     fill_dst: torch.Tensor | None = None  # [P] int64 flat token positions holding a placeholder
     fill_src: torch.Tensor | None = None  # [P] int64 rows of the previous step's sampled tokens
+    # CPU, one sequence whose blocks are consecutive ids: its first block (the torch attention reads the context
+    # as one strided view instead of gathering it block by block); else None
+    contiguous_from: int | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -80,6 +83,8 @@ class StepInputs:
             block_size=self.block_size,
             query_lens_list=self.query_lens_list,
             seq_lens_list=self.seq_lens_list,
+            block_tables_host=None if self.contiguous_from is None else [[self.contiguous_from]],
+            contiguous=self.contiguous_from is not None,
         )
 
 
@@ -228,6 +233,8 @@ class InputBatch:
             block_tables=d_meta[aB1 + aB :].view(B, W), packed_meta=d_meta, sample_rows=sample_rows,
             query_lens_list=q_list, seq_lens_list=seq.tolist(), block_size=bs,
             fill_dst=dev[fo : fo + P] if P else None, fill_src=dev[fo + aP : fo + aP + P] if P else None,
+            contiguous_from=int(tables[0, 0]) if B == 1 and not self._pinned and (W == 1 or bool(
+                (np.diff(tables[0]) == 1).all())) else None,
         )
 
     @staticmethod

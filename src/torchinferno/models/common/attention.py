@@ -135,7 +135,7 @@ class TorchAttention(torch.nn.Module):
         lens = meta.seq_lens_list
         length = max(lens)
         ragged = min(lens) != length
-        r0 = _dense_first_row(meta.block_tables_host, length, k_cache, v_cache)
+        r0 = _dense_first_row(meta.block_tables_host, length, k_cache, v_cache, meta.contiguous)
         if r0 is None:
             write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
             write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
@@ -203,10 +203,13 @@ class DenseRowViews:
 
 
 def _dense_first_row(block_tables_host: list[list[int]] | None, length: int, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor) -> int | None:
+                     v_cache: torch.Tensor, contiguous: bool = False) -> int | None:
     """``r0`` when sequence b's first ``length`` tokens sit in block ``r0 + b`` of contiguous caches
-    ``[num_blocks, block_size, Hkv, D]`` (checked on the host), else None."""
-    if block_tables_host is None or length > k_cache.shape[1] or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+    ``[num_blocks, block_size, Hkv, D]`` (checked on the host), else None. ``contiguous``: one sequence whose
+    blocks are consecutive from ``r0``, so its ``length`` tokens are one run however many blocks they span."""
+    if block_tables_host is None or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None
+    if length > k_cache.shape[1] and not (contiguous and len(block_tables_host) == 1):
         return None
     r0 = block_tables_host[0][0]
     for b in range(1, len(block_tables_host)):

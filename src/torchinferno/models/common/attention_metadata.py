@@ -32,6 +32,9 @@ class AttentionMetadata:
     seq_lens_list: list[int]
     has_padding: bool = False  # some slot_mapping entries are -1 (padded rows of a captured batch)
     block_tables_host: list[list[int]] | None = None  # optional host copy (lets backends slice views)
+    # One sequence whose context blocks are consecutive ids from block_tables_host[0][0]: its tokens are one
+    # contiguous run of the cache, so the torch backend reads them as a view (no gather)
+    contiguous: bool = False
 
     @property
     def num_seqs(self) -> int:

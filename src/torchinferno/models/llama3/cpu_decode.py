@@ -102,7 +102,7 @@ class CpuDecodeStep(LeanDecodeStepBase):
         k0, v0 = kv_caches[0]
         r0 = None
         if min(lens) == length and not meta.has_padding and k0.dtype == cdt and v0.dtype == cdt:
-            r0 = _dense_first_row(meta.block_tables_host, length, k0, v0)
+            r0 = _dense_first_row(meta.block_tables_host, length, k0, v0, meta.contiguous)
         views = DenseRowViews.plan(k0, v0, r0, B, length) if r0 is not None else None  # planned once for every layer
         eps, norm_shape, nqk, qk_cols = self.eps, (2 * D,), H + Hkv, (H + Hkv) * hd
         layer_norm, cat, addcmul, sdpa, scale = torch.layer_norm, torch.cat, torch.addcmul, F.scaled_dot_product_attention, self.scale
