@@ -21,6 +21,7 @@ the prefill side, and the server keeps serving: later requests run colocated on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
@@ -52,12 +53,12 @@ from torchinferno.disagg.transport import BACKENDS, TransportConfig, pick_backen
 from torchinferno.engine.core import EngineStats, RequestLimits, validate_request
 from torchinferno.engine.core_client import EngineCoreProcess
 from torchinferno.engine.core_proc import CoreProcessConfig
+from torchinferno.engine.core_streams import CoreStreams
 from torchinferno.engine.core_types import (
     EngineCoreOutput,
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishRequests,
-    UtilityCall,
     UtilityResult,
     from_core_decoder,
 )
@@ -89,7 +90,7 @@ class _Live:
     kv: RequestTransfer = field(default_factory=RequestTransfer)
 
 
-class DisaggLLM:
+class DisaggLLM(CoreStreams):
     """Serve one model as a prefill/decode pair (module docstring). Same interface as ``AsyncLLM``."""
 
     def __init__(self, model, engine_config, tokenizer, disagg: DisaggConfig, warmup: bool | None = None,
@@ -152,10 +153,6 @@ class DisaggLLM:
     def is_running(self) -> bool:
         return self._error is None and not self._closed and self.prefill.is_alive()
 
-    @property
-    def error(self) -> str | None:
-        return self._error
-
     def stats(self) -> EngineStats:
         """Both roles' latest snapshots, summed (``kv_usage``: the decode role's while it lives)."""
         p, d = self._stats["prefill"], self._stats["decode"]
@@ -169,9 +166,6 @@ class DisaggLLM:
 
     def role_stats(self) -> dict[str, EngineStats]:
         return dict(self._stats)
-
-    def num_in_flight(self) -> int:
-        return len(self._queues)
 
     def topology(self) -> dict:
         return {"mode": "prefill-decode", "prefill": {"device": self.cfg.prefill_device, "pid": self.prefill.pid,
@@ -194,10 +188,6 @@ class DisaggLLM:
         self.ledger.bind_metrics(metrics)
 
     # ------------------------------------------------------------------ requests
-    def _check_running(self) -> None:
-        if not self.is_running:
-            raise EngineDeadError(f"the engine is not running{': ' + self._error if self._error else ''}")
-
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is loop:
@@ -233,21 +223,9 @@ class DisaggLLM:
         else:  # colocated on the prefill role (decode role gone; prompt logprobs stay where they are computed)
             self._live[request_id] = _Live(prompt, params, "colocated")
             self.prefill.send(EngineCoreRequest(request_id, prompt, params, now))
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
+        async with contextlib.aclosing(self._stream(request_id, queue)) as stream:  # closed at once on an early stop
+            async for item in stream:
                 yield item
-                if finished:
-                    return
-        finally:
-            self._queues.pop(request_id, None)
-            if not finished:
-                self._abort_local(request_id)
 
     def _abort_local(self, request_id: str):
         out = self.outputs.abort(request_id)
@@ -264,19 +242,9 @@ class DisaggLLM:
         if out is not None and q is not None:
             q.put_nowait(out)
 
-    async def abort_all(self) -> None:
-        for rid in list(self._queues):
-            await self.abort(rid)
-
     async def call(self, method: str, *args):
         """A utility call on the prefill core (``cached_prefix_tokens``, ``load``, ...)."""
-        self._check_running()
-        self._start()
-        self._next_call += 1
-        fut = asyncio.get_running_loop().create_future()
-        self._calls[self._next_call] = fut
-        self.prefill.send(UtilityCall(self._next_call, method, list(args)))
-        return await fut
+        return await self._call_on(self.prefill, method, args)
 
     # ------------------------------------------------------------------ receiving
     def _deliver(self, results) -> None:
@@ -369,12 +337,7 @@ class DisaggLLM:
                             core.send(FinishRequests(stopped, "stop"))
                         self._deliver(results)
                 elif isinstance(msg, UtilityResult):
-                    fut = self._calls.pop(msg.call_id, None)
-                    if fut is not None and not fut.done():
-                        if msg.error is None:
-                            fut.set_result(msg.result)
-                        else:
-                            fut.set_exception(RuntimeError(msg.error))
+                    self._resolve_call(msg)
                 else:
                     self._on_transfer(msg)
         except (asyncio.CancelledError, zmq.ZMQError):
@@ -404,39 +367,15 @@ class DisaggLLM:
         if release and self.prefill.is_alive():
             self.prefill.send(KVRelease(release))
 
-    def _fail(self, reason: str) -> None:
-        if self._error is not None:
-            return
-        self._error = reason
-        err = EngineDeadError(reason)
-        for rid, q in list(self._queues.items()):
-            self.outputs.abort(rid)
-            q.put_nowait(err)
+    def _forget_requests(self) -> None:
         self._live.clear()
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.set_exception(err)
-        self._calls.clear()
-        if self.on_dead is not None and not self._closed:
-            self.on_dead(reason)
 
     # ------------------------------------------------------------------ teardown
     def shutdown(self, timeout_s: float = 10.0) -> int | None:
         if self._closed:
             return self.prefill.proc.exitcode
         self._closed = True
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                in_loop = asyncio.get_running_loop() is loop
-            except RuntimeError:
-                in_loop = False
-            if in_loop or not loop.is_running():
-                self._teardown_in_loop()
-            else:
-                loop.call_soon_threadsafe(self._teardown_in_loop)
-        else:
-            self._fail("the engine was shut down")
+        self._stop_loop()
         status = None
         for role in ("decode", "prefill"):
             s = self.cores[role].shutdown(timeout_s)

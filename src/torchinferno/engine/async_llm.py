@@ -18,6 +18,7 @@ its KV blocks when the message arrives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import AsyncIterator, Callable
 
@@ -30,11 +31,11 @@ from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.core import EngineStats, RequestLimits, validate_request
 from torchinferno.engine.core_client import EngineCoreProcess
 from torchinferno.engine.core_proc import CoreProcessConfig
+from torchinferno.engine.core_streams import CoreStreams
 from torchinferno.engine.core_types import (
     EngineCoreOutputs,
     EngineCoreRequest,
     FinishRequests,
-    UtilityCall,
     UtilityResult,
     from_core_decoder,
 )
@@ -45,7 +46,7 @@ from torchinferno.errors import ConfigError, EngineDeadError
 __all__ = ["AsyncLLM", "EngineDeadError"]
 
 
-class AsyncLLM:
+class AsyncLLM(CoreStreams):
     """Serve a model whose engine core runs in its own process (module docstring).
 
     Construct it before the event loop serves requests (it blocks until the core is ready: the model is
@@ -79,25 +80,14 @@ class AsyncLLM:
     def is_running(self) -> bool:
         return self._error is None and not self._closed and self.core.is_alive()
 
-    @property
-    def error(self) -> str | None:
-        return self._error
-
     def stats(self) -> EngineStats:
         """The snapshot the core sent with its latest step (cheap; never blocks)."""
         return self._stats
-
-    def num_in_flight(self) -> int:
-        return len(self._queues)
 
     def describe(self) -> str:
         return f"engine core pid {self.info.pid}: {self.info.description}"
 
     # ------------------------------------------------------------------ requests
-    def _check_running(self) -> None:
-        if not self.is_running:
-            raise EngineDeadError(f"the engine is not running{': ' + self._error if self._error else ''}")
-
     def _start(self) -> None:
         """Wrap the receive socket for the running loop and start the receiving task and the death watch
         (once per event loop: a new loop, e.g. a second ``asyncio.run``, gets its own)."""
@@ -132,30 +122,9 @@ class AsyncLLM:
         self._queues[request_id] = queue
         self.outputs.add_request(request_id, prompt, params)
         self.core.send(EngineCoreRequest(request_id, prompt, params, time.monotonic()))
-        finished = False
-        pending = None
-        try:
-            while True:
-                item, pending = (pending, None) if pending is not None else (await queue.get(), None)
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                # Behind: merge the backlog into one delta. Not with logprobs: their text offsets need each
-                # token's own text delta (server/logprobs.py), which a merged output no longer has.
-                while not item.finished and item.logprobs is None and not queue.empty():
-                    nxt = queue.get_nowait()
-                    if isinstance(nxt, BaseException):
-                        pending = nxt
-                        break
-                    item = item.merged_with(nxt)
-                finished = item.finished
+        async with contextlib.aclosing(self._stream(request_id, queue)) as stream:  # closed at once on an early stop
+            async for item in stream:
                 yield item
-                if finished:
-                    return
-        finally:
-            self._queues.pop(request_id, None)
-            if not finished:
-                self._abort_local(request_id)
 
     def _abort_local(self, request_id: str) -> bool:
         if self.outputs.abort(request_id) is None:
@@ -175,20 +144,9 @@ class AsyncLLM:
         if q is not None:
             q.put_nowait(out)
 
-    async def abort_all(self) -> None:
-        """Abort every request in flight (draining at shutdown)."""
-        for rid in list(self._queues):
-            await self.abort(rid)
-
     async def call(self, method: str, *args):
         """Call one of the core's utility methods (``core_proc.UTILITY_METHODS``) and wait for the result."""
-        self._check_running()
-        self._start()
-        self._next_call += 1
-        fut = asyncio.get_running_loop().create_future()
-        self._calls[self._next_call] = fut
-        self.core.send(UtilityCall(self._next_call, method, list(args)))
-        return await fut
+        return await self._call_on(self.core, method, args)
 
     # ------------------------------------------------------------------ receiving
     async def _receive(self, sock) -> None:
@@ -211,12 +169,7 @@ class AsyncLLM:
                         if q is not None:
                             q.put_nowait(r)
                 elif isinstance(msg, UtilityResult):
-                    fut = self._calls.pop(msg.call_id, None)
-                    if fut is not None and not fut.done():
-                        if msg.error is None:
-                            fut.set_result(msg.result)
-                        else:
-                            fut.set_exception(RuntimeError(msg.error))
+                    self._resolve_call(msg)
         except (asyncio.CancelledError, zmq.ZMQError):
             return
 
@@ -229,42 +182,13 @@ class AsyncLLM:
         self.core.proc.join(1)
         self._fail(f"the engine core process exited (status {self.core.proc.exitcode})")
 
-    def _fail(self, reason: str) -> None:
-        if self._error is not None:
-            return
-        self._error = reason
-        err = EngineDeadError(reason)
-        for rid, q in list(self._queues.items()):
-            self.outputs.abort(rid)
-            q.put_nowait(err)
-        for fut in self._calls.values():
-            if not fut.done():
-                fut.set_exception(err)
-        self._calls.clear()
-        if self.on_dead is not None and not self._closed:
-            self.on_dead(reason)
-
     # ------------------------------------------------------------------ teardown
     def shutdown(self, timeout_s: float = 10.0) -> int | None:
         """Stop the core process (in-flight streams end with ``EngineDeadError``); returns its exit status."""
         if self._closed:
             return self.core.proc.exitcode
         self._closed = True
-        loop = self._loop
-        live = loop is not None and not loop.is_closed()
-        if live and loop.is_running():
-            try:
-                in_loop = asyncio.get_running_loop() is loop
-            except RuntimeError:
-                in_loop = False
-            if in_loop:
-                self._teardown_in_loop()
-            else:
-                loop.call_soon_threadsafe(self._teardown_in_loop)
-        elif live:
-            self._teardown_in_loop()
-        else:
-            self._fail("the engine was shut down")
+        self._stop_loop()
         return self.core.shutdown(timeout_s)
 
     def _teardown_in_loop(self) -> None:

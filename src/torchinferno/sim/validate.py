@@ -118,33 +118,35 @@ def _load_result(path: str) -> dict:
         raise ConfigError(f"bench result {path}: {e}") from None
 
 
-def simulate_served(calibration: Calibration, path: str, seed: int = 0, admission_s: float | None = None) -> dict:
-    """The simulator's figures for one bench-serve result (``validate_served``), as ``driver.summarize`` gives them."""
+def _served_workload(path: str, seed: int) -> tuple[dict, list]:
+    """A bench-serve result and its requests (``sim.traffic.load_trace``), read once per result."""
+    return _load_result(path), load_trace(path, seed=seed)
+
+
+def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None) -> dict:
+    """The simulator's figures for one bench-serve result ``doc`` and its requests (``_served_workload``), as
+    ``driver.summarize`` gives them."""
     cfg, limits = _served_config(calibration)
-    doc = _load_result(path)
-    reqs = load_trace(path, seed=seed)
     sim_ex = SimulatedExecutor(calibration.cost, cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
-    res = run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
-                       max_concurrency=doc.get("max_concurrency"), admission_s=adm).summary()
-    res["requests"] = len(reqs)
-    return res
+    return run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
+                        max_concurrency=doc.get("max_concurrency"), admission_s=adm).summary()
 
 
 def fit_admission(calibration: Calibration, results: list[str], seed: int = 0) -> tuple[float, float]:
     """The API server's per-request admission time (``driver.run_workload``'s ``admission_s``) that best predicts
     the p50 TTFT of ``results`` (bench-serve runs of the server whose step log gave ``calibration``): a grid over
     0-20 ms refined around its best point. Returns ``(seconds, mean |relative error| of p50 TTFT)``."""
-    measured = [measured_from_bench(_load_result(p))["p50_ttft_s"] for p in results]
+    work = [_served_workload(p, seed) for p in results]
+    measured = [measured_from_bench(doc)["p50_ttft_s"] for doc, _ in work]
 
     def err(a: float) -> float:
-        pred = [simulate_served(calibration, p, seed, a)["p50_ttft_s"] for p in results]
+        pred = [simulate_served(calibration, doc, reqs, a)["p50_ttft_s"] for doc, reqs in work]
         return sum(abs(x - m) / m for x, m in zip(pred, measured)) / len(measured)
 
     grid = [0.0, 0.1e-3, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 8e-3, 12e-3, 20e-3]
-    scored = [(err(a), a) for a in grid]
-    best_e, best = min(scored)
+    best_e, best = min((err(a), a) for a in grid)
     i = grid.index(best)
     lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
     for a in (lo + (hi - lo) * k / 8 for k in range(1, 8)):
@@ -162,12 +164,12 @@ def validate_served(calibration: Calibration, results: list[str], seed: int = 0,
     Same output shape as ``validate``, levels keyed by the result's concurrency (or file name)."""
     levels = {}
     for path in results:
-        doc = _load_result(path)
+        doc, reqs = _served_workload(path, seed)
         measured = measured_from_bench(doc)
         cap = doc.get("max_concurrency")
         t0 = time.perf_counter()
-        predicted = simulate_served(calibration, path, seed)
-        n = predicted.pop("requests")
+        predicted = simulate_served(calibration, doc, reqs)
+        n = len(reqs)
         wall_sim = time.perf_counter() - t0
         figs = compare(predicted, measured)
         name = str(cap) if cap is not None else Path(path).stem
