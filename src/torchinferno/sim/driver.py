@@ -32,8 +32,9 @@ class Replica:
     """One engine core and its clock. ``external_prefill``: the executor's set of requests whose prompt KV was
     transferred in (P/D decode side); None for executors without one (the real engine)."""
 
-    def __init__(self, core: EngineCore, clock, name: str = "r0", role: str = "both"):
+    def __init__(self, core: EngineCore, clock, name: str = "r0", role: str = "both", priorities: dict | None = None):
         self.core = core
+        self.priorities = priorities or {}  # request id -> SamplingParams.priority (scheduling_policy="priority")
         self.clock = clock
         self.name = name
         self.role = role  # "both" | "prefill" | "decode"
@@ -57,7 +58,8 @@ class Replica:
             if self.external_prefill is None:
                 raise ConfigError(f"replica {self.name} cannot take transferred KV")
             self.external_prefill.add(rid)
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                                priority=self.priorities.get(rid, 0))
         try:
             validate_request(self.core.limits, prompt, params)
         except ConfigError as e:

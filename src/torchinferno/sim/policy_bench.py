@@ -18,10 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.config import EngineConfig
-from torchinferno.engine.core import EngineCore, validate_request
-from torchinferno.engine.core_types import EngineCoreRequest
+from torchinferno.engine.core import EngineCore
 from torchinferno.engine.route_policy import ReplicaState, make_policy
 from torchinferno.errors import ConfigError
 from torchinferno.sim.driver import Replica, run_workload
@@ -38,22 +36,9 @@ class MeasuredReplica(Replica):
     ``priorities``: request id -> priority (lower first) for a core with ``scheduling_policy="priority"``."""
 
     def __init__(self, core: EngineCore, name: str, timer=time.thread_time, priorities: dict | None = None):
-        super().__init__(core, VirtualClock(), name)
+        super().__init__(core, VirtualClock(), name, priorities=priorities)
         self.timer = timer
-        self.priorities = priorities or {}
         self.busy_s = 0.0
-
-    def add(self, rid: str, prompt: list[int], max_tokens: int, t: float, external: bool = False) -> None:
-        if not self.has_work():
-            self.clock.advance_to(t)
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
-                                priority=self.priorities.get(rid, 0))
-        try:
-            validate_request(self.core.limits, prompt, params)
-        except ConfigError as e:
-            raise ConfigError(f"request {rid} on replica {self.name}: {e}") from None
-        self.core.add_request(EngineCoreRequest(rid, prompt, params, t))
-        self.num_added += 1
 
     def step(self) -> tuple[float, list]:
         t0 = self.timer()
