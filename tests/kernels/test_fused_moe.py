@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -80,12 +78,8 @@ def test_config_table_is_read_by_pair_bucket(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("check", ["experts", "model"])
-def test_fused_moe_on_the_triton_interpreter(check):
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(HERE / "fused_moe_checks.py"), check], check=False, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and f"ok {check}" in proc.stdout, proc.stderr[-3000:]
+def test_fused_moe_on_the_triton_interpreter(check, interpreter_check):
+    interpreter_check("fused_moe_checks.py", check)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,8 +9,6 @@ Interpreter (``TRITON_INTERPRET=1`` subprocess, CPU): the kernel vs ``mla_absorb
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,12 +19,8 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.mark.parametrize("check", ["kernel", "models"])
-def test_mla_decode_on_the_triton_interpreter(check):
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(HERE / "mla_decode_checks.py"), check], check=False, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and f"ok {check}" in proc.stdout, proc.stderr[-3000:]
+def test_mla_decode_on_the_triton_interpreter(check, interpreter_check):
+    interpreter_check("mla_decode_checks.py", check)
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
