@@ -40,7 +40,7 @@ def _decode_twice(model, rows: list[list[int]], prompt_lens: list[int], block_si
     spec = model.family.kv_spec(model.config)
     caches = spec.allocate(num_blocks=max(max(r) for r in rows) + 1, block_size=block_size, dtype=torch.float32, device="cpu")
     prompt = [torch.randint(0, model.config.vocab_size, (n,), generator=g) for n in prompt_lens]
-    step = CpuDecodeStep(model)
+    step = CpuDecodeStep(model, native=False)  # the Python ops (the native C step: tests/kernels/test_cpu_decode_step.py)
     with torch.inference_mode():
         meta = build_attention_metadata(prompt_lens, [0] * B, rows, block_size)
         model(torch.cat(prompt), torch.cat([torch.arange(n) for n in prompt_lens]), caches, meta)
@@ -129,6 +129,7 @@ def test_real_model_bf16_packed_greedy_tokens_unchanged():
         params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
         gen = StaticGenerator(model, batch, 64)
         assert isinstance(gen.model, LeanStepModel)
+        gen.model.step = CpuDecodeStep(model, native=False)  # the Python ops (the C step is not bitwise)
         lean = [r.token_ids for r in gen.generate(prompts, params)]
         gen.model = model  # the module path
         ref = [r.token_ids for r in gen.generate(prompts, params)]

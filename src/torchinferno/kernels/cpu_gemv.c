@@ -27,6 +27,9 @@
 
 #define NBLK 4 /* 16-row blocks per group (= per tile): NBLK * MR fp32 accumulators */
 #define MR 4   /* x rows per tile */
+#ifndef PF_DIST
+#define PF_DIST 0 /* k-pairs ahead that tiles of 2+ rows prefetch (0: none) */
+#endif
 
 static inline __m512bh bcast_pair(const uint16_t *xrow, int64_t kp) {
     uint32_t v;
@@ -49,6 +52,8 @@ static inline __attribute__((always_inline)) void tile(
     }
     for (int64_t kp = 0; kp < kfull; kp++, w += NBLK * 32) {
         __m512bh wv[NBLK];
+        if (PF_DIST > 0 && mr >= 2)
+            for (int i = 0; i < NBLK * 64; i += 64) _mm_prefetch((const char *)(w + PF_DIST * NBLK * 32) + i, _MM_HINT_T0);
         for (int i = 0; i < NBLK; i++) wv[i] = (__m512bh)_mm512_loadu_si512((const void *)(w + 32 * i));
         for (int r = 0; r < mr; r++) {
             const __m512bh xv = bcast_pair(xr[r], kp);

@@ -172,7 +172,7 @@ def make_gemv(fn: ctypes._CFuncPtr, packed: torch.Tensor, n: int, k: int, bias: 
         fn(x.data_ptr(), x.stride(0), wptr, bptr, y.data_ptr(), n, m, n, k, out32, nthreads())
         return y
 
-    gemv.packed, gemv.bias32 = packed, b32  # type: ignore[attr-defined]  # keep alive
+    gemv.packed, gemv.bias32, gemv.out_dtype = packed, b32, out_dtype  # type: ignore[attr-defined]  # keep alive
     return gemv
 
 

@@ -176,7 +176,7 @@ def make_qgemv(fn: ctypes._CFuncPtr, packed: torch.Tensor, fmt: str, n: int, k: 
             raise MemoryError("quantized GEMV: cannot allocate its activation scratch")
         return y
 
-    qgemv.packed, qgemv.bias32 = packed, b32  # type: ignore[attr-defined]  # keep alive
+    qgemv.packed, qgemv.bias32, qgemv.out_dtype = packed, b32, out_dtype  # type: ignore[attr-defined]  # keep alive
     return qgemv
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchinferno.kernels import api
+from torchinferno.kernels import api, cpu_decode_step
 from torchinferno.kernels.cpu_linear import PackedLinear
 from torchinferno.models.common.attention import DenseRowViews, TorchAttention, _dense_first_row
 from torchinferno.models.common.attention_metadata import AttentionMetadata
@@ -66,7 +66,7 @@ class CpuDecodeStep(LeanDecodeStepBase):
 
     device_type = "cpu"
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, native: bool = True):
         super().__init__(model)
         self.model = model
         self.layers = [_Layer(layer) for layer in model.model.layers]
@@ -75,6 +75,32 @@ class CpuDecodeStep(LeanDecodeStepBase):
         # kernel whose rows do not depend on M gives the same rows at any larger padding.
         packed = all(isinstance(m, PackedLinear) for m in linears)
         self.min_rows = max((m.min_rows for m in linears), default=1) if packed else 1
+        # the whole step in one C call when every linear is ours (``native=False``: always the ops below)
+        self.native = self._native_step(model) if native else None
+
+    def _native_step(self, model: nn.Module) -> cpu_decode_step.NativeDecodeStep | None:
+        """The C step (kernels/cpu_decode_step.c) over this model's packed weights, or None: a linear not on our
+        bf16 / GGUF-block kernels, activations not bf16, an activation other than SiLU, or the kernel unavailable."""
+        if self.embed.dtype != torch.bfloat16 or getattr(model.config, "hidden_act", "silu") != "silu":
+            return None
+        if not cpu_decode_step.NativeDecodeStep.supported(torch.float32, self.head_dim):
+            return None
+        layers = []
+        for layer in model.model.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            specs = [cpu_decode_step.linear_spec(m) for m in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            if any(s is None for s in specs):
+                return None
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
+                return None
+            layers.append(cpu_decode_step.LayerTensors(*norms, *specs))
+        fn = cpu_decode_step.load()
+        if fn is None or not self.final_norm.is_contiguous():
+            return None
+        return cpu_decode_step.NativeDecodeStep(
+            fn, layers, self.final_norm, heads=self.num_heads, kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            inter=layers[0].down[4], eps=self.eps, scale=self.scale)
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -95,6 +121,11 @@ class CpuDecodeStep(LeanDecodeStepBase):
         B, H, Hkv, hd, D = input_ids.shape[0], self.num_heads, self.num_kv_heads, self.head_dim, self.hidden
         x = F.embedding(input_ids, self.embed)  # [B, D]
         cos, sin = api.rotary_tables_neox(self.model.rope_cos[positions], self.model.rope_sin[positions], x.dtype)
+        k0 = kv_caches[0][0]
+        if (self.native is not None and not meta.has_padding and k0.is_contiguous() and kv_caches[0][1].is_contiguous()
+                and self.native.supported(k0.dtype, hd) and k0.dtype == kv_caches[0][1].dtype):
+            # one C call for every layer (cos/sin [B, 1, hd] contiguous; tables and lengths int32 on the host)
+            return self.native(x, cos, sin, meta.block_tables, meta.seq_lens, kv_caches)
         cdt = TorchAttention.compute_dtype(x)
         gqa = H != Hkv
         lens = meta.seq_lens_list
