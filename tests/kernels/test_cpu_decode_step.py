@@ -166,3 +166,18 @@ def test_real_model_native_step_as_accurate_as_the_python_step():
     agree_py = (python.argmax(-1) == want.argmax(-1)).float().mean().item()
     agree_nat = (native.argmax(-1) == want.argmax(-1)).float().mean().item()
     assert agree_nat >= agree_py - 0.08, (agree_nat, agree_py)
+
+
+def test_use_step_picks_the_default_for_steps_built_inside():
+    from torchinferno.errors import ConfigError
+
+    model = _model()
+    with cpu_decode_step.use_step("python"):
+        assert CpuDecodeStep(model).native is None
+        assert CpuDecodeStep(model, native=True).native is not None  # an explicit choice wins
+    assert CpuDecodeStep(model).native is not None
+    with pytest.raises(ConfigError, match="valid: native, python"), cpu_decode_step.use_step("fast"):
+        pass
+    from torchinferno.cli.main import build_parser
+
+    assert build_parser().parse_args(["bench-generate", "m", "--cpu-step", "python"]).cpu_step == "python"

@@ -33,19 +33,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights")
     p.add_argument("--cpu-gemv", default="auto", choices=["auto", "onednn", "avx512bf16"],
                    help="kernel of the pre-packed CPU bf16 linears (auto: avx512bf16 where available, else onednn)")
+    p.add_argument("--cpu-step", default="native", choices=["native", "python"],
+                   help="CPU decode step: native (the whole step in one C call where the model's linears allow) "
+                        "or python (the family's eager ops); an A/B of the two")
     p.set_defaults(func=cmd_bench_generate)
 
 
 def cmd_bench_generate(a) -> int:
+    from torchinferno.cli.common import check_device
+    from torchinferno.kernels.cpu_decode_step import use_step
+
+    check_device(a.device)
+    with use_step(a.cpu_step):  # every runner built below (ours and the paired rounds) takes this CPU step
+        return _bench_generate(a)
+
+
+def _bench_generate(a) -> int:
     import torch
 
     from torchinferno.bench.generate_bench import run_bench
-    from torchinferno.cli.common import check_device
     from torchinferno.kernels.cpu_linear import use_kernel
 
-    check_device(a.device)
     print(f"bench-generate {a.model} dtype={a.dtype} device={a.device} threads={torch.get_num_threads()} "
-          f"prompt={a.prompt_tokens} new={a.new_tokens}")
+          f"prompt={a.prompt_tokens} new={a.new_tokens} cpu-step={a.cpu_step}")
     kept: list = []
     with use_kernel(a.cpu_gemv):  # run_bench's prepack_linears(model) packs for this kernel
         rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens,
@@ -62,7 +72,7 @@ def cmd_bench_generate(a) -> int:
     if a.accuracy:
         extra["accuracy"] = _accuracy(a, kept[0], quant)
     if a.json_output:
-        data = {**asdict(rep), **extra}
+        data = {**asdict(rep), **extra, "cpu_step": a.cpu_step}
         for r, rr in zip(rep.rows, data["rows"]):
             rr["ratio"] = r.ratio
         with open(a.json_output, "w") as f:

@@ -189,6 +189,19 @@ static inline int64_t slot_offset(const ti_step *S, int64_t b, int64_t p) {
     return (blk * S->block_size + p % S->block_size) * S->kv_heads * S->head_dim;
 }
 
+/* The 16 horizontal sums of d[0..15] as one vector (lane r = sum of d[r]'s lanes): a transpose-add tree. */
+static inline __m512 hsum16(const __m512 *d) {
+    __m512 t[8], u[4], v[2];
+    for (int i = 0; i < 8; i++)
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]), _mm512_unpackhi_ps(d[2 * i], d[2 * i + 1]));
+    for (int j = 0; j < 4; j++)
+        u[j] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * j], t[2 * j + 1], 0x44), _mm512_shuffle_ps(t[2 * j], t[2 * j + 1], 0xEE));
+    for (int m = 0; m < 2; m++)
+        v[m] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], 0x88),
+                             _mm512_shuffle_f32x4(u[2 * m], u[2 * m + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x88), _mm512_shuffle_f32x4(v[0], v[1], 0xDD));
+}
+
 /* Attention of the query heads of KV head g of sequence b (the `rep` = H / Hkv heads g*rep .. g*rep+rep-1, whose
  * rows are consecutive in q and out) over its seq_lens[b] cached positions -> out[rep, hd] (bf16). Walks the
  * sequence's blocks (a block's rows are consecutive: stride Hkv * hd) and reads each K and V row once for all
@@ -215,22 +228,27 @@ static inline __attribute__((always_inline)) void attend_nv(const int NV, const 
         for (int64_t p0 = 0, j = 0; p0 < len; p0 += bs, j++) {
             const char *base = (const char *)Ly->k_cache + ((int64_t)bt[j] * bs * row + g * hd) * es;
             const int64_t n = len - p0 < bs ? len - p0 : bs;
-            for (int64_t r = 0; r < n; r++) {
-                const char *kr = base + r * row * es;
-                __m512 kv[MAX_HD / 16];
-                for (int v = 0; v < NV; v++)
-                    kv[v] = fp32 ? _mm512_loadu_ps((const float *)kr + 16 * v) : bf16x16((const uint16_t *)kr + 16 * v);
+            for (int64_t c0 = 0; c0 < n; c0 += 16) { /* 16 rows at a time: 16 partial-sum vectors, one transpose-add */
+                const int64_t nc = n - c0 < 16 ? n - c0 : 16;
+                const __mmask16 k = tail_mask(nc);
                 for (int64_t i = 0; i < nr; i++) {
-                    __m512 d = _mm512_mul_ps(qv[i][0], kv[0]);
-                    for (int v = 1; v < NV; v++) d = _mm512_fmadd_ps(qv[i][v], kv[v], d);
-                    const float sc = _mm512_reduce_add_ps(d);
-                    scores[i * len + p0 + r] = sc;
-                    vmx[i] = _mm512_max_ps(vmx[i], _mm512_set1_ps(sc));
+                    __m512 d[16];
+                    for (int64_t r = 0; r < 16; r++) {
+                        const char *kr = base + (c0 + (r < nc ? r : 0)) * row * es; /* rows past nc: masked below */
+                        d[r] = _mm512_mul_ps(qv[i][0], fp32 ? _mm512_loadu_ps((const float *)kr) : bf16x16((const uint16_t *)kr));
+                        for (int v = 1; v < NV; v++)
+                            d[r] = _mm512_fmadd_ps(qv[i][v], fp32 ? _mm512_loadu_ps((const float *)kr + 16 * v)
+                                                                  : bf16x16((const uint16_t *)kr + 16 * v), d[r]);
+                    }
+                    const __m512 sc = hsum16(d);
+                    _mm512_mask_storeu_ps(scores + i * len + p0 + c0, k, sc);
+                    vmx[i] = _mm512_mask_max_ps(vmx[i], k, vmx[i], sc);
                 }
             }
         }
         float inv[MAX_REP];
         for (int64_t i = 0; i < nr; i++) {
+            vmx[i] = _mm512_set1_ps(_mm512_reduce_max_ps(vmx[i]));
             __m512 vsum = _mm512_setzero_ps();
             float *si = scores + i * len;
             for (int64_t p = 0; p < len; p += 16) {

@@ -16,12 +16,14 @@ Numerics: the .c file's header (the module path's roundings; agreement within bf
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -35,7 +37,30 @@ ABI_VERSION = 1
 MAX_HEAD_DIM = 512
 LIN_BF16, LIN_Q4, LIN_Q8 = 0, 4, 8
 
+STEPS = ("native", "python")  # bench-generate's --cpu-step
 _state: dict[str, object] = {}
+_default_step = ["native"]  # what a lean CPU step built without an explicit choice uses; set by use_step()
+
+
+def default_step() -> str:
+    return _default_step[0]
+
+
+@contextlib.contextmanager
+def use_step(step: str) -> Iterator[None]:
+    """Within this block, lean CPU decode steps built without an explicit choice run ``step``: "native" (this
+    module's C step where it applies) or "python" (the family's eager ops). For callers that build runners
+    through code they do not own (bench-generate's ``--cpu-step``, an A/B of the two)."""
+    if step not in STEPS:
+        from torchinferno.errors import ConfigError
+
+        raise ConfigError(f"unknown CPU decode step '{step}' (valid: {', '.join(STEPS)})")
+    old = _default_step[0]
+    _default_step[0] = step
+    try:
+        yield
+    finally:
+        _default_step[0] = old
 
 
 class _Linear(ctypes.Structure):

@@ -66,7 +66,7 @@ class CpuDecodeStep(LeanDecodeStepBase):
 
     device_type = "cpu"
 
-    def __init__(self, model: nn.Module, native: bool = True):
+    def __init__(self, model: nn.Module, native: bool | None = None):
         super().__init__(model)
         self.model = model
         self.layers = [_Layer(layer) for layer in model.model.layers]
@@ -75,7 +75,9 @@ class CpuDecodeStep(LeanDecodeStepBase):
         # kernel whose rows do not depend on M gives the same rows at any larger padding.
         packed = all(isinstance(m, PackedLinear) for m in linears)
         self.min_rows = max((m.min_rows for m in linears), default=1) if packed else 1
-        # the whole step in one C call when every linear is ours (``native=False``: always the ops below)
+        # the whole step in one C call when every linear is ours (``native=False``: always the ops below; None:
+        # kernels.cpu_decode_step.default_step())
+        native = cpu_decode_step.default_step() == "native" if native is None else native
         self.native = self._native_step(model) if native else None
 
     def _native_step(self, model: nn.Module) -> cpu_decode_step.NativeDecodeStep | None:
