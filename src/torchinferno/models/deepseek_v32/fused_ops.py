@@ -21,6 +21,8 @@ silu_and_mul = Fused.silu_and_mul
 NAME = "fused"
 # MLA decode through kernels.mla_decode on CUDA (paged latent cache, device-only inputs: CUDA-graph capturable)
 PAGED_MLA_DECODE = True
+# SparseMoE's shared experts served by the fused MoE's two launches on CUDA (moe.fused_shared_count)
+FUSE_SHARED_EXPERTS = True
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
