@@ -23,6 +23,8 @@ NAME = "fused"
 PAGED_MLA_DECODE = True
 # SparseMoE's shared experts served by the fused MoE's two launches on CUDA (moe.fused_shared_count)
 FUSE_SHARED_EXPERTS = True
+# MLA latent norm + both ropes + latent cache append as one Triton launch (kernels.triton.mla_prologue)
+FUSED_MLA_PROLOGUE = True
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
