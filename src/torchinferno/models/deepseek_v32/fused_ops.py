@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from torchinferno import kernels
+from torchinferno.kernels import mla_prefill
 from torchinferno.models.common import mla, moe
 from torchinferno.models.common.norm_act_ops import Fused
 from torchinferno.models.common.rope import apply_rope_interleaved
@@ -31,7 +32,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
     return apply_rope_interleaved(x, cos, sin) if interleaved else kernels.rotary_neox(x, cos, sin)
 
 
-mla_expanded_attention = mla.mla_expanded_attention
+mla_expanded_attention = mla_prefill.expanded_attention  # flash-eligible on CUDA (values padded), else the reference
 mla_absorbed_attention = mla.mla_absorbed_attention
 indexer_scores = mla.indexer_scores
 route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere
