@@ -146,7 +146,8 @@ def count_cuda_kernels(model: torch.nn.Module, fn) -> dict[str, Counter]:
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, torch.no_grad():
             fn()
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
     finally:
         for h in handles:
             h.remove()
