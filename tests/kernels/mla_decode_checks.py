@@ -52,6 +52,8 @@ def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r
     assert mla_decode._query_buffer_of(in_buf, R) is buf and mla_decode._query_buffer_of(q_pe, R) is None
     got_buf = mla_decode.paged_absorbed_decode(q_nope, in_buf, cache, w, scale, bt, sl)
     assert got_buf.is_contiguous() and _rel(got_buf, want) <= TOL[dtype], f"query buffer: {_rel(got_buf, want):.2e}"
+    counters = mla_decode.merge_counters(q_nope.device, B)
+    assert counters is not None and not counters.any(), "split-merge counters must be left zero"
     new = torch.randn(3, R + r, generator=g).to(dtype).to(device)
     before = cache.clone()
     mla_decode.write_latent(cache, new, torch.tensor([5, -1, 40], device=device))
@@ -202,6 +204,7 @@ def main() -> None:
         check_kernel(cpu, torch.float32)
         check_kernel(cpu, torch.float16)
         check_kernel(cpu, torch.float32, lens=(3, 40), H=20, dn=8, dv=8, R=32, r=8)  # heads over two launches
+        check_kernel(cpu, torch.float32, lens=(2, 600, 1100), H=4, dn=8, dv=8, R=32, r=8, bs=64)  # split-K merged
     elif what == "prologue":
         check_prologue(cpu, torch.float32)
         check_prologue(cpu, torch.float16, T=3, H=20, dn=8, R=32, r=8)  # heads over two blocks of 16

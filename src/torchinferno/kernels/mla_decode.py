@@ -24,6 +24,20 @@ from torchinferno.kernels import triton as _tri
 from torchinferno.models.common.mla import split_kv_b
 
 MAX_HEADS_PER_LAUNCH = 16  # heads per kernel launch (V2-Lite: one launch; V3's 128 heads: 8, each re-reading the rows)
+MERGE_COUNTERS = 4096  # per device: int32 zeros, one per (sequence, launch): the split-K merge inside stage 1
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """The device's split-merge counters (``decode_attention``'s ``merge_counters``: zeros, left zero by every
+    launch, so one buffer serves every layer, step and CUDA graph), or None (then the decode runs its separate
+    merge kernel) when more than :data:`MERGE_COUNTERS` are needed or the first request comes inside a capture."""
+    buf = _counters.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _counters[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
+    return buf if n <= buf.numel() else None
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -76,9 +90,11 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
     vc = kc[..., :R]  # values: c_kv, the first R of the same rows
     lens = seq_lens.to(torch.int32)
     o_lat = torch.empty(H, B, R, dtype=q.dtype, device=q.device).transpose(0, 1)  # [B, H, R], head-major storage
+    counters = merge_counters(q.device, B)  # launches run in stream order: one buffer serves them all
     for h0 in range(0, H, MAX_HEADS_PER_LAUNCH):  # a program holds all its heads' [576-wide] query rows
         h1 = min(H, h0 + MAX_HEADS_PER_LAUNCH)
-        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, out=o_lat[:, h0:h1])
+        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, out=o_lat[:, h0:h1],
+                                       merge_counters=counters)
     out = torch.empty(B, H, w_uv.shape[1], dtype=q.dtype, device=q.device)
     torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, B, R] @ [H, R, dv]
     return out
