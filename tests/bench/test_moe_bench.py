@@ -43,10 +43,11 @@ def test_sections_run_on_cpu(monkeypatch):
     rows = mb.layer_rows(cpu, E=8, top_k=2, D=32, inter=16, shared=1, batches=(1, 4), prefill=16, bw=1e11, mm=1e12,
                          log=lambda *_: None)
     assert [r["tokens"] for r in rows] == [1, 4, 16] and all(r["rel_err_vs_torch"] == 0 for r in rows)
-    assert rows[0]["experts_hit"] <= 2 and "pct_of_matmul_rate" in rows[-1]
+    assert rows[0]["experts_hit"] <= 2 and "pct_of_matmul_rate" in rows[-1] and rows[0]["separate_shared_ms"] > 0
     model = tiny_model("deepseek-v3.2", size="debug-v3").to(torch.bfloat16)
     rep = mb.model_rows(model, cpu, batches=(1, 3), ctx=8, prefill=16, bw=1e11, mm=1e12, log=lambda *_: None)
     assert [r["batch"] for r in rep["decode"]] == [1, 3] and rep["prefill"]["tokens"] == 16
+    assert "per_layer" in rep["launches_b1"]  # (no CUDA kernels on CPU; the count itself: tests/kernels/test_launch_count)
     b1 = rep["decode"][0]
     dense = mb.active_bytes(model, [0] * 2)
     assert dense < b1["active_bytes"] <= dense + 2 * 2 * 3 * 64 * 32 * 2 + 8 * model.family.kv_spec(

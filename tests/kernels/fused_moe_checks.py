@@ -77,6 +77,43 @@ def check_experts(device, dtype, T=37, K=4, E=8, D=64, inter=48, configs=None, n
     assert empty.shape == (0, D)
 
 
+def check_shared(device, dtype, T=13, K=3, E=8, D=64, inter=32, n_shared=2, configs=None) -> None:
+    """Shared experts inside the fused MoE: ``fused_experts(..., shared=)`` with ids ``E + j`` appended at weight 1
+    == the routed reference + the shared SwiGLU MLP (``ns * I`` wide, gate rows first) run on its own; the routing
+    kernel's appended columns == ``append_shared``."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common import moe
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(T, D, generator=g).to(dtype)
+    gate_up = (torch.randn(E, 2 * inter, D, generator=g) * D**-0.5).to(dtype)
+    down = (torch.randn(E, D, inter, generator=g) * inter**-0.5).to(dtype)
+    s_gu = (torch.randn(2 * n_shared * inter, D, generator=g) * D**-0.5).to(dtype)
+    s_dn = (torch.randn(D, n_shared * inter, generator=g) * (n_shared * inter) ** -0.5).to(dtype)
+    w = torch.rand(T, K, generator=g)
+    x, gate_up, down, s_gu, s_dn, w = (t.to(device) for t in (x, gate_up, down, s_gu, s_dn, w))
+    shared_ref = F.linear(_silu_and_mul(F.linear(x.float(), s_gu.float())), s_dn.float())  # [T, D]
+    for name, ids in routings(T, K, E, g).items():
+        if name == "drop":
+            continue
+        ids = ids.to(device)
+        aw, aid = fused_moe.append_shared(w, ids, E, n_shared)
+        assert aid.shape == (T, K + n_shared) and bool((aid[:, K:] == torch.arange(E, E + n_shared).to(device)).all())
+        got = fused_moe.fused_experts(x, aid, aw, gate_up, down, configs=configs, shared=(s_gu, s_dn))
+        want = moe.grouped_expert_mlp(x.float(), ids, w, gate_up.float(), down.float(), _silu_and_mul) + shared_ref
+        err = _rel_err(got.float(), want)
+        assert got.dtype == dtype and got.shape == (T, D), (got.dtype, got.shape)
+        assert err <= TOL[dtype], f"shared {name} {dtype}: rel err {err:.2e}"
+    from torchinferno.kernels.triton import moe_routing
+
+    logits = torch.randn(T, 16, generator=g).to(device)
+    bias = (torch.rand(16, generator=g) - 0.5).to(device)
+    w0, id0 = moe_routing.route(logits, bias, 4, 4, 2, True, 2.5)
+    w1, id1 = moe_routing.route(logits, bias, 4, 4, 2, True, 2.5, n_shared=n_shared)
+    aw, aid = fused_moe.append_shared(w0, id0, 16, n_shared)
+    assert torch.equal(id1, aid) and torch.equal(w1, aw), "routing with shared columns"
+
+
 def check_configs(device, dtype, names=None) -> None:
     """Tile shapes the tuner may pick: uneven K (masked loop tail), BLOCK_M larger than a run, GROUP_M > 1."""
     for cfg in ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
@@ -158,6 +195,38 @@ def check_model(device, dtype=torch.float32) -> None:
         want, got = outs
         err = float((got - want).abs().max() / want.abs().max())
         assert err <= TOL[dtype], f"{family}: rel err {err:.2e}"
+    check_shared_model(device, dtype)
+
+
+def check_shared_model(device, dtype=torch.float32) -> None:
+    """Tiny deepseek-v3.2 with two shared experts: shared experts inside the fused MoE (``fuse_shared``, the
+    default) == the separate shared MLP after the fused routed experts == the torch reference; the fused-shared
+    path is really taken (``moe.fused_shared_count``)."""
+    from torchinferno.models.common import moe
+    from torchinferno.models.common.layers import SparseMoE
+    from torchinferno.models.deepseek_v32 import fused_ops
+    from torchinferno.models.deepseek_v32.config import tiny_deepseek_v32_config
+    from torchinferno.models.deepseek_v32.model import DeepSeekV32ForCausalLM
+    from torchinferno.testing import randomize_
+
+    torch.manual_seed(0)
+    model = randomize_(DeepSeekV32ForCausalLM(tiny_deepseek_v32_config(n_shared_experts=2), fused_ops))
+    model = model.to(device=device, dtype=dtype).eval()
+    from torchinferno.models.registry import get_family
+
+    model.family = get_family("deepseek-v3.2")
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    x = torch.randn(3, model.config.hidden_size, device=device, dtype=dtype)
+    assert blocks and all(moe.fused_shared_count(b, x) == 2 for b in blocks), "fused shared path not taken"
+    fused = _cached_logits(model, device, dtype)
+    for b in blocks:
+        b.fuse_shared = False
+    separate = _cached_logits(model, device, dtype)
+    moe.set_moe_backend(model, "torch")
+    ref = _cached_logits(model, device, dtype)
+    for name, got in (("fused shared", fused), ("separate shared", separate)):
+        err = _rel_err(got, ref)
+        assert err <= TOL[dtype], f"{name}: rel err {err:.2e}"
 
 
 def _cached_logits(model, device, dtype) -> torch.Tensor:  # [9, V] fp32
@@ -192,6 +261,12 @@ def main() -> None:
         check_experts(cpu, torch.float16, names=("random", "hot"))
         check_configs(cpu, torch.float32, names=("drop",))
         check_expert_parallel(cpu)
+    elif what == "shared":
+        check_shared(cpu, torch.float32)
+        check_shared(cpu, torch.float32, T=1, K=6, E=16, n_shared=1)
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+        check_shared(cpu, torch.float32, T=9, K=2, E=5, D=40, inter=24, configs=(cfg, cfg))  # masked K tail
+        check_shared(cpu, torch.float16, T=5)
     elif what == "model":
         check_model(cpu)
     print(f"ok {what}")

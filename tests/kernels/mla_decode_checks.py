@@ -46,6 +46,14 @@ def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r
     want = mla_absorbed_attention(q_nope.float(), q_pe.float(), lat, w.float(), scale, mask)
     assert got.shape == (B, H, dv) and got.dtype == dtype
     assert _rel(got, want) <= TOL[dtype], f"paged MLA decode {dtype}: rel err {_rel(got, want):.2e}"
+    buf = mla_decode.query_buffer(B, H, R, r, dtype, device)  # q_pe placed as the fused prologue places it
+    in_buf = buf[:, :, R:].transpose(0, 1)
+    in_buf.copy_(q_pe)
+    assert mla_decode._query_buffer_of(in_buf, R) is buf and mla_decode._query_buffer_of(q_pe, R) is None
+    got_buf = mla_decode.paged_absorbed_decode(q_nope, in_buf, cache, w, scale, bt, sl)
+    assert got_buf.is_contiguous() and _rel(got_buf, want) <= TOL[dtype], f"query buffer: {_rel(got_buf, want):.2e}"
+    counters = mla_decode.merge_counters(q_nope.device, B)
+    assert counters is not None and not counters.any(), "split-merge counters must be left zero"
     new = torch.randn(3, R + r, generator=g).to(dtype).to(device)
     before = cache.clone()
     mla_decode.write_latent(cache, new, torch.tensor([5, -1, 40], device=device))
@@ -119,6 +127,44 @@ def _decode_logits(model, device, dtype, ids, mode: str = "module"):
     return torch.stack(out).float(), gr
 
 
+def check_prologue(device, dtype, T=5, H=4, dn=16, R=64, r=16, bs=4, fp8_cache: bool = False) -> None:
+    """``kernels.triton.mla_prologue`` == the unfused path: RMSNorm of ``c_kv`` (the Triton norm's one-rounding rule,
+    ``kernels.reference.ref_rms_norm`` in fp32 then rounded), rope of ``k_pe`` and of each head's ``q_pe``
+    (interleaved and halves), the cache rows (``write_kv``; slot -1 writes nothing), from strided ``kv`` / ``q``
+    views (columns of a wider projection), into a strided ``q_pe`` destination (the decode query buffer)."""
+    from torchinferno.kernels import mla_decode
+    from torchinferno.kernels.triton.mla_prologue import mla_prologue
+    from torchinferno.models.common.attention import write_kv
+    from torchinferno.models.common.rope import apply_rope_interleaved, apply_rope_neox
+
+    g = torch.Generator().manual_seed(4)
+    proj = torch.randn(T, R + r + 8, generator=g).to(dtype).to(device)  # kv: a strided column view
+    kv = proj[:, 3 : 3 + R + r]
+    q = torch.randn(T, H * (dn + r) + 8, generator=g).to(dtype).to(device)[:, : H * (dn + r)].view(T, H, dn + r)
+    ang = torch.rand(T, r // 2, generator=g) * 6
+    cos, sin = ang.cos().to(device), ang.sin().to(device)
+    w = (torch.rand(R, generator=g) + 0.5).to(dtype).to(device)
+    slots = torch.tensor([7, -1, 0, 13, 2][:T], device=device)
+    cache_dtype = torch.float8_e4m3fn if fp8_cache else dtype
+    for interleaved in (True, False):
+        rope = apply_rope_interleaved if interleaved else apply_rope_neox
+        c = kv[:, :R].float()
+        want_c = (c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(dtype)
+        want_lat = torch.cat([want_c, rope(kv[:, None, R:], cos, sin)[:, 0]], -1)
+        want_qpe = rope(q[..., dn:], cos, sin)
+        cache = torch.zeros(4, bs, R + r, dtype=cache_dtype, device=device)
+        want_cache = cache.clone()
+        write_kv(want_cache, want_lat, slots, True)
+        q_pe = mla_decode.query_buffer(T, H, R, r, dtype, device)[:, :, R:].transpose(0, 1)
+        lat = mla_prologue(kv, q, cos, sin, w, 1e-6, r, interleaved, q_pe, cache, slots)
+        tol = 0 if dtype == torch.float32 else TOL[dtype]
+        for name, got, want in (("latent", lat, want_lat), ("q_pe", q_pe, want_qpe)):
+            assert got.dtype == dtype and _rel(got, want) <= max(tol, 1e-6), f"prologue {name} {interleaved}"
+        assert _rel(cache.float(), want_cache.float()) <= max(tol, 1e-6) if not fp8_cache else \
+            _rel(cache.float(), want_cache.float()) <= 0.07, f"prologue cache {interleaved}"
+        assert not cache.view(-1, R + r)[[1, 3, 4, 5, 6, 8]].float().any(), "prologue wrote outside its slots"
+
+
 MODEL_CASES = [  # family, size, overrides, modes on CPU (CUDA: module + runner with graphs)
     ("deepseek-v3.2", "debug-v3", {}, ("emulated",)),  # paged MLA decode
     ("dsv4", "debug", {}, ("emulated",)),
@@ -158,6 +204,10 @@ def main() -> None:
         check_kernel(cpu, torch.float32)
         check_kernel(cpu, torch.float16)
         check_kernel(cpu, torch.float32, lens=(3, 40), H=20, dn=8, dv=8, R=32, r=8)  # heads over two launches
+        check_kernel(cpu, torch.float32, lens=(2, 600, 1100), H=4, dn=8, dv=8, R=32, r=8, bs=64)  # split-K merged
+    elif what == "prologue":
+        check_prologue(cpu, torch.float32)
+        check_prologue(cpu, torch.float16, T=3, H=20, dn=8, R=32, r=8)  # heads over two blocks of 16
     elif what == "models":
         check_models(cpu)
     print(f"ok {what}")

@@ -5,6 +5,8 @@
 * The Triton GEMMs on Triton's CPU interpreter (a ``TRITON_INTERPRET=1`` subprocess running fused_moe_checks.py):
   fused experts == the grouped reference (fp32 1e-5, fp16 2e-3 relative to the largest output), SwiGLU and V4's
   clamped SwiGLU; tiny deepseek-v3.2 / dsv4 / deepseek-v4 models, fused path == reference path logits.
+* Shared experts served by the same two launches (ids ``E + j`` at weight 1) == routed reference + the shared MLP,
+  and a tiny model's logits with them fused == the separate shared MLP == the torch reference.
 * On CUDA (skipped without): the same checks in fp32 / bf16, and one MoE layer captured in a CUDA graph and
   replayed with a different routing (no host sync, no data-dependent shape).
 """
@@ -77,7 +79,7 @@ def test_config_table_is_read_by_pair_bucket(tmp_path, monkeypatch):
         fused_moe._stored_configs.cache_clear()
 
 
-@pytest.mark.parametrize("check", ["experts", "model"])
+@pytest.mark.parametrize("check", ["experts", "shared", "model"])
 def test_fused_moe_on_the_triton_interpreter(check, interpreter_check):
     interpreter_check("fused_moe_checks.py", check)
 
@@ -99,6 +101,9 @@ def test_fused_experts_cuda(dtype):
     C.check_align(dev)
     C.check_routing(dev)
     C.check_experts(dev, dtype, T=1000, K=6, E=64, D=128, inter=64)  # past the one-program align (torch sort/pad)
+    C.check_shared(dev, dtype)
+    C.check_shared(dev, dtype, T=1, K=6, E=64, D=256, inter=128)  # the V2-Lite decode shape, scaled down
+    C.check_shared(dev, dtype, T=300, K=6, E=64, D=256, inter=128, n_shared=1)
 
 
 @cuda
@@ -132,13 +137,15 @@ def test_fused_moe_layer_replays_from_a_cuda_graph():
             torch.testing.assert_close(y, moe(x), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("dt,swiglu,clamp,even_k,bm,bn,bk,warps,stages", [
-    ("*bf16", True, False, True, 16, 64, 128, 4, 4),   # decode gate_up (default config)
-    ("*bf16", False, False, True, 16, 64, 128, 4, 4),  # decode down (routing weight fused)
-    ("*bf16", True, True, False, 64, 128, 64, 8, 3),   # prefill tiles, V4 clamp, masked K tail
-    ("*fp32", True, False, True, 32, 64, 64, 4, 2),    # fp32 (ieee dots)
+@pytest.mark.parametrize("dt,swiglu,clamp,even_k,bm,bn,bk,warps,stages,shared", [
+    ("*bf16", True, False, True, 16, 64, 128, 4, 4, False),   # decode gate_up (default config)
+    ("*bf16", False, False, True, 16, 64, 128, 4, 4, False),  # decode down (routing weight fused)
+    ("*bf16", True, False, True, 16, 64, 128, 4, 4, True),    # the same with shared experts fused in
+    ("*bf16", False, False, True, 16, 64, 128, 4, 4, True),
+    ("*bf16", True, True, False, 64, 128, 64, 8, 3, False),   # prefill tiles, V4 clamp, masked K tail
+    ("*fp32", True, False, True, 32, 64, 64, 4, 2, True),     # fp32 (ieee dots)
 ])
-def test_fused_moe_kernel_compiles_for_sm90(dt, swiglu, clamp, even_k, bm, bn, bk, warps, stages):
+def test_fused_moe_kernel_compiles_for_sm90(dt, swiglu, clamp, even_k, bm, bn, bk, warps, stages, shared):
     """The GEMM kernel's variants compile down to a cubin for Hopper without a GPU (test_triton_compile's helper)."""
     pytest.importorskip("triton")
     sys.path.insert(0, str(HERE))
@@ -147,10 +154,11 @@ def test_fused_moe_kernel_compiles_for_sm90(dt, swiglu, clamp, even_k, bm, bn, b
     from torchinferno.kernels.triton import fused_moe as fm
 
     out = dt if swiglu else "*fp32"
-    compile_sm90(fm._moe_gemm_kernel, {"A": dt, "B": dt, "C": out, "W": out if swiglu else "*fp32",
+    compile_sm90(fm._moe_gemm_kernel, {"A": dt, "B": dt, "C": out, "W": out if swiglu else "*fp32", "S": dt,
                                        "sorted_pairs": "*i32", "block_expert": "*i32", "num_padded": "*i32"},
                  {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SWIGLU": swiglu, "CLAMP": clamp,
-                  "MUL_WEIGHT": not swiglu, "EVEN_K": even_k, "PRECISION": "ieee" if dt == "*fp32" else "tf32"},
+                  "MUL_WEIGHT": not swiglu, "EVEN_K": even_k, "PRECISION": "ieee" if dt == "*fp32" else "tf32",
+                  "HAS_SHARED": shared},
                  floats=("limit",), num_warps=warps, num_stages=stages)
 
 
@@ -176,4 +184,5 @@ def test_routing_kernel_compiles_for_sm90(E, k, G, TG, ssp):
 
     compile_sm90(mr._route_kernel, {"LOGITS": "*fp32", "BIAS": "*fp32", "W_OUT": "*fp32", "IDS_OUT": "*i64"},
                  {"E": E, "TOP_K": k, "K_PAD": 8, "N_GROUP": G, "PER": E // G, "TOPK_GROUP": TG, "HAS_BIAS": True,
-                  "NORM": True, "SQRT_SOFTPLUS": ssp}, floats=("scaling",))
+                  "NORM": True, "SQRT_SOFTPLUS": ssp, "N_SHARED": 2 if E == 64 else 0, "S_PAD": 2},
+                 floats=("scaling",))

@@ -2,7 +2,8 @@
 one shared 576-dim latent head) against the torch reference, and DeepSeek models decoding through it.
 
 Interpreter (``TRITON_INTERPRET=1`` subprocess, CPU): the kernel vs ``mla_absorbed_attention`` (fp32 1e-5, fp16),
-``write_latent`` skipping padded slots; tiny deepseek-v3 / dsv4 models (fused variant: paged MLA + fused MoE)
+``write_latent`` skipping padded slots; the query placed in the decode query buffer (no concatenation); the fused
+MLA prologue (latent RMSNorm, both ropes, cache append in one launch) == the unfused ops; tiny deepseek-v3 / dsv4 models (fused variant: paged MLA + fused MoE)
 == the v0 reference through ``CudaGraphDecodeRunner``'s padded buckets, and which models declare
 ``supports_cuda_graphs``. On CUDA (skipped without): the same, with the buckets captured as CUDA graphs.
 """
@@ -18,7 +19,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("check", ["kernel", "models"])
+@pytest.mark.parametrize("check", ["kernel", "prologue", "models"])
 def test_mla_decode_on_the_triton_interpreter(check, interpreter_check):
     interpreter_check("mla_decode_checks.py", check)
 
@@ -35,6 +36,9 @@ def test_mla_paged_decode_cuda(dtype):
     C.check_kernel(torch.device("cuda"), dtype)
     C.check_kernel(torch.device("cuda"), dtype, lens=(1, 700, 4000), H=16, dn=128, dv=128, R=512, r=64)
     C.check_kernel(torch.device("cuda"), dtype, lens=(5, 300), H=40, dn=128, dv=128, R=512, r=64)  # 3 launches
+    C.check_prologue(torch.device("cuda"), dtype)
+    C.check_prologue(torch.device("cuda"), dtype, T=7, H=16, dn=128, R=512, r=64, bs=16)  # the V2-Lite shape
+    C.check_prologue(torch.device("cuda"), dtype, fp8_cache=True)
 
 
 @cuda

@@ -87,19 +87,25 @@ def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 
             except Exception as e:  # noqa: BLE001 - a capture failure is a finding, reported
                 log(f"  layer M={M}: CUDA graph capture failed ({type(e).__name__}: {e}); timing eagerly")
                 fused_ms, graphed = cuda_time_ms(lambda x=x: moe(x)), False
+            moe.fuse_shared = False  # A/B: the shared experts as their own MLP after the fused routed experts
+            try:
+                sep_ms = _graph_ms(lambda x=x: moe(x)) if graphed else cuda_time_ms(lambda x=x: moe(x))
+            finally:
+                moe.fuse_shared = True
             set_moe_backend(moe, "torch")
             ref = moe(x)
             ref_ms = cuda_time_ms(lambda x=x: moe(x), iters=10)
             set_moe_backend(moe, "auto")
         err = float((want.float() - ref.float()).abs().max() / ref.float().abs().max())
         row = {"tokens": M, "experts_hit": hit, "fused_ms": fused_ms, "graphed": graphed, "torch_ms": ref_ms,
-               "rel_err_vs_torch": err, "bytes": nbytes, "flops": flops}
+               "separate_shared_ms": sep_ms, "rel_err_vs_torch": err, "bytes": nbytes, "flops": flops}
         if bw:
             row["bound_ms"] = nbytes / bw * 1e3
             row["pct_of_bw_bound"] = 100 * row["bound_ms"] / fused_ms
         if mm and M == prefill:
             row["pct_of_matmul_rate"] = 100 * flops / mm / (fused_ms * 1e-3)
-        log(f"  layer M={M:5d}: fused {fused_ms:8.3f} ms{' (graph)' if graphed else ''}  torch {ref_ms:8.3f} ms  "
+        log(f"  layer M={M:5d}: fused {fused_ms:8.3f} ms{' (graph)' if graphed else ''} (shared apart "
+            f"{sep_ms:.3f})  torch {ref_ms:8.3f} ms  "
             f"x{ref_ms / fused_ms:5.1f}  hit {hit}/{E}  " + (f"bound {row['bound_ms']:.3f} ms "
                                                           f"({row['pct_of_bw_bound']:.0f}%)  " if bw else "")
             + (f"matmul {row['pct_of_matmul_rate']:.0f}%  " if "pct_of_matmul_rate" in row else "")
@@ -153,8 +159,8 @@ def _routing_hits(model, ids, positions, caches, meta) -> list[int]:
     """Experts hit per MoE layer on this step's input (hooks on the routers)."""
     hits = []
 
-    def hook(_m, _inp, out):
-        hits.append(int(torch.unique(out[1]).numel()))
+    def hook(m, _inp, out):  # routed columns only (a fused MoE's router appends the shared experts after them)
+        hits.append(int(torch.unique(out[1][:, : m.top_k]).numel()))
 
     handles = [m.register_forward_hook(hook) for n, m in model.named_modules() if n.endswith("mlp.gate")]
     with torch.no_grad():
@@ -184,6 +190,7 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             t.normal_()
     out = {"decode": [], "prefill": None}
     set_moe_backend(model, "auto")
+    out["launches_b1"] = step_launches(model, log)
     runner = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=batches)
     runner.capture()  # graphs where the model supports them (paged MLA + fused MoE), else the eager padded path
     out["graphs"] = runner.use_graphs
@@ -243,6 +250,22 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained matmul rate")
         out["prefill"] = row
     return out
+
+
+def step_launches(model, log=print) -> dict:
+    """Kernel launches of one eager batch-1 decode step, per layer (``bench.launch_count``, torch.profiler)."""
+    from torchinferno.bench.launch_count import decode_step_launches, summary
+
+    try:
+        s = summary(decode_step_launches(model, batch=1, ctx=128, cuda_profiler=True))
+    except Exception as e:  # noqa: BLE001 - a diagnostic; report why it is missing
+        log(f"  launch count skipped: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}"}
+    per = {k: v for k, v in s["per_layer"].items() if k != "kernels"}
+    last = max((k for k in per if k.startswith("layer")), key=lambda k: int(k[5:]), default=None)
+    log(f"  batch-1 eager step: {s['per_layer'].get('kernels', 0)} device kernels, launches per layer "
+        f"{sorted({v for k, v in per.items() if k.startswith('layer')})}; {last}: {s['ops'].get(last)}")
+    return s
 
 
 def _n_moe(model) -> int:

@@ -143,7 +143,7 @@ def config_for(M: int, E: int, N: int, K: int, dtype: torch.dtype) -> dict:
 
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
                   down: torch.Tensor, limit: float | None = None, configs: tuple[dict, dict] | None = None,
-                  may_drop: bool = False) -> torch.Tensor:
+                  may_drop: bool = False, shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k], weights [T, k], gate_up [E, 2I, D], down [E, D, I] -> [T, D] in x.dtype.
 
     ``sum_j weights[t, j] * down[e] @ swiglu(gate_up[e] @ x[t])`` with ``e = ids[t, j]``; with ``limit``:
@@ -151,21 +151,41 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
     and contribute 0 (expert parallelism); without it every id must be in range (a router's output is), which
     spares zero-filling the per-pair output. Triton kernels (``kernels.triton.fused_moe``); ``configs`` =
     (gate_up tiles, down tiles) overrides the table.
+
+    ``shared = (shared_gate_up [2 ns I, D], shared_down [D, ns I])``: the weights of a shared-experts SwiGLU MLP
+    (``ns`` shared experts of width ``I`` merged, gate rows first) served by the same two launches as the routed
+    ones: ids ``E + j`` (``j < ns``) select shared expert ``j`` (:func:`append_shared`; a router appends them
+    with weight 1), so ``down_s @ swiglu(gate_up_s @ x)`` = the sum of its ``ns`` width-``I`` slices. Tile configs
+    are looked up by the routed ``E``.
     """
     from torchinferno.kernels.triton import fused_moe as tk
 
     T, top_k = ids.shape
     E, two_i, D = gate_up.shape
     P = T * top_k
+    s_gu, s_dn = shared if shared is not None else (None, None)
+    n_total = E + (0 if s_gu is None else s_gu.shape[0] // two_i)
     if configs is None:
         configs = (config_for(P, E, two_i // 2, D, x.dtype), config_for(P, E, D, two_i // 2, x.dtype))
     x = x.contiguous()
     c1, c2 = configs
-    sp1, be1, n1 = align_pairs(ids, E, c1["BLOCK_M"])
-    act = tk.moe_gate_up(x, gate_up, sp1, be1, n1, top_k, c1, limit)  # [P, I]
-    sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else align_pairs(ids, E, c2["BLOCK_M"])
-    y = tk.moe_down(act, down, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, zero=may_drop)  # [P, D]
+    sp1, be1, n1 = align_pairs(ids, n_total, c1["BLOCK_M"])
+    act = tk.moe_gate_up(x, gate_up, sp1, be1, n1, top_k, c1, limit, shared_gate_up=s_gu)  # [P, I]
+    sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else align_pairs(ids, n_total, c2["BLOCK_M"])
+    y = tk.moe_down(act, down, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, zero=may_drop,
+                    shared_down=s_dn)  # [P, D]
     return y.view(T, top_k, D).sum(1).to(x.dtype)
+
+
+def append_shared(weights: torch.Tensor, ids: torch.Tensor, num_routed: int,
+                  n_shared: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A router's (weights, ids) [T, k] -> [T, k + ns]: every token also selects the shared experts
+    ``E .. E + ns - 1`` with weight 1 (torch ops; ``kernels.triton.moe_routing.route(n_shared=...)`` writes them in
+    the routing launch itself)."""
+    T = ids.shape[0]
+    extra = torch.arange(num_routed, num_routed + n_shared, device=ids.device, dtype=ids.dtype).expand(T, n_shared)
+    ones = torch.ones(T, n_shared, dtype=weights.dtype, device=weights.device)
+    return torch.cat([weights, ones], 1), torch.cat([ids, extra], 1)
 
 
 def usable(x: torch.Tensor, gate_up: torch.Tensor) -> bool:

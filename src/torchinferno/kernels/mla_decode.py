@@ -24,35 +24,80 @@ from torchinferno.kernels import triton as _tri
 from torchinferno.models.common.mla import split_kv_b
 
 MAX_HEADS_PER_LAUNCH = 16  # heads per kernel launch (V2-Lite: one launch; V3's 128 heads: 8, each re-reading the rows)
+MERGE_COUNTERS = 4096  # per device: int32 zeros, one per (sequence, launch): the split-K merge inside stage 1
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """The device's split-merge counters (``decode_attention``'s ``merge_counters``: zeros, left zero by every
+    launch, so one buffer serves every layer, step and CUDA graph), or None (then the decode runs its separate
+    merge kernel) when more than :data:`MERGE_COUNTERS` are needed or the first request comes inside a capture."""
+    buf = _counters.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _counters[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
+    return buf if n <= buf.numel() else None
 
 
 def usable(q: torch.Tensor) -> bool:
     return _tri.usable(q)
 
 
+def query_buffer(T: int, H: int, R: int, r: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A new ``[H, T, R + r]`` absorbed-decode query buffer: the rope dims ``[..., R:]`` are written first (the MLA
+    prologue's ``q_pe``), then :func:`paged_absorbed_decode` writes ``W_UK^T q_nope`` into ``[..., :R]`` with one
+    bmm (``out=``, head-major as the bmm produces it), so the query is never concatenated."""
+    return torch.empty((H, T, R + r), dtype=dtype, device=device)
+
+
+def _query_buffer_of(q_pe: torch.Tensor, R: int) -> torch.Tensor | None:
+    """The :func:`query_buffer` ``q_pe [B, H, r]`` is a view of (its rope dims), else None."""
+    base = q_pe._base
+    B, H, r = q_pe.shape
+    if base is None or base.shape != (H, B, R + r) or not base.is_contiguous():
+        return None
+    if q_pe.stride() != (R + r, B * (R + r), 1) or q_pe.data_ptr() != base.data_ptr() + R * base.element_size():
+        return None
+    return base
+
+
 def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
                           w_kv_b: torch.Tensor, scale: float, block_tables: torch.Tensor,
                           seq_lens: torch.Tensor) -> torch.Tensor:
     """q_nope [B, H, dn], q_pe [B, H, r], latent_cache [N, bs, R + r], w_kv_b [H*(dn+dv), R],
-    block_tables [B, max_blocks] int32, seq_lens [B] int32 (>= 1) -> [B, H, dv] in q_nope.dtype."""
+    block_tables [B, max_blocks] int32, seq_lens [B] int32 (>= 1) -> [B, H, dv] in q_nope.dtype (contiguous).
+
+    When ``q_pe`` lives in a :func:`query_buffer` (the fused MLA prologue put it there), ``W_UK^T q_nope`` is
+    written next to it by one bmm; else the query is concatenated. The output is produced by one bmm writing
+    ``[B, H, dv]`` rows directly (``o_proj`` reads them as ``[B, H * dv]`` without a copy)."""
     from torchinferno.kernels.triton.decode_attention import (
         batched_paged_decode_attention,
     )
 
-    H, dn = q_nope.shape[1], q_nope.shape[2]
+    B, H, dn = q_nope.shape
     r = q_pe.shape[-1]
     R = latent_cache.shape[-1] - r
     w_uk, w_uv = split_kv_b(w_kv_b, H, dn, w_kv_b.shape[0] // H - dn)
-    q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # [B, H, R]
-    q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1).contiguous()  # [B, H, R + r]
+    buf = _query_buffer_of(q_pe, R) if q_pe.dtype == q_nope.dtype else None
+    if buf is not None:
+        torch.bmm(q_nope.transpose(0, 1), w_uk, out=buf[:, :, :R])  # [H, B, dn] @ [H, dn, R] next to q_pe
+        q = buf.transpose(0, 1)  # [B, H, R + r] (strided)
+    else:
+        q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # [B, H, R]
+        q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1)  # [B, H, R + r]
     kc = latent_cache.unsqueeze(2)  # [N, bs, 1, R + r]: one KV head
     vc = kc[..., :R]  # values: c_kv, the first R of the same rows
     lens = seq_lens.to(torch.int32)
-    o_lat = torch.empty(q.shape[0], H, R, dtype=q.dtype, device=q.device)  # [B, H, R]
+    o_lat = torch.empty(H, B, R, dtype=q.dtype, device=q.device).transpose(0, 1)  # [B, H, R], head-major storage
+    counters = merge_counters(q.device, B)  # launches run in stream order: one buffer serves them all
     for h0 in range(0, H, MAX_HEADS_PER_LAUNCH):  # a program holds all its heads' [576-wide] query rows
         h1 = min(H, h0 + MAX_HEADS_PER_LAUNCH)
-        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, out=o_lat[:, h0:h1])
-    return torch.einsum("bhr,hvr->bhv", o_lat, w_uv)
+        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, out=o_lat[:, h0:h1],
+                                       merge_counters=counters)
+    out = torch.empty(B, H, w_uv.shape[1], dtype=q.dtype, device=q.device)
+    torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, B, R] @ [H, R, dv]
+    return out
 
 
 def write_latent(latent_cache: torch.Tensor, latent: torch.Tensor, slot_mapping: torch.Tensor) -> None:

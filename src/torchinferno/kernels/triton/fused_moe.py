@@ -14,6 +14,11 @@ returns at once; every other program computes one ``[BLOCK_M, BLOCK_N]`` tile of
 * :func:`moe_down` — ``out [P, D] = w[pair] * (act[pair] @ down[e]^T)`` in fp32, the routing weight fused; the
   caller sums the ``top_k`` rows of each token (a reshape-sum: deterministic, no atomics).
 
+Shared experts (``HAS_SHARED``): expert ids ``>= E`` (the routed count) read shared expert ``j = id - E`` as a
+strided slice of the shared MLP's own weights (``S``: gate_up ``[2 ns I, D]``, gate rows ``[jI, (j+1)I)`` and up rows
+``ns I`` below; down ``[D, ns I]``, columns ``[jI, (j+1)I)``), so routed and shared experts share both launches and
+no weight is copied.
+
 :func:`align_pairs` is the sort/pad itself in one single-program launch (decode-sized steps; the torch version in
 ``kernels.fused_moe`` takes larger ones).
 
@@ -30,11 +35,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _moe_gemm_kernel(A, B, C, W, sorted_pairs, block_expert, num_padded, N, K, num_pairs, row_div, up_offset,
-                     limit, stride_am, stride_be, stride_bn, stride_cm, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWIGLU: tl.constexpr,
-                     CLAMP: tl.constexpr, MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr,
-                     PRECISION: tl.constexpr):
+def _moe_gemm_kernel(A, B, C, W, S, sorted_pairs, block_expert, num_padded, N, K, num_pairs, row_div, up_offset,
+                     limit, stride_am, stride_be, stride_bn, stride_cm, num_routed, shared_step, stride_sn, shared_up,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                     SWIGLU: tl.constexpr, CLAMP: tl.constexpr, MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr,
+                     PRECISION: tl.constexpr, HAS_SHARED: tl.constexpr):
     # grid = (num_m_blocks(static bound) * num_n_blocks,): grouped order, GROUP_M row blocks share a weight tile
     pid = tl.program_id(0)
     num_m = tl.cdiv(tl.load(num_padded), BLOCK_M)
@@ -57,10 +62,19 @@ def _moe_gemm_kernel(A, B, C, W, sorted_pairs, block_expert, num_padded, N, K, n
     ok_n = rn < N
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = A + row[:, None] * stride_am + rk[None, :]  # [BM, BK]
-    b_ptrs = B + e.to(tl.int64) * stride_be + rn.to(tl.int64)[None, :] * stride_bn + rk[:, None]  # [BK, BN]
+    e64 = e.to(tl.int64)
+    b_base = B + e64 * stride_be  # routed expert e: rows of B[e]
+    stride_n = stride_bn
+    up_off = up_offset
+    if HAS_SHARED:  # experts >= num_routed: shared expert j = e - num_routed, a slice of the shared MLP's weights
+        sh = e >= num_routed
+        b_base = tl.where(sh, S + tl.maximum(e64 - num_routed, 0) * shared_step, b_base)
+        stride_n = tl.where(sh, stride_sn, stride_bn).to(tl.int64)
+        up_off = tl.where(sh, shared_up, up_offset)
+    b_ptrs = b_base + rn.to(tl.int64)[None, :] * stride_n + rk[:, None]  # [BK, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if SWIGLU:
-        u_ptrs = b_ptrs + up_offset
+        u_ptrs = b_ptrs + up_off
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -148,37 +162,59 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, p_max: int):
 
 
 def _launch(a, b, c, w, sorted_pairs, block_expert, num_padded, n, row_div, up_offset, limit, cfg, swiglu, clamp,
-            mul_weight) -> None:
+            mul_weight, shared=None) -> None:
+    """``shared`` = (tensor, step between shared experts, its row stride, its up-row offset) in elements, or None."""
     K = a.shape[1]
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     grid = (triton.cdiv(sorted_pairs.numel(), bm) * triton.cdiv(n, bn),)
+    s, step, stride_sn, s_up = shared if shared is not None else (b, 0, 0, 0)
     _moe_gemm_kernel[grid](
-        a, b, c, w, sorted_pairs, block_expert, num_padded, n, K, c.shape[0], row_div, up_offset, float(limit),
-        a.stride(0), b.stride(0), b.stride(1), c.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"],
-        GROUP_M=cfg["GROUP_M"], SWIGLU=swiglu, CLAMP=clamp, MUL_WEIGHT=mul_weight, EVEN_K=K % cfg["BLOCK_K"] == 0,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        a, b, c, w, s, sorted_pairs, block_expert, num_padded, n, K, c.shape[0], row_div, up_offset, float(limit),
+        a.stride(0), b.stride(0), b.stride(1), c.stride(0), b.shape[0], step, stride_sn, s_up, BLOCK_M=bm,
+        BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], SWIGLU=swiglu, CLAMP=clamp,
+        MUL_WEIGHT=mul_weight, EVEN_K=K % cfg["BLOCK_K"] == 0, PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        HAS_SHARED=shared is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def moe_gate_up(x: torch.Tensor, gate_up: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor,
-                num_padded: torch.Tensor, top_k: int, cfg: dict, limit: float | None = None) -> torch.Tensor:
-    """x [T, D], gate_up [E, 2I, D] -> act [T * top_k, I] in x.dtype, row = pair id (rows of dropped pairs unset)."""
+                num_padded: torch.Tensor, top_k: int, cfg: dict, limit: float | None = None,
+                shared_gate_up: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, D], gate_up [E, 2I, D] -> act [T * top_k, I] in x.dtype, row = pair id (rows of dropped pairs unset).
+
+    ``shared_gate_up [2 * ns * I, D]`` (a shared-experts MLP's merged weight: all gate rows, then all up rows):
+    expert ids ``E + j`` read shared expert ``j``'s gate rows ``[j I, (j+1) I)`` and up rows ``ns I`` below them."""
     assert x.stride(1) == 1 and gate_up.stride(2) == 1 and gate_up.shape[2] == x.shape[1]
     inter = gate_up.shape[1] // 2
+    shared = None
+    if shared_gate_up is not None:
+        assert shared_gate_up.stride(1) == 1 and shared_gate_up.shape[1] == x.shape[1]
+        assert shared_gate_up.shape[0] % (2 * inter) == 0 and shared_gate_up.dtype == gate_up.dtype
+        row = shared_gate_up.stride(0)
+        shared = (shared_gate_up, inter * row, row, shared_gate_up.shape[0] // 2 * row)
     act = torch.empty((x.shape[0] * top_k, inter), dtype=x.dtype, device=x.device)
     if act.numel():
         _launch(x, gate_up, act, act, sorted_pairs, block_expert, num_padded, inter, top_k,
-                inter * gate_up.stride(1), 0.0 if limit is None else limit, cfg, True, limit is not None, False)
+                inter * gate_up.stride(1), 0.0 if limit is None else limit, cfg, True, limit is not None, False, shared)
     return act
 
 
 def moe_down(act: torch.Tensor, down: torch.Tensor, weights: torch.Tensor, sorted_pairs: torch.Tensor,
-             block_expert: torch.Tensor, num_padded: torch.Tensor, cfg: dict, zero: bool = True) -> torch.Tensor:
+             block_expert: torch.Tensor, num_padded: torch.Tensor, cfg: dict, zero: bool = True,
+             shared_down: torch.Tensor | None = None) -> torch.Tensor:
     """act [P, I], down [E, D, I], weights [P] fp32 -> fp32 [P, D] = weights[p] * act[p] @ down[e(p)]^T
-    (rows of dropped pairs: 0 with ``zero``, unset without: only when no pair is dropped)."""
+    (rows of dropped pairs: 0 with ``zero``, unset without: only when no pair is dropped).
+
+    ``shared_down [D, ns * I]``: expert ids ``E + j`` read its columns ``[j I, (j+1) I)``."""
     assert act.stride(1) == 1 and down.stride(2) == 1 and down.shape[2] == act.shape[1]
+    shared = None
+    if shared_down is not None:
+        inter = down.shape[2]
+        assert shared_down.stride(1) == 1 and shared_down.shape[0] == down.shape[1]
+        assert shared_down.shape[1] % inter == 0 and shared_down.dtype == down.dtype
+        shared = (shared_down, inter, shared_down.stride(0), 0)
     alloc = torch.zeros if zero else torch.empty
     out = alloc((act.shape[0], down.shape[1]), dtype=torch.float32, device=act.device)
     if out.numel():
         _launch(act, down, out, weights, sorted_pairs, block_expert, num_padded, down.shape[1], 1, 0, 0.0, cfg,
-                False, False, True)
+                False, False, True, shared)
     return out

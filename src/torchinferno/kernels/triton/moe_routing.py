@@ -18,7 +18,8 @@ import triton.language as tl
 @triton.jit
 def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constexpr, TOP_K: tl.constexpr,
                   K_PAD: tl.constexpr, N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr):
+                  HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr, N_SHARED: tl.constexpr,
+                  S_PAD: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, E)
     logit = tl.load(LOGITS + t * stride_l + e).to(tl.float32)
@@ -56,8 +57,13 @@ def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constex
     if NORM:
         w = w / (tl.sum(w, axis=0) + 1e-20)
     ok = kk < TOP_K
-    tl.store(W_OUT + t * TOP_K + kk, w * scaling, mask=ok)
-    tl.store(IDS_OUT + t * TOP_K + kk, ids, mask=ok)
+    row = t * (TOP_K + N_SHARED)
+    tl.store(W_OUT + row + kk, w * scaling, mask=ok)
+    tl.store(IDS_OUT + row + kk, ids, mask=ok)
+    if N_SHARED > 0:  # shared experts E .. E + N_SHARED - 1, weight 1, after the routed picks
+        j = tl.arange(0, S_PAD)
+        tl.store(W_OUT + row + TOP_K + j, tl.full([S_PAD], 1.0, tl.float32), mask=j < N_SHARED)
+        tl.store(IDS_OUT + row + TOP_K + j, (E + j).to(tl.int64), mask=j < N_SHARED)
 
 
 def supported(num_experts: int, n_group: int) -> bool:
@@ -69,17 +75,20 @@ def supported(num_experts: int, n_group: int) -> bool:
 
 
 def route(logits: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int, topk_group: int,
-          norm: bool, scaling: float, sqrt_softplus: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] fp32 -> (weights [T, top_k] fp32, ids [T, top_k] int64)."""
+          norm: bool, scaling: float, sqrt_softplus: bool = False,
+          n_shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [T, E] fp32 -> (weights [T, top_k + n_shared] fp32, ids [T, top_k + n_shared] int64); the last
+    ``n_shared`` columns are the shared experts ``E + j`` with weight 1 (``kernels.fused_moe.append_shared``)."""
     T, E = logits.shape
     logits = logits.float()
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    w = torch.empty((T, top_k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((T, top_k), dtype=torch.int64, device=logits.device)
+    w = torch.empty((T, top_k + n_shared), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((T, top_k + n_shared), dtype=torch.int64, device=logits.device)
     if T:
         _route_kernel[(T,)](logits, logits if bias is None else bias.float().contiguous(), w, ids, logits.stride(0),
                             float(scaling), E=E, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group,
                             PER=E // n_group, TOPK_GROUP=topk_group, HAS_BIAS=bias is not None, NORM=norm, SQRT_SOFTPLUS=sqrt_softplus,
+                            N_SHARED=n_shared, S_PAD=triton.next_power_of_2(max(1, n_shared)),
                             num_warps=4 if E >= 256 else 1)
     return w, ids

@@ -89,12 +89,15 @@ class SigmoidRouter(KeepFP32, nn.Module):
         self.ops = ops
         self.row_tile: int | None = None  # set by kernels.batch_invariant: the router GEMM on fixed row tiles
 
-    def forward(self, x) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, n_shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n_shared > 0`` (ops modules with ``FUSE_SHARED_EXPERTS`` only): ``[T, k + n_shared]``, the shared
+        experts ``E + j`` appended with weight 1 (``kernels.fused_moe.append_shared``)."""
         from torchinferno.kernels.batch_invariant import tiled_linear
 
         logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
+        extra = {"n_shared": n_shared} if n_shared else {}
         return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
-                              self.norm_topk_prob, self.scaling)
+                              self.norm_topk_prob, self.scaling, **extra)
 
 
 class RoutedExperts(nn.Module):
@@ -136,8 +139,15 @@ class SparseMoE(nn.Module):
         self.experts = RoutedExperts(E, D, I, ops)
         shared = I * cfg.n_shared_experts
         self.shared_experts = GatedMLP(D, shared, ops) if shared else None
+        self.fuse_shared = True  # CUDA + an ops module with FUSE_SHARED_EXPERTS: shared experts inside the fused MoE
 
     def forward(self, x):
+        from torchinferno.models.common.moe import fused_shared_count, fused_with_shared
+
+        ns = fused_shared_count(self, x)
+        if ns:  # routed + shared experts in one fused MoE (two grouped GEMM launches in all)
+            weights, ids = self.gate(x, n_shared=ns)
+            return fused_with_shared(self, x, ids, weights)
         weights, ids = self.gate(x)
         y = self.experts(x, ids, weights)
         return y if self.shared_experts is None else y + self.shared_experts(x)

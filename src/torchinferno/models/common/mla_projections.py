@@ -81,6 +81,41 @@ class MLAProjections(nn.Module):
         k_pe = self.ops.rope(k_pe[:, None], cos, sin, self.rope_interleave)[:, 0]
         return q_latent, q_nope, q_pe, torch.cat([c_kv, k_pe], dim=-1)
 
+    def project_and_write(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: torch.Tensor | None,
+                          meta, decode_query: bool = False):
+        """:meth:`project` and, with ``cache`` and ``meta``, :meth:`write_latent` of the latent rows. On CUDA with an
+        ops module that opts in (``FUSED_MLA_PROLOGUE``) the latent RMSNorm, both ropes and the cache append are one
+        Triton launch (``kernels.triton.mla_prologue``). ``decode_query``: place ``q_pe`` in the absorbed decode's
+        query buffer (``kernels.mla_decode.query_buffer``: ``[H, T, R + r]``, rope dims last) so that decode step
+        needs no concatenation; ``q_pe`` is then a strided view. Same contract as :meth:`project` otherwise."""
+        from torchinferno.kernels import triton as tri
+
+        if not (getattr(self.ops, "FUSED_MLA_PROLOGUE", False) and not self.batch_invariant
+                and self.kv_a_layernorm.row_tile is None and tri.usable(x)):
+            out = self.project(x, cos, sin)
+            if cache is not None and meta is not None:
+                self.write_latent(cache, out[3], meta)
+            return out
+        from torchinferno.kernels.mla_decode import query_buffer
+        from torchinferno.kernels.triton.mla_prologue import mla_prologue
+
+        T, H, r = x.shape[0], self.num_heads, self.rope_dim
+        if self.q_lora_rank is None:
+            q_latent, q = None, self.q_proj(x)
+        else:
+            q_latent = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_latent)
+        q = q.view(T, H, self.nope_dim + r)
+        if decode_query:
+            q_pe = query_buffer(T, H, self.kv_lora_rank, r, q.dtype, q.device)[:, :, self.kv_lora_rank :].transpose(0, 1)
+        else:
+            q_pe = torch.empty((T, H, r), dtype=q.dtype, device=q.device)
+        write = cache is not None and meta is not None
+        latent = mla_prologue(self.kv_a_proj_with_mqa(x), q, cos, sin, self.kv_a_layernorm.weight,
+                              self.kv_a_layernorm.eps, r, self.rope_interleave, q_pe, cache if write else None,
+                              meta.slot_mapping if write else None)
+        return q_latent, q[..., : self.nope_dim], q_pe, latent
+
     # ---------------------------------------------------------------- paged decode on CUDA (kernels.mla_decode)
     def _paged_ops(self) -> bool:
         """The ops module opts into the Triton paged path (``PAGED_MLA_DECODE``) and decode is not batch-invariant."""

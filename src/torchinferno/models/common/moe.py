@@ -29,7 +29,7 @@ sync); :func:`route_fused` runs it as one Triton launch on CUDA (``kernels.trito
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -69,9 +69,14 @@ def route_fused(
     topk_group: int,
     norm_topk_prob: bool,
     routed_scaling_factor: float,
+    n_shared: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`route_sigmoid_grouped` in one Triton launch on CUDA (``kernels.triton.moe_routing``), else itself."""
+    """:func:`route_sigmoid_grouped` in one Triton launch on CUDA (``kernels.triton.moe_routing``), else itself.
+
+    ``n_shared``: ``[T, top_k + n_shared]``, shared experts ``E + j`` appended with weight 1 (the fused MoE's
+    shared experts, :func:`fused_with_shared`)."""
     from torchinferno.kernels import triton as tri
+    from torchinferno.kernels.fused_moe import append_shared
 
     E = router_logits.shape[-1]
     if tri.usable(router_logits):
@@ -79,9 +84,10 @@ def route_fused(
 
         if moe_routing.supported(E, n_group):
             return moe_routing.route(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob,
-                                     routed_scaling_factor)
-    return route_sigmoid_grouped(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob,
-                                 routed_scaling_factor)
+                                     routed_scaling_factor, n_shared=n_shared)
+    w, ids = route_sigmoid_grouped(router_logits, correction_bias, top_k, n_group, topk_group, norm_topk_prob,
+                                   routed_scaling_factor)
+    return append_shared(w, ids, E, n_shared) if n_shared else (w, ids)
 
 
 def grouped_expert_mlp(
@@ -136,6 +142,43 @@ def fused_expert_mlp(
     if row_tile is None and fused_moe.usable(x, gate_up):
         return fused_moe.fused_experts(x, expert_ids, weights, gate_up, down)
     return grouped_expert_mlp(x, expert_ids, weights, gate_up, down, act_and_mul, row_tile)
+
+
+def fused_shared_count(moe_block: torch.nn.Module, x: torch.Tensor) -> int:
+    """How many shared experts a ``SparseMoE`` block serves inside its fused MoE for input ``x``, 0 when the
+    separate shared MLP runs: the ops module opts in (``FUSE_SHARED_EXPERTS``), the block's ``fuse_shared`` is on,
+    its experts are the plain unsharded ``RoutedExperts`` on the fused path (``moe_backend`` "auto", no row tiles),
+    and the shared MLP is a plain bias-free ``GatedMLP`` of ``ns`` x the expert width in x's dtype (not sharded or
+    swapped by a runtime linear replacement)."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common.layers import GatedMLP, RoutedExperts
+
+    sh, ex = moe_block.shared_experts, moe_block.experts
+    if sh is None or not moe_block.fuse_shared or not getattr(ex.ops, "FUSE_SHARED_EXPERTS", False):
+        return 0
+    if type(ex) is not RoutedExperts or ex.moe_backend != "auto" or ex.row_tile is not None:
+        return 0
+    if not fused_moe.usable(x, ex.gate_up_proj) or type(sh) is not GatedMLP:
+        return 0
+    gu, dn = sh.gate_up_proj, sh.down_proj
+    if type(gu) is not torch.nn.Linear or type(dn) is not torch.nn.Linear or gu.bias is not None or dn.bias is not None:
+        return 0
+    _, two_i, D = ex.gate_up_proj.shape
+    wg, wd = gu.weight, dn.weight
+    ok = (wg.dtype == wd.dtype == x.dtype and wg.dim() == wd.dim() == 2 and wg.stride(1) == 1 and wd.stride(1) == 1
+          and wg.shape[1] == D and wg.shape[0] % two_i == 0 and wd.shape == (D, wg.shape[0] // 2))
+    return wg.shape[0] // two_i if ok else 0
+
+
+def fused_with_shared(moe_block: torch.nn.Module, x: torch.Tensor, ids: torch.Tensor,
+                      weights: torch.Tensor) -> torch.Tensor:  # [T, D]
+    """A ``SparseMoE``'s routed + shared experts through one fused MoE (ids / weights ``[T, k + ns]`` with the
+    shared experts appended, :func:`route_fused`); == routed experts + the shared ``GatedMLP``."""
+    from torchinferno.kernels import fused_moe
+
+    ex, sh = moe_block.experts, moe_block.shared_experts
+    return fused_moe.fused_experts(x, ids, weights, ex.gate_up_proj, ex.down_proj,
+                                   shared=(sh.gate_up_proj.weight, sh.down_proj.weight))
 
 
 def set_moe_backend(model: torch.nn.Module, backend: str) -> int:

@@ -107,13 +107,15 @@ class DeepSeekMLA(MLAProjections):
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, ...] | None, meta: AttentionMetadata | None):
         T, H = x.shape[0], self.num_heads
-        q_latent, q_nope, q_pe, latent = self.project(x, cos, sin)  # latent [T, R + r]: all this layer caches for MLA
+        decode = kv_cache is not None and meta is not None and meta.is_decode and self.absorb_decode
+        # latent [T, R + r]: all this layer caches for MLA (written into kv_cache[0] here)
+        q_latent, q_nope, q_pe, latent = self.project_and_write(
+            x, cos, sin, None if kv_cache is None else kv_cache[0], meta,
+            decode_query=decode and self.indexer is None and not self.batch_invariant)
         idx = self.indexer(x, q_latent, cos, sin) if self.indexer is not None else None
-        if kv_cache is not None and meta is not None:
-            self.write_latent(kv_cache[0], latent, meta)
-            if idx is not None:
-                self.write_latent(kv_cache[1], idx.k, meta)
-        if kv_cache is not None and meta is not None and meta.is_decode and self.absorb_decode:
+        if kv_cache is not None and meta is not None and idx is not None:
+            self.write_latent(kv_cache[1], idx.k, meta)
+        if decode:
             if self.batch_invariant:
                 o = self.each_decode_row(lambda qn, qp, ix, m: self._decode_absorbed(qn, qp, ix, kv_cache, m),
                                          meta, q_nope, q_pe, idx)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from torchinferno import kernels
+from torchinferno.kernels import mla_prefill
 from torchinferno.models.common import mla, moe
 from torchinferno.models.common.norm_act_ops import Fused
 from torchinferno.models.common.rope import apply_rope_interleaved
@@ -21,13 +22,17 @@ silu_and_mul = Fused.silu_and_mul
 NAME = "fused"
 # MLA decode through kernels.mla_decode on CUDA (paged latent cache, device-only inputs: CUDA-graph capturable)
 PAGED_MLA_DECODE = True
+# SparseMoE's shared experts served by the fused MoE's two launches on CUDA (moe.fused_shared_count)
+FUSE_SHARED_EXPERTS = True
+# MLA latent norm + both ropes + latent cache append as one Triton launch (kernels.triton.mla_prologue)
+FUSED_MLA_PROLOGUE = True
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
     return apply_rope_interleaved(x, cos, sin) if interleaved else kernels.rotary_neox(x, cos, sin)
 
 
-latent_expanded_attention = mla.mla_expanded_attention
+latent_expanded_attention = mla_prefill.expanded_attention  # flash-eligible on CUDA (values padded), else the reference
 latent_absorbed_attention = mla.mla_absorbed_attention
 route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere
 grouped_expert_mlp = moe.fused_expert_mlp  # fused Triton MoE on CUDA, the grouped reference elsewhere

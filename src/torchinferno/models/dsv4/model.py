@@ -39,16 +39,17 @@ class LatentAttention(MLAProjections):
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, ...] | None, meta: AttentionMetadata | None):
         T, H = x.shape[0], self.num_heads
-        _, q_nope, q_pe, latent = self.project(x, cos, sin)  # latent [T, R + r]: everything this layer caches
-        if kv_cache is not None and meta is not None:
-            self.write_latent(kv_cache[0], latent, meta)
-            if meta.is_decode and self.absorb_decode:
-                if self.batch_invariant:
-                    o = self.each_decode_row(lambda qn, qp, m: self._decode_absorbed(qn, qp, kv_cache[0], m),
-                                             meta, q_nope, q_pe)
-                else:
-                    o = self._decode_absorbed(q_nope, q_pe, kv_cache[0], meta)
-                return self.o_proj(o.reshape(T, H * self.v_dim))
+        decode = kv_cache is not None and meta is not None and meta.is_decode and self.absorb_decode
+        # latent [T, R + r]: everything this layer caches (written into kv_cache[0] here)
+        _, q_nope, q_pe, latent = self.project_and_write(x, cos, sin, None if kv_cache is None else kv_cache[0], meta,
+                                                         decode_query=decode and not self.batch_invariant)
+        if decode:
+            if self.batch_invariant:
+                o = self.each_decode_row(lambda qn, qp, m: self._decode_absorbed(qn, qp, kv_cache[0], m),
+                                         meta, q_nope, q_pe)
+            else:
+                o = self._decode_absorbed(q_nope, q_pe, kv_cache[0], meta)
+            return self.o_proj(o.reshape(T, H * self.v_dim))
         o = self._expanded(q_nope, q_pe, latent, kv_cache, meta)
         if self.batch_invariant and self.absorb_decode and kv_cache is not None and meta is not None:
             o = self.decode_rows_of_mixed(o, lambda qn, qp, m: self._decode_absorbed(qn, qp, kv_cache[0], m),
