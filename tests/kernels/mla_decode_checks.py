@@ -144,7 +144,7 @@ def check_prologue(device, dtype, T=5, H=4, dn=16, R=64, r=16, bs=4, fp8_cache: 
     ang = torch.rand(T, r // 2, generator=g) * 6
     cos, sin = ang.cos().to(device), ang.sin().to(device)
     w = (torch.rand(R, generator=g) + 0.5).to(dtype).to(device)
-    slots = torch.tensor([7, -1, 0, 13, 2][:T], device=device)
+    slots = torch.tensor(([7, -1, 0, 13, 2] + [4 * bs - 1 - i for i in range(max(T - 5, 0))])[:T], device=device)  # T may exceed 5
     cache_dtype = torch.float8_e4m3fn if fp8_cache else dtype
     for interleaved in (True, False):
         rope = apply_rope_interleaved if interleaved else apply_rope_neox
