@@ -25,6 +25,7 @@ from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from torchinferno.engine.step_handle import StepHandle
 from torchinferno.errors import ConfigError
 from torchinferno.kernels.kv_dtype import is_fp8
+from torchinferno.models.common.step_model import cpu_kv_cache_dtype
 
 __all__ = ["Executor", "UniprocExecutor", "Worker"]
 
@@ -52,9 +53,9 @@ class Worker:
         self.model = model
         self.device = param.device
         self.config = config = config.for_device(self.device)
-        # On CPU attention computes in fp32 (TorchAttention), so an fp32 cache saves a conversion of the whole
-        # context on every layer of every step (SmolLM2 bf16, batch 1: 23.6 -> see RESULTS.md ms per token).
-        dtype = config.kv_cache_dtype or (torch.float32 if self.device.type == "cpu" else param.dtype)
+        # CPU: fp32 for TorchAttention (no per-layer conversion of the context), or the activation dtype when the
+        # lean step reads the cache natively (models/common/step_model.cpu_kv_cache_dtype)
+        dtype = config.kv_cache_dtype or (cpu_kv_cache_dtype(model) if self.device.type == "cpu" else param.dtype)
         spec = family.kv_spec(model.config)
         if is_fp8(dtype) and any(layer.kind != "mha" for layer in spec.layers):
             raise ConfigError(f"kv_cache_dtype {dtype} supports k/v (GQA) caches only; family {family.name!r} stores "

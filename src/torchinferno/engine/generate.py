@@ -17,7 +17,7 @@ from torch import nn
 
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.models.common.attention_metadata import AttentionMetadata
-from torchinferno.models.common.step_model import step_model
+from torchinferno.models.common.step_model import cpu_kv_cache_dtype, step_model
 
 
 @dataclass
@@ -85,9 +85,8 @@ class StaticGenerator:
         self.model = step_model(model, self.device) if self.device.type == "cpu" else model
         self.max_batch_size = max_batch_size
         self.max_seq_len = min(max_seq_len, model.config.max_position_embeddings)
-        # On CPU the cache is kept in fp32: attention runs in fp32 there (see TorchAttention), and a
-        # bf16 cache would be converted on every layer of every step.
-        dtype = cache_dtype or (torch.float32 if self.device.type == "cpu" else _param_dtype(model))
+        # CPU: fp32 for TorchAttention, or the activation dtype when the lean step reads the cache natively
+        dtype = cache_dtype or (cpu_kv_cache_dtype(model) if self.device.type == "cpu" else _param_dtype(model))
         spec = self.family.kv_spec(model.config)
         self.kv_caches = spec.allocate(max_batch_size, self.max_seq_len, dtype, self.device)
         self.stats = GenerationStats()

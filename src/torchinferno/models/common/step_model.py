@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LeanStepModel", "step_model", "unwrap"]
+__all__ = ["LeanStepModel", "cpu_kv_cache_dtype", "step_model", "unwrap"]
 
 
 class LeanStepModel:
@@ -59,6 +59,17 @@ def step_model(model, device: torch.device | str, lean: bool = True, **cuda_opti
     elif kind == "cpu" and callable(getattr(model, "make_cpu_decode_step", None)) and _prepacked(model):
         step = model.make_cpu_decode_step()  # the lean CPU step is built for pre-packed weights (kernels/cpu_linear.py)
     return model if step is None else LeanStepModel(model, step)
+
+
+def cpu_kv_cache_dtype(model) -> torch.dtype:
+    """The KV-cache dtype a CPU runner of ``model`` allocates by default.
+
+    The step's ``kv_cache_dtype`` when its lean CPU step reads the cache natively in the activation dtype (the C step
+    of kernels/cpu_decode_step: K/V rows are bf16 activations, so a bf16 cache holds exactly what an fp32 one would
+    and the step reads half the bytes); else fp32 (TorchAttention computes in fp32 on CPU, and an fp32 cache saves a
+    conversion of the whole context on every layer of every step)."""
+    wrapped = step_model(model, "cpu")
+    return getattr(getattr(wrapped, "step", None), "kv_cache_dtype", None) or torch.float32
 
 
 def _prepacked(model) -> bool:

@@ -79,6 +79,8 @@ class CpuDecodeStep(LeanDecodeStepBase):
         # kernels.cpu_decode_step.default_step())
         native = cpu_decode_step.default_step() == "native" if native is None else native
         self.native = self._native_step(model) if native else None
+        # the native step reads a cache of the activation dtype directly (models/common/step_model.cpu_kv_cache_dtype)
+        self.kv_cache_dtype = torch.bfloat16 if self.native is not None else None
 
     def _native_step(self, model: nn.Module) -> cpu_decode_step.NativeDecodeStep | None:
         """The C step (kernels/cpu_decode_step.c) over this model's packed weights, or None: a linear not on our
