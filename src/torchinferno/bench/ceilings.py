@@ -1,4 +1,4 @@
-"""Same-run hardware ceilings: memory copy bandwidth (read + write) and matmul rate."""
+"""Same-run hardware ceilings: memory copy and read bandwidth, matmul rate."""
 
 from __future__ import annotations
 
@@ -29,12 +29,27 @@ def copy_bandwidth(device: str | torch.device = "cpu", nbytes: int = 512 * 1024*
 
 
 def read_bandwidth(device: str | torch.device = "cpu", nbytes: int = 2 * 1024**3, iters: int = 5) -> float:
-    """Bytes/s of a full reduction (``sum``) over a buffer far larger than caches: reads only.
+    """Bytes/s of reading a buffer far larger than caches, loads only (best of ``iters``).
 
-    Informational next to ``copy_bandwidth``: a GEMV streams its weights read-only, and HBM reads
-    alone can run faster than a copy's mixed reads and writes. Bounds use the copy figure.
+    A decode GEMV streams its weights read-only, and reads alone can run faster than a copy's mixed reads and
+    writes. On CPU the native probe (kernels/cpu_stream.c: many lines in flight per thread, all
+    ``torch.get_num_threads()`` threads) measures it; torch's ``sum`` (the fallback, and the GPU path) keeps one
+    accumulator chain per thread and under-reads a CPU's memory system. CPU decode bounds use this figure.
     """
     device = torch.device(device)
+    if device.type == "cpu":
+        from torchinferno.kernels.cpu_stream import load
+
+        fn = load()
+        if fn is not None:
+            buf = torch.ones(nbytes, dtype=torch.uint8)
+            fn(buf.data_ptr(), nbytes, torch.get_num_threads())
+            best = float("inf")
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                fn(buf.data_ptr(), nbytes, torch.get_num_threads())
+                best = min(best, time.perf_counter() - t0)
+            return nbytes / best
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
     src.sum()
     _sync(device)

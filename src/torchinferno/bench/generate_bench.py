@@ -3,8 +3,9 @@
 Both figures exclude prefill: ours from the generator's decode-phase timer; the peer's as
 ``B * (N - 1) / (t(N tokens) - t(1 token))`` with greedy decoding and EOS ignored. The
 batch-1 figure is also shown as a fraction of the bandwidth bound: bytes read per decode step
-(every weight except the embedding gather, plus the KV cache) over the copy bandwidth measured
-in this run.
+(every weight except the embedding gather, plus the KV cache) over the memory bandwidth measured
+in this run: on CPU the read bandwidth (a decode step only streams its weights; a copy pays
+write-allocate traffic too, and a step can read faster than it copies), elsewhere the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ class BenchReport:
     dtype: str
     device: str
     threads: int
-    bandwidth_gb_s: float
+    bandwidth_gb_s: float  # copy, read + write counted
     weight_bytes_per_step: int
+    read_bandwidth_gb_s: float | None = None  # CPU: loads only (the bound's bandwidth there)
     rows: list[BenchRow] = field(default_factory=list)
 
 
@@ -111,7 +113,7 @@ def run_bench(model_spec: str, batch_sizes: list[int], new_tokens: int, dtype: s
               keep_model: list | None = None) -> BenchReport:
     """Our decode tok/s per batch size (and transformers' with ``compare_hf``); ``keep_model`` (a list) gets the
     model appended, for a caller that times it again (``--compare-llamacpp``)."""
-    from torchinferno.bench.ceilings import copy_bandwidth
+    from torchinferno.bench.ceilings import copy_bandwidth, read_bandwidth
     from torchinferno.checkpoint.auto import resolve_dtype
     from torchinferno.engine.assembly import ModelSpec, build_model, resolve_auto
 
@@ -124,6 +126,9 @@ def run_bench(model_spec: str, batch_sizes: list[int], new_tokens: int, dtype: s
     wbytes = weight_bytes_per_step(model)  # packed and block-quantized weights as their buffers' bytes
     bw = copy_bandwidth(device)
     report = BenchReport(model_spec, dtype, device, torch.get_num_threads(), bw / 1e9, wbytes)
+    if torch.device(device).type == "cpu":
+        bw = read_bandwidth(device, nbytes=1024**3)
+        report.read_bandwidth_gb_s = bw / 1e9
     hf = None
     if compare_hf:
         from torchinferno.errors import ConfigError

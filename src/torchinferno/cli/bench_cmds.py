@@ -60,7 +60,9 @@ def _bench_generate(a) -> int:
     with use_kernel(a.cpu_gemv):  # run_bench's prepack_linears(model) packs for this kernel
         rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens,
                         a.cache_dir, prepack=not a.no_prepack, quantization=a.quantization, keep_model=kept)
-    print(f"copy bandwidth (read+write): {rep.bandwidth_gb_s:.1f} GB/s; weight bytes per decode step: {rep.weight_bytes_per_step / 1e6:.1f} MB")
+    read = "" if rep.read_bandwidth_gb_s is None else f"; read bandwidth (the bound): {rep.read_bandwidth_gb_s:.1f} GB/s"
+    print(f"copy bandwidth (read+write): {rep.bandwidth_gb_s:.1f} GB/s{read}; "
+          f"weight bytes per decode step: {rep.weight_bytes_per_step / 1e6:.1f} MB")
     quant = _quantization_of(kept[0])
     extra = {}
     if a.compare_llamacpp:
