@@ -21,7 +21,7 @@
  */
 #include "cpu_gemv.c"
 enum { BF_TILE_ROWS = MR }; /* rows per bf16 tile: cpu_gemv.c's MR (cpu_qgemv.c redefines MR) */
-_Static_assert(MR == 4, "linear_part's switch covers bf16 tiles of 1-4 rows");
+_Static_assert(MR == 6, "linear_part's switch covers bf16 tiles of 1-6 rows");
 #undef MR
 #include "cpu_qgemv.c"
 #include <math.h>
@@ -151,6 +151,8 @@ static void linear_part(const ti_linear *L, const uint16_t *x, const int8_t *qx,
         for (int64_t u = u0; u < u1; u++) {
             const int64_t g = u / tiles, m0 = (u % tiles) * BF_TILE_ROWS, mr = M - m0;
             switch (mr >= BF_TILE_ROWS ? BF_TILE_ROWS : mr) {
+            case 6: tile(6, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;
+            case 5: tile(5, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;
             case 4: tile(4, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;
             case 3: tile(3, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;
             case 2: tile(2, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;

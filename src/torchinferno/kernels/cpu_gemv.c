@@ -26,7 +26,7 @@
 #include <string.h>
 
 #define NBLK 4 /* 16-row blocks per group (= per tile): NBLK * MR fp32 accumulators */
-#define MR 4   /* x rows per tile */
+#define MR 6   /* x rows per tile: 24 accumulators + 4 weight vectors + 1 broadcast of the 32 zmm */
 #ifndef PF_DIST
 #define PF_DIST 0 /* k-pairs ahead that tiles of 2+ rows prefetch (0: none) */
 #endif
@@ -38,7 +38,7 @@ static inline __m512bh bcast_pair(const uint16_t *xrow, int64_t kp) {
 }
 
 /* One tile: group g (64 output rows), mr rows of x starting at m0. mr is a compile-time constant
- * at every call site (always_inline), so the accumulators stay in registers (16 + 4 + 1 zmm). */
+ * at every call site (always_inline), so the accumulators stay in registers (24 + 4 + 1 zmm). */
 static inline __attribute__((always_inline)) void tile(
     const int mr, const uint16_t *x, int64_t ldx, const uint16_t *wp, const float *bias,
     void *y, int64_t ldy, int64_t m0, int64_t g, int64_t N, int64_t K, int out_fp32) {
@@ -72,7 +72,7 @@ static inline __attribute__((always_inline)) void tile(
         const int64_t n0 = g * (NBLK * 16) + i * 16, left = N - n0;
         const __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : left <= 0 ? (__mmask16)0 : (__mmask16)((1u << left) - 1u);
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-#pragma GCC unroll 4
+#pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
             const __m512 v = bias ? _mm512_add_ps(acc[i][r], bv) : acc[i][r];
             if (out_fp32) {
@@ -92,6 +92,8 @@ static void run_groups(const uint16_t *x, int64_t ldx, const uint16_t *wp, const
         int64_t m0 = 0;
         for (; m0 + MR <= M; m0 += MR) tile(MR, x, ldx, wp, bias, y, ldy, m0, g, N, K, out_fp32);
         switch (M - m0) {
+        case 5: tile(5, x, ldx, wp, bias, y, ldy, m0, g, N, K, out_fp32); break;
+        case 4: tile(4, x, ldx, wp, bias, y, ldy, m0, g, N, K, out_fp32); break;
         case 1: tile(1, x, ldx, wp, bias, y, ldy, m0, g, N, K, out_fp32); break;
         case 2: tile(2, x, ldx, wp, bias, y, ldy, m0, g, N, K, out_fp32); break;
         case 3: tile(3, x, ldx, wp, bias, y, ldy, m0, g, N, K, out_fp32); break;
