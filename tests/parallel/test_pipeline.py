@@ -15,9 +15,9 @@ def test_pipeline_v0_of_every_family_matches_v0(tmp_path, capsys):
     assert main(["validate-model-variants", "--include-tensor-parallel", "--variant", "pipeline-v0", "--rtol", "1e-5",
                  "--json-output", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]
-    assert {r["family"] for r in rows} == {"llama3", "deepseek-v3.2", "dsv4"}
+    assert {r["family"] for r in rows} == {"llama3", "deepseek-v3.2", "dsv4", "deepseek-v4"}
     assert all(r["ok"] and r["pipeline_parallel"] == 2 and r["rel_err"] <= 1e-5 for r in rows)
-    assert "3/3 variants match v0" in capsys.readouterr().out
+    assert "4/4 variants match v0" in capsys.readouterr().out
 
 
 def test_stages_and_their_tensors():
@@ -30,13 +30,15 @@ def test_stages_and_their_tensors():
     assert tensor_rule("model.embed_tokens.weight", cfg, 2, 1).count is None  # replicated
 
 
-def test_llm_in_two_pipeline_stages_equals_one_device():
-    """The engine (paged KV per stage, prefix hit, greedy and seeded sampling) on 2 stage processes == 1 device."""
+@pytest.mark.parametrize("kind", ["deepseek-v3.2", "deepseek-v4"])
+def test_llm_in_two_pipeline_stages_equals_one_device(kind):
+    """The engine (paged KV per stage, prefix hit, greedy and seeded sampling) on 2 stage processes == 1 device;
+    deepseek-v4's stages hand over the mHC streams, and each stage's cache holds its own layer types."""
     from torchinferno.core.sampling_params import SamplingParams
     from torchinferno.engine.assembly import ModelSpec
     from torchinferno.engine.llm import LLM
 
-    spec = ModelSpec(model_kind="deepseek-v3.2", dtype="float32", prepack=False)  # 3 layers: stages of 2 and 1
+    spec = ModelSpec(model_kind=kind, dtype="float32", prepack=False)  # 3 / 4 layers: stages of 2 and 1 / 2 and 2
     prompts = [[5, 17, 99, 3, 250, 42], [7, 128, 64], [5, 17, 99, 3, 250, 42, 8, 9]]
     params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
               SamplingParams(max_tokens=6, temperature=0.9, seed=4, ignore_eos=True),

@@ -43,8 +43,8 @@ def parallel_variants(v0: Variant, plan_path: str) -> dict[str, Variant]:
                          notes=f"v0 sharded over --tensor-parallel-size ranks ({plan_path}); checked at TP=2 on gloo by "
                                "validate-model-variants --include-tensor-parallel"),
         "pipeline-v0": Variant(name="pipeline-v0", pipeline_parallel=2, **same,
-                               notes="v0 in --pipeline-parallel-size stages of layers (parallel/pipeline.py; no micro-batch "
-                                     "overlap yet); checked at 2 stages on gloo by validate-model-variants "
+                               notes="v0 in --pipeline-parallel-size stages of layers (parallel/pipeline.py; micro-batches of whole "
+                                     "sequences in flight); checked at 2 stages on gloo by validate-model-variants "
                                      "--include-tensor-parallel"),
     }
 

@@ -4,7 +4,8 @@ Stage ``r`` holds layers ``[start_r, stop_r)`` (``model.model.layers`` keeps onl
 ``config.num_hidden_layers`` becomes the stage's count, so the KV cache holds only its layers). Every rank
 receives the same batch (the engine runs in lockstep on each); a step runs the stages in turn:
 
-* stage 0 embeds the tokens, runs its layers and sends ``(hidden, residual)`` ``[T, D]`` to stage 1;
+* stage 0 embeds the tokens, runs its layers and sends ``(hidden, residual)`` ``[T, D]`` to stage 1 (what crosses a
+  boundary is the family's: deepseek-v4 sends its mHC streams ``[T, n, D]``; see :class:`PreNormStages`);
 * stage ``r`` receives them, runs its layers, sends them on; the last stage applies the final norm;
 * ``compute_logits``: the last stage computes the logits and broadcasts them, so every rank samples the same
   token. Other stages return placeholder hidden states (zeros) from ``forward``.
@@ -78,35 +79,73 @@ def micro_batches(meta, max_groups: int) -> list[tuple[int, int, int, int]]:
     return groups
 
 
+class PreNormStages:
+    """How a pre-norm decoder (llama3, deepseek-v3.2, dsv4: ``layer(h, residual, cos, sin, cache, meta)``) splits at
+    layer boundaries; a family whose forward differs gives its own object with these methods from
+    ``model.pipeline_stages()`` (deepseek-v4: ``HyperStreamStages`` in models/deepseek_v4/model.py).
+
+    * ``begin(input_ids, positions) -> (carry, ctx)``: stage 0's input to its first layer and the per-token context
+      every stage needs (here the rotary tables); ``carry`` is what crosses a stage boundary.
+    * ``select(carry, ctx, t0, t1)``: both restricted to flat tokens ``t0..t1-1`` (a micro-batch).
+    * ``empty_carry(carry)``: buffers to receive a boundary's tensors into, shaped like ``carry`` (on stage 0 the
+      residual is ``None`` before the first layer; after any layer it is ``[T, D]``).
+    * ``layer(i, module, carry, ctx, kv_cache, meta) -> carry`` and ``end(carry) -> hidden [T, D]`` (last stage).
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def begin(self, input_ids, positions):
+        h = self.model.model.embed_tokens(input_ids)  # [T, D]
+        cos, sin = self.model.prepare_rope(self.model.rope_cos[positions], self.model.rope_sin[positions], h.dtype)
+        return (h, None), (cos, sin)
+
+    def select(self, carry, ctx, t0, t1):
+        return tuple(None if c is None else c[t0:t1] for c in carry), (ctx[0][t0:t1], ctx[1][t0:t1])
+
+    def empty_carry(self, carry):
+        h = carry[0]
+        return torch.empty_like(h), torch.empty_like(h)  # (hidden, residual) [T, D]
+
+    def layer(self, i, module, carry, ctx, kv_cache, meta):
+        return module(carry[0], carry[1], ctx[0], ctx[1], kv_cache, meta)
+
+    def end(self, carry):
+        return self.model.model.norm(carry[0], carry[1])[0]
+
+
+def _stages(model: nn.Module):
+    hook = getattr(model, "pipeline_stages", None)
+    return hook() if hook is not None else PreNormStages(model)
+
+
 def _forward(self, input_ids, positions, kv_caches=None, attn_meta=None):  # [T] -> [T, D]
     rank, last = self.pp_rank, self.pp_size - 1
-    h_all = self.model.embed_tokens(input_ids)  # [T, D]
-    cos_all, sin_all = self.prepare_rope(self.rope_cos[positions], self.rope_sin[positions], h_all.dtype)
+    stages = _stages(self)
+    carry_all, ctx_all = stages.begin(input_ids, positions)
     groups = micro_batches(attn_meta, self.pp_microbatches)
     self.pp_last_groups = len(groups)
     sends, outs = [], []
     for b0, b1, t0, t1 in groups:
         one = len(groups) == 1
         meta = attn_meta if one else attn_meta.sub_batch(b0, b1)
-        h = h_all if one else h_all[t0:t1]
-        cos, sin = (cos_all, sin_all) if one else (cos_all[t0:t1], sin_all[t0:t1])
-        residual = None
-        if rank > 0:  # this group's hidden and residual from the previous stage
-            h, residual = torch.empty_like(h), torch.empty_like(h)
-            dist.recv(h, src=rank - 1)
-            dist.recv(residual, src=rank - 1)
+        carry, ctx = (carry_all, ctx_all) if one else stages.select(carry_all, ctx_all, t0, t1)
+        if rank > 0:  # this group's boundary tensors from the previous stage
+            carry = stages.empty_carry(carry)
+            for t in carry:
+                dist.recv(t, src=rank - 1)
         for i, layer in enumerate(self.model.layers):
-            h, residual = layer(h, residual, cos, sin, None if kv_caches is None else kv_caches[i], meta)
+            carry = stages.layer(i, layer, carry, ctx, None if kv_caches is None else kv_caches[i], meta)
         if rank < last:  # on its way while this stage runs the next group
-            h, residual = h.contiguous(), residual.contiguous()
-            sends += [dist.isend(h, dst=rank + 1), dist.isend(residual, dst=rank + 1)]
-            outs.append(h)  # keeps the buffers alive until sent
+            carry = tuple(t.contiguous() for t in carry)
+            sends += [dist.isend(t, dst=rank + 1) for t in carry]
+            outs.append(carry)  # keeps the buffers alive until sent
         else:
-            outs.append(self.model.norm(h, residual)[0])
+            outs.append(stages.end(carry))
     for work in sends:
         work.wait()
     if rank < last:
-        return torch.zeros_like(h_all)
+        return input_ids.new_zeros(input_ids.shape[0], self.config.hidden_size, dtype=self.model.embed_tokens.weight.dtype)
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
@@ -129,8 +168,9 @@ def shard_model(model: nn.Module, pp_size: int, rank: int) -> None:
     model.pp_microbatches, model.pp_last_groups = pp_size, 0  # micro-batches per step (module docstring)
     model.full_config = model.config
     local = {"num_hidden_layers": stop - start}
-    if getattr(model.config, "mlp_layer_types", None) is not None:
-        local["mlp_layer_types"] = tuple(model.config.mlp_layer_types)[start:stop]
+    for per_layer in ("mlp_layer_types", "layer_types"):  # the stage's slice of per-layer config (its KV spec)
+        if getattr(model.config, per_layer, None):
+            local[per_layer] = tuple(getattr(model.config, per_layer))[start:stop]
     model.config = replace(model.config, **local)
     model.forward = types.MethodType(_forward, model)
     model.compute_logits = types.MethodType(_compute_logits, model)

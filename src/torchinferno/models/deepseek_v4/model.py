@@ -315,14 +315,44 @@ class DeepSeekV4ForCausalLM(CausalLMBase):
         return torch.cat([main_cos, freqs.cos()], dim=-1), torch.cat([main_sin, freqs.sin()], dim=-1)
 
     def forward(self, input_ids, positions, kv_caches=None, attn_meta: AttentionMetadata | None = None):
-        half = self.config.qk_rope_head_dim // 2
-        rope = {"main": (self.rope_cos[:, :half], self.rope_sin[:, :half]),
-                "compress": (self.rope_cos[:, half:], self.rope_sin[:, half:])}
-        h = self.model.embed_tokens(input_ids)  # [T, D]
-        x = h[:, None, :].expand(-1, self.config.hc_mult, -1).contiguous()  # [T, n, D]
+        stages = self.pipeline_stages()  # the whole stack is one stage
+        carry, ctx = stages.begin(input_ids, positions)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, input_ids, positions, rope, None if kv_caches is None else kv_caches[i], attn_meta)
-        return self.model.norm(self.model.hc_head(x))
+            carry = stages.layer(i, layer, carry, ctx, None if kv_caches is None else kv_caches[i], attn_meta)
+        return stages.end(carry)
+
+    def pipeline_stages(self) -> "HyperStreamStages":
+        """How this forward splits at layer boundaries (parallel/pipeline.py): the mHC streams cross them."""
+        return HyperStreamStages(self)
+
+
+class HyperStreamStages:
+    """deepseek-v4's forward in pieces (the protocol of ``parallel.pipeline.PreNormStages``): the carry is the mHC
+    streams ``(x [T, n, D],)``; the context is the token ids (hash routing), positions and both rope tables."""
+
+    def __init__(self, model: DeepSeekV4ForCausalLM):
+        self.model = model
+
+    def begin(self, input_ids, positions):
+        m = self.model
+        half = m.config.qk_rope_head_dim // 2
+        rope = {"main": (m.rope_cos[:, :half], m.rope_sin[:, :half]),
+                "compress": (m.rope_cos[:, half:], m.rope_sin[:, half:])}
+        h = m.model.embed_tokens(input_ids)  # [T, D]
+        x = h[:, None, :].expand(-1, m.config.hc_mult, -1).contiguous()  # [T, n, D]
+        return (x,), (input_ids, positions, rope)
+
+    def select(self, carry, ctx, t0, t1):
+        return (carry[0][t0:t1],), (ctx[0][t0:t1], ctx[1][t0:t1], ctx[2])
+
+    def empty_carry(self, carry):
+        return (torch.empty_like(carry[0]),)
+
+    def layer(self, i, module, carry, ctx, kv_cache, meta):
+        return (module(carry[0], ctx[0], ctx[1], ctx[2], kv_cache, meta),)
+
+    def end(self, carry):
+        return self.model.model.norm(self.model.model.hc_head(carry[0]))
 
 
 @torch.no_grad()

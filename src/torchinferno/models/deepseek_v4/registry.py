@@ -17,6 +17,5 @@ VARIANTS = {
               "attention and compressor still reference",
     ),
 }
-# tensor parallel only: pipeline-v0's stage hand-off carries (hidden, residual), not V4's mHC streams [T, n, D]
-VARIANTS["tp-v0"] = parallel_variants(VARIANTS["v0"], "models/deepseek_v4/parallel.py")["tp-v0"]
+VARIANTS.update(parallel_variants(VARIANTS["v0"], "models/deepseek_v4/parallel.py"))  # pipeline stages carry the mHC streams
 DEFAULT_VARIANT = "v1"
