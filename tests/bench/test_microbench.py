@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from torchinferno.cli.main import main
 
 
@@ -51,10 +53,45 @@ def test_server_microbench_base_url(tmp_path, tiny_base_url):
     assert r["non_stream"]["e2e_ms"]["mean"] > 0 and r["non_stream"]["output_tokens_per_s"] > 0
 
 
-def test_readme_model_backend_flags_parse_and_tp_is_refused_in_one_line(capsys):
-    """The README's torchrun line: --llama-parallelism tensor --tensor-parallel-size 8 --trust-remote-code."""
+def test_readme_model_backend_flags_parse_and_an_unreachable_model_fails_in_one_line(capsys):
+    """The README's torchrun line: --llama-parallelism tensor --tensor-parallel-size 8 --trust-remote-code (here the
+    hub is unreachable and nothing is cached: one line naming the model, no worker started)."""
     rc = main(["openai-microbench", "--backend", "model", "--model", "meta-llama/Meta-Llama-3.1-70B-Instruct",
                "--llama-parallelism", "tensor", "--tensor-parallel-size", "8", "--trust-remote-code",
                "--compare-batcher", "--prompt-tokens", "32", "--max-tokens", "67"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 1 and len(err) == 1 and "--tensor-parallel-size" in err[0], err
+    assert rc == 1 and len(err) == 1 and "Meta-Llama-3.1-70B-Instruct" in err[0], err
+
+
+@pytest.mark.parametrize("parallelism", ["tensor", "pipeline"])
+def test_model_backend_on_two_ranks(tmp_path, capsys, parallelism):
+    """--tensor-parallel-size 2 spawns gloo worker ranks per case (tensor: every layer split; pipeline: two stages)
+    and stops them: the same forwards and tokens as one process, no child process left."""
+    import multiprocessing
+
+    def run(extra):
+        out = tmp_path / f"mb{len(extra)}.json"
+        rc = main(["openai-microbench", "--backend", "model", "--model-kind", "llama3", "--concurrency", "2",
+                   "--prompt-tokens", "8", "--max-tokens", "4", "--single-requests", "1", "--json-output", str(out),
+                   *extra])
+        assert rc == 0
+        return {c["case"]: c for c in json.loads(out.read_text())["cases"]}
+
+    before = set(multiprocessing.active_children())  # (a session fixture's server may be running)
+    one = run([])
+    two = run(["--tensor-parallel-size", "2", "--llama-parallelism", parallelism])
+    assert f"ranks=2 ({parallelism})" in capsys.readouterr().out
+    for case in ("direct", "concurrent"):
+        assert two[case]["output_tokens"] == one[case]["output_tokens"] == 4 * two[case]["requests"]
+    assert two["direct"]["forward_calls"] == one["direct"]["forward_calls"] == 4
+    assert set(multiprocessing.active_children()) <= before
+
+
+def test_phase_timings_need_the_in_process_runner():
+    from torchinferno.bench.microbench import MicrobenchConfig
+    from torchinferno.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--phase-timings"):
+        MicrobenchConfig(backend="model", tensor_parallel_size=2, phase_timings=True).validate()
+    with pytest.raises(ConfigError, match="need --backend model"):
+        MicrobenchConfig(backend="synthetic", pipeline_parallel_size=2).validate()

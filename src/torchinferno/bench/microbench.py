@@ -48,16 +48,27 @@ class MicrobenchConfig:
     model_kind: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
+    tensor_parallel_size: int = 1  # model backend: > 1 spawns worker ranks per engine (engine.multiproc_executor)
+    pipeline_parallel_size: int = 1  # model backend: > 1 stages of layers on that many ranks
 
     def validate(self) -> "MicrobenchConfig":
         if self.backend not in ("synthetic", "model"):
             raise ConfigError(f"unknown --backend {self.backend!r} (valid: synthetic, model)")
         if self.prompt_mode not in ("random", "self-consistency"):
             raise ConfigError(f"unknown --prompt-mode {self.prompt_mode!r} (valid: random, self-consistency)")
-        for n in ("concurrency", "prompt_tokens", "max_tokens", "single_requests"):
+        for n in ("concurrency", "prompt_tokens", "max_tokens", "single_requests", "tensor_parallel_size",
+                  "pipeline_parallel_size"):
             if getattr(self, n) < 1:
                 raise ConfigError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(self, n)}")
+        if self.ranks > 1 and self.backend != "model":
+            raise ConfigError("--tensor-parallel-size / --pipeline-parallel-size > 1 need --backend model")
+        if self.ranks > 1 and self.phase_timings:
+            raise ConfigError("--phase-timings times the in-process runner: not with worker ranks (use --profile-breakdown)")
         return self
+
+    @property
+    def ranks(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass
@@ -80,13 +91,30 @@ class CaseResult:
 
 # ------------------------------------------------------------------------------ engines
 class _Backend:
+    """What each case gets a fresh engine of: the synthetic engine, an in-process ``LLMEngine`` over one model built
+    once, or (``ranks > 1``) an ``LLMEngine`` whose executor spawns its worker ranks (per case; :meth:`close` stops
+    them)."""
+
     def __init__(self, cfg: MicrobenchConfig):
         self.cfg = cfg
         self.max_model_len = cfg.prompt_tokens + cfg.max_tokens + 32
+        self.spec, self.parallel_engines = None, []
         if cfg.backend == "synthetic":
             from torchinferno.text.tokenizer import ByteTokenizer
 
             self.model, self.tokenizer, self.vocab = None, ByteTokenizer(), 256
+        elif cfg.ranks > 1:
+            from torchinferno.engine.assembly import DEFAULT_MODEL, ModelSpec, tokenizer_spec
+            from torchinferno.parallel.checks import check_spec
+            from torchinferno.text.tokenizer import load_tokenizer
+
+            self.spec = (ModelSpec(model_kind=cfg.model_kind, dtype=cfg.dtype, device=cfg.device)
+                         if cfg.model_kind and not cfg.model else
+                         ModelSpec(model=cfg.model or DEFAULT_MODEL, dtype=cfg.dtype, device=cfg.device))
+            check_spec(self.spec, cfg.ranks, "pipeline" if cfg.pipeline_parallel_size > 1 else "tensor")
+            self.model, self.vocab = None, None  # the ranks build their shards; vocab from the first engine
+            ckpt = None if self.spec.model_kind else self.spec.checkpoint_dir()
+            self.tokenizer = load_tokenizer(tokenizer_spec(self.spec, None, ckpt))
         else:
             from torchinferno.engine.assembly import DEFAULT_MODEL, ModelSpec, build_model, tokenizer_spec
             from torchinferno.text.tokenizer import load_tokenizer
@@ -102,13 +130,27 @@ class _Backend:
 
     def engine(self):
         n = max(self.cfg.concurrency, 1)
-        if self.model is None:
+        if self.model is None and self.spec is None:
             return SyntheticEngine(self.cfg.cost, max_num_seqs=n, max_model_len=self.max_model_len)
         from torchinferno.engine.config import EngineConfig
         from torchinferno.engine.llm_engine import LLMEngine
 
-        return LLMEngine(self.model, self.tokenizer, EngineConfig(max_model_len=self.max_model_len, max_num_seqs=n,
-                                                                  max_num_batched_tokens=max(512, n * 8)))
+        config = EngineConfig(max_model_len=self.max_model_len, max_num_seqs=n, max_num_batched_tokens=max(512, n * 8),
+                              tensor_parallel_size=self.cfg.tensor_parallel_size,
+                              pipeline_parallel_size=self.cfg.pipeline_parallel_size)
+        if self.spec is None:
+            return LLMEngine(self.model, self.tokenizer, config)
+        eng = LLMEngine.from_spec(self.spec, self.tokenizer, config)
+        self.parallel_engines.append(eng)
+        if self.vocab is None:
+            self.vocab = min(eng.vocab_size, 10000)
+        return eng
+
+    def close(self) -> None:
+        """Stop every spawned worker rank."""
+        for eng in self.parallel_engines:
+            eng.executor.shutdown()
+        self.parallel_engines.clear()
 
 
 class _Phases:
@@ -311,15 +353,18 @@ def _case_http(cfg: MicrobenchConfig, be: _Backend) -> CaseResult:
 def run_microbench(cfg: MicrobenchConfig, log=print) -> dict:
     cfg.validate()
     be = _Backend(cfg)
-    cases = [_case_direct(cfg, be)]
-    log(format_cases(cases[-1:], header=True))
-    if cfg.compare_batcher:
-        cases.append(_case_batcher(cfg, be, concurrent=False))
+    try:
+        cases = [_case_direct(cfg, be)]
+        log(format_cases(cases[-1:], header=True))
+        if cfg.compare_batcher:
+            cases.append(_case_batcher(cfg, be, concurrent=False))
+            log(format_cases(cases[-1:]))
+            cases.append(_case_batcher(cfg, be, concurrent=True))
+            log(format_cases(cases[-1:]))
+        cases.append(_case_http(cfg, be))
         log(format_cases(cases[-1:]))
-        cases.append(_case_batcher(cfg, be, concurrent=True))
-        log(format_cases(cases[-1:]))
-    cases.append(_case_http(cfg, be))
-    log(format_cases(cases[-1:]))
+    finally:
+        be.close()
     out = {"config": {**asdict(cfg), "cost": asdict(cfg.cost)}, "cases": [asdict(c) for c in cases]}
     by = {c.case: c for c in cases}
     if "batcher" in by:

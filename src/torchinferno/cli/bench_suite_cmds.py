@@ -166,9 +166,11 @@ def _register_microbenches(sub) -> None:
     p.add_argument("--model-kind", default=None, help="model backend: tiny random model of this family")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--tensor-parallel-size", type=int, default=1, help="model backend: 1 (the only size supported yet)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="model backend: ranks each engine spawns (gloo on CPU, NCCL on CUDA); see --llama-parallelism")
     p.add_argument("--llama-parallelism", default=None, choices=["pipeline", "tensor"],
-                   help="accepted for the original's command lines; one device runs unsplit either way")
+                   help="how --tensor-parallel-size ranks split the model: every layer (tensor, the default) or "
+                        "stages of layers (pipeline)")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="accepted for vLLM-style command lines; harmless: checkpoint code is never run")
     p.add_argument("--seed", type=int, default=0)
@@ -193,20 +195,19 @@ def _register_microbenches(sub) -> None:
 def cmd_openai_microbench(a) -> int:
     from torchinferno.bench.microbench import MicrobenchConfig, run_microbench
     from torchinferno.bench.synthetic_engine import SyntheticCost
-    from torchinferno.errors import ConfigError
 
-    if a.tensor_parallel_size != 1:
-        raise ConfigError("--tensor-parallel-size > 1 is not supported yet (valid: 1)")
-
+    pipeline = a.llama_parallelism == "pipeline"
     cfg = MicrobenchConfig(
         backend=a.backend, concurrency=a.concurrency, prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
         prompt_mode=a.prompt_mode, compare_batcher=a.compare_batcher, phase_timings=a.phase_timings,
         profile_breakdown=a.profile_breakdown, single_requests=a.single_requests, seed=a.seed,
         cost=SyntheticCost(a.step_ms, a.per_seq_us, a.prefill_per_token_us, a.spin),
-        model=a.model, model_kind=a.model_kind,
-        dtype=a.dtype, device=a.device)
+        model=a.model, model_kind=a.model_kind, dtype=a.dtype, device=a.device,
+        tensor_parallel_size=1 if pipeline else a.tensor_parallel_size,
+        pipeline_parallel_size=a.tensor_parallel_size if pipeline else 1)
+    ranks = "" if a.tensor_parallel_size == 1 else f" ranks={a.tensor_parallel_size} ({a.llama_parallelism or 'tensor'})"
     print(f"openai-microbench: backend={a.backend} concurrency={a.concurrency} prompt={a.prompt_tokens} "
-          f"max_tokens={a.max_tokens} prompt-mode={a.prompt_mode}")
+          f"max_tokens={a.max_tokens} prompt-mode={a.prompt_mode}{ranks}")
     out = run_microbench(cfg)
     if "batcher_overhead_ms_per_token" in out:
         print(f"batcher overhead vs direct: {out['batcher_overhead_ms_per_token']:+.3f} ms/token, "
