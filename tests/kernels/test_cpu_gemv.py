@@ -64,12 +64,13 @@ def test_bias_added_in_fp32_before_rounding(fn):
     assert torch.equal(_gemv(fn, w, b)(x), (y32 + b.float()).to(torch.bfloat16))
 
 
-def test_rows_independent_of_m_and_other_rows(fn):
-    w, x = _data(1000, 130, 9)
+@pytest.mark.parametrize("n,k,m", [(1000, 130, 9), (200, 301, 13)])  # k-chunked two-tile groups at 7-12 rows
+def test_rows_independent_of_m_and_other_rows(fn, n, k, m):
+    w, x = _data(n, k, m)
     gemv = _gemv(fn, w)
     full = gemv(x)
-    other = torch.randn(9, 130, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    for i in range(9):
+    other = torch.randn(m, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    for i in range(m):
         assert torch.equal(gemv(x[i:i + 1]), full[i:i + 1])
         mixed = other.clone()
         mixed[i] = x[i]
