@@ -114,6 +114,68 @@ def check_shared(device, dtype, T=13, K=3, E=8, D=64, inter=32, n_shared=2, conf
     assert torch.equal(id1, aid) and torch.equal(w1, aw), "routing with shared columns"
 
 
+SMALL_TILES = ({"BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},  # masked K tails at D=40, I=24
+               {"BLOCK_N": 8, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2})
+
+
+def check_small(device, dtype, names=None) -> None:
+    """The per-token kernels (``kernels.triton.moe_small``, ``fused_experts(small=True)``) == the grouped reference
+    and == the grouped Triton path (``small=False``) at 1-3 tokens: every routing (dropped ids too), V4's clamp, the
+    shared experts appended as ids ``E + j``, uneven tiles; and the policy picks them by token count."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common import moe
+
+    for T, K, E, D, inter in ((1, 6, 16, 64, 48), (3, 4, 8, 40, 24)):
+        g = torch.Generator().manual_seed(T)
+        x = torch.randn(T, D, generator=g).to(dtype).to(device)
+        gate_up = (torch.randn(E, 2 * inter, D, generator=g) * D**-0.5).to(dtype).to(device)
+        down = (torch.randn(E, D, inter, generator=g) * inter**-0.5).to(dtype).to(device)
+        w = torch.rand(T, K, generator=g).to(device)
+        s_gu = (torch.randn(4 * inter, D, generator=g) * D**-0.5).to(dtype).to(device)  # two shared experts
+        s_dn = (torch.randn(D, 2 * inter, generator=g) * (2 * inter) ** -0.5).to(dtype).to(device)
+        for name, ids in routings(T, K, E, g).items():
+            if names is not None and name not in names:
+                continue
+            ids = ids.to(device)
+            drop = name == "drop"
+            rid, rw = _drop_ref(ids, w, E)
+            want = moe.grouped_expert_mlp(x.float(), rid, rw, gate_up.float(), down.float(), _silu_and_mul)
+            for small in (True, False):
+                got = fused_moe.fused_experts(x, ids, w, gate_up, down, may_drop=drop, small=small)
+                assert got.dtype == dtype and got.shape == (T, D), (got.dtype, got.shape)
+                err = _rel_err(got.float(), want)
+                assert err <= TOL[dtype], f"small={small} {name} T={T} {dtype}: rel err {err:.2e}"
+            got = fused_moe.fused_experts(x, ids, w, gate_up, down, limit=0.05, may_drop=drop, small=True)
+            from torchinferno.models.deepseek_v4 import raw_ops as v4_raw
+
+            want_c = v4_raw.clamped_experts(x.float(), rid, rw, gate_up.float(), down.float(), 0.05)
+            assert _rel_err(got.float(), want_c) <= TOL[dtype], f"small clamped {name} T={T}"
+            if drop:
+                continue
+            aw, aid = fused_moe.append_shared(w, ids, E, 2)
+            shared_ref = F.linear(_silu_and_mul(F.linear(x.float(), s_gu.float())), s_dn.float())
+            got = fused_moe.fused_experts(x, aid, aw, gate_up, down, shared=(s_gu, s_dn), small=True)
+            err = _rel_err(got.float(), want + shared_ref)
+            assert err <= TOL[dtype], f"small shared {name} T={T} {dtype}: rel err {err:.2e}"
+        from torchinferno.kernels.triton import moe_small
+
+        ids = torch.randint(0, E, (T, K), generator=g).to(device)
+        want = moe.grouped_expert_mlp(x.float(), ids, w, gate_up.float(), down.float(), _silu_and_mul)
+        got = moe_small.small_m_experts(x, ids, w, gate_up, down, *SMALL_TILES)
+        assert _rel_err(got.float(), want) <= TOL[dtype], f"small tiles T={T}"
+    calls = []
+    real = moe_small.small_m_experts
+    moe_small.small_m_experts = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+    try:
+        with fused_moe.override_policy(small_m_max_tokens=2):
+            for T in (1, 2, 3):
+                ids = torch.randint(0, E, (T, K), generator=g).to(device)
+                fused_moe.fused_experts(x[:1].expand(T, D), ids, w[:1].expand(T, K), gate_up, down)
+    finally:
+        moe_small.small_m_experts = real
+    assert calls == [1, 2], f"policy: per-token kernels taken at {calls} tokens (want 1 and 2)"
+
+
 def check_configs(device, dtype, names=None) -> None:
     """Tile shapes the tuner may pick: uneven K (masked loop tail), BLOCK_M larger than a run, GROUP_M > 1."""
     for cfg in ({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2},
@@ -267,6 +329,9 @@ def main() -> None:
         cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
         check_shared(cpu, torch.float32, T=9, K=2, E=5, D=40, inter=24, configs=(cfg, cfg))  # masked K tail
         check_shared(cpu, torch.float16, T=5)
+    elif what == "small":
+        check_small(cpu, torch.float32)
+        check_small(cpu, torch.float16, names=("random", "drop"))
     elif what == "model":
         check_model(cpu)
     print(f"ok {what}")
