@@ -278,15 +278,26 @@ def check_shared_model(device, dtype=torch.float32) -> None:
 
     model.family = get_family("deepseek-v3.2")
     blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    from torchinferno.kernels import fused_moe
+
     x = torch.randn(3, model.config.hidden_size, device=device, dtype=dtype)
-    assert blocks and all(moe.fused_shared_count(b, x) == 2 for b in blocks), "fused shared path not taken"
-    fused = _cached_logits(model, device, dtype)
+    assert blocks and all(b.fuse_shared is None for b in blocks)
+    with fused_moe.override_policy(shared_fuse_max_tokens=2):  # both sides of the token threshold
+        assert all(moe.fused_shared_count(b, x[:2]) == 2 and moe.fused_shared_count(b, x) == 0 for b in blocks)
+    with fused_moe.override_policy(shared_fuse_max_tokens=3):
+        assert all(moe.fused_shared_count(b, x) == 2 for b in blocks), "fused shared path not taken"
+    with fused_moe.override_policy(shared_fuse_max_tokens=2):
+        by_policy = _cached_logits(model, device, dtype)  # 6-token prefill apart, 1-token decodes fused
+    for b in blocks:
+        b.fuse_shared = True
+    assert all(moe.fused_shared_count(b, x) == 2 for b in blocks)
+    fused = _cached_logits(model, device, dtype)  # the prefill too
     for b in blocks:
         b.fuse_shared = False
     separate = _cached_logits(model, device, dtype)
     moe.set_moe_backend(model, "torch")
     ref = _cached_logits(model, device, dtype)
-    for name, got in (("fused shared", fused), ("separate shared", separate)):
+    for name, got in (("fused shared", fused), ("separate shared", separate), ("by token threshold", by_policy)):
         err = _rel_err(got, ref)
         assert err <= TOL[dtype], f"{name}: rel err {err:.2e}"
 

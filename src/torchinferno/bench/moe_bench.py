@@ -3,6 +3,8 @@
 Two sections, each beside a same-run bound:
 
 * ``layer``: one MoE block (router + routed experts + shared experts) at decode batches (1, 8, 64, 256 tokens)
+  with the path policy's A/Bs beside it (shared experts inside the fused MoE / as their own MLP; up to 8 tokens the
+  per-token kernels vs the grouped GEMMs, whichever the policy did not pick)
   and a prefill of 2048 tokens, at the V2-Lite-like shape and at DeepSeek-V3's (256 experts top-8 in 8 groups
   keeping 4, hidden 7168, one shared expert). Fused: captured in a CUDA graph (which also proves the step has no host sync)
   and replayed; reference: the grouped loop eagerly (it syncs per layer). Bound: bytes actually read (router,
@@ -63,6 +65,7 @@ def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 
                bw: float | None = None, mm: float | None = None, log=print, n_group: int = 1,
                topk_group: int = 1) -> list[dict]:
     """One MoE block: fused (graph-replayed) vs the grouped reference, per token count."""
+    from torchinferno.kernels import fused_moe
     from torchinferno.models.common.layers import SparseMoE
     from torchinferno.models.common.moe import set_moe_backend
     from torchinferno.models.deepseek_v32 import fused_ops
@@ -87,25 +90,39 @@ def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 
             except Exception as e:  # noqa: BLE001 - a capture failure is a finding, reported
                 log(f"  layer M={M}: CUDA graph capture failed ({type(e).__name__}: {e}); timing eagerly")
                 fused_ms, graphed = cuda_time_ms(lambda x=x: moe(x)), False
-            moe.fuse_shared = False  # A/B: the shared experts as their own MLP after the fused routed experts
-            try:
-                sep_ms = _graph_ms(lambda x=x: moe(x)) if graphed else cuda_time_ms(lambda x=x: moe(x))
+            def timed(x=x):
+                return _graph_ms(lambda: moe(x)) if graphed else cuda_time_ms(lambda: moe(x))
+
+            ab = {}
+            try:  # A/Bs of the path policy (kernels.fused_moe.policy): shared experts in / apart, per-token kernels
+                for label, fuse in (("shared_in_ms", True), ("separate_shared_ms", False)):
+                    moe.fuse_shared = fuse
+                    ab[label] = timed()
+                moe.fuse_shared = None
+                if M <= 8:
+                    with fused_moe.override_policy(small_m_max_tokens=0 if M <= fused_moe.policy().small_m_max_tokens
+                                                   else M):
+                        ab["other_small_m_path_ms"] = timed()
             finally:
-                moe.fuse_shared = True
+                moe.fuse_shared = None
+            sep_ms = ab["separate_shared_ms"]
             set_moe_backend(moe, "torch")
             ref = moe(x)
             ref_ms = cuda_time_ms(lambda x=x: moe(x), iters=10)
             set_moe_backend(moe, "auto")
         err = float((want.float() - ref.float()).abs().max() / ref.float().abs().max())
-        row = {"tokens": M, "experts_hit": hit, "fused_ms": fused_ms, "graphed": graphed, "torch_ms": ref_ms,
-               "separate_shared_ms": sep_ms, "rel_err_vs_torch": err, "bytes": nbytes, "flops": flops}
+        small_now = M <= fused_moe.policy().small_m_max_tokens
+        row = {"tokens": M, "experts_hit": hit, "fused_ms": fused_ms, "graphed": graphed, "torch_ms": ref_ms, **ab,
+               "small_m_path": small_now, "rel_err_vs_torch": err, "bytes": nbytes, "flops": flops}
         if bw:
             row["bound_ms"] = nbytes / bw * 1e3
             row["pct_of_bw_bound"] = 100 * row["bound_ms"] / fused_ms
         if mm and M == prefill:
             row["pct_of_matmul_rate"] = 100 * flops / mm / (fused_ms * 1e-3)
-        log(f"  layer M={M:5d}: fused {fused_ms:8.3f} ms{' (graph)' if graphed else ''} (shared apart "
-            f"{sep_ms:.3f})  torch {ref_ms:8.3f} ms  "
+        other = (f" {'grouped' if small_now else 'per-token'} {ab['other_small_m_path_ms']:.3f}"
+                 if "other_small_m_path_ms" in ab else "")
+        log(f"  layer M={M:5d}: fused {fused_ms:8.3f} ms{' (graph)' if graphed else ''} (shared in "
+            f"{ab['shared_in_ms']:.3f} apart {sep_ms:.3f}{other})  torch {ref_ms:8.3f} ms  "
             f"x{ref_ms / fused_ms:5.1f}  hit {hit}/{E}  " + (f"bound {row['bound_ms']:.3f} ms "
                                                           f"({row['pct_of_bw_bound']:.0f}%)  " if bw else "")
             + (f"matmul {row['pct_of_matmul_rate']:.0f}%  " if "pct_of_matmul_rate" in row else "")

@@ -40,7 +40,7 @@ def _expert_rows(B, S, e, num_routed, stride_be, stride_bn, up_offset, shared_st
 
 
 @triton.jit
-def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, I, top_k, num_routed, num_valid, stride_xt, stride_be, stride_bn,
+def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, INTER, top_k, num_routed, num_valid, stride_xt, stride_be, stride_bn,
                          up_offset, shared_step, stride_sn, shared_up, stride_at, limit, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, CLAMP: tl.constexpr, HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr):
     pair = tl.program_id(0).to(tl.int64)
@@ -52,7 +52,7 @@ def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, I, top_k, num_routed, num_valid, 
     base, stride_n, up = _expert_rows(B, S, e, num_routed, stride_be, stride_bn, up_offset, shared_step, stride_sn,
                                       shared_up, HAS_SHARED)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_n = rn < I
+    ok_n = rn < INTER
     rk = tl.arange(0, BLOCK_K)
     g_ptrs = base + rn.to(tl.int64)[:, None] * stride_n + rk[None, :]  # [BN, BK]
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -76,8 +76,8 @@ def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, I, top_k, num_routed, num_valid, 
 
 
 @triton.jit
-def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, I, top_k, num_routed, num_valid, stride_be, stride_bn, shared_step,
-                       stride_sn, stride_at, stride_ot, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, INTER, top_k, num_routed, num_valid, stride_be, stride_bn,
+                       shared_step, stride_sn, stride_at, stride_ot, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -96,9 +96,9 @@ def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, I, top_k, num_routed, num_vali
                                            HAS_SHARED)
         w_ptrs = base + rn.to(tl.int64)[:, None] * stride_n + rk[None, :]  # [BN, BK]
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
+        for k0 in range(0, INTER, BLOCK_K):
             kk = k0 + rk
-            ok_k = (kk < I) & ok
+            ok_k = (kk < INTER) & ok
             a = tl.load(ACT + pair * stride_at + kk, mask=ok_k, other=0.0).to(tl.float32)
             b = tl.load(w_ptrs + k0, mask=ok_n[:, None] & ok_k[None, :], other=0.0, eviction_policy="evict_first")
             acc += b.to(tl.float32) * a[None, :]

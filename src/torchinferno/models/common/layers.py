@@ -139,7 +139,9 @@ class SparseMoE(nn.Module):
         self.experts = RoutedExperts(E, D, I, ops)
         shared = I * cfg.n_shared_experts
         self.shared_experts = GatedMLP(D, shared, ops) if shared else None
-        self.fuse_shared = True  # CUDA + an ops module with FUSE_SHARED_EXPERTS: shared experts inside the fused MoE
+        # shared experts inside the fused MoE (CUDA + an ops module with FUSE_SHARED_EXPERTS): None = up to the
+        # token threshold of kernels.fused_moe.policy(), True = at any token count, False = never
+        self.fuse_shared: bool | None = None
 
     def forward(self, x):
         from torchinferno.models.common.moe import fused_shared_count, fused_with_shared

@@ -146,7 +146,9 @@ def fused_expert_mlp(
 
 def fused_shared_count(moe_block: torch.nn.Module, x: torch.Tensor) -> int:
     """How many shared experts a ``SparseMoE`` block serves inside its fused MoE for input ``x``, 0 when the
-    separate shared MLP runs: the ops module opts in (``FUSE_SHARED_EXPERTS``), the block's ``fuse_shared`` is on,
+    separate shared MLP runs: the ops module opts in (``FUSE_SHARED_EXPERTS``), the block's ``fuse_shared`` is True,
+    or None and ``x`` has at most ``kernels.fused_moe.policy().shared_fuse_max_tokens`` rows (above it the shared
+    MLP's dense GEMMs beat the grouped kernel: 0.66 vs 0.95 ms at 256 tokens on the H200, run 42),
     its experts are the plain unsharded ``RoutedExperts`` on the fused path (``moe_backend`` "auto", no row tiles),
     and the shared MLP is a plain bias-free ``GatedMLP`` of ``ns`` x the expert width in x's dtype (not sharded or
     swapped by a runtime linear replacement)."""
@@ -154,7 +156,9 @@ def fused_shared_count(moe_block: torch.nn.Module, x: torch.Tensor) -> int:
     from torchinferno.models.common.layers import GatedMLP, RoutedExperts
 
     sh, ex = moe_block.shared_experts, moe_block.experts
-    if sh is None or not moe_block.fuse_shared or not getattr(ex.ops, "FUSE_SHARED_EXPERTS", False):
+    if sh is None or moe_block.fuse_shared is False or not getattr(ex.ops, "FUSE_SHARED_EXPERTS", False):
+        return 0
+    if moe_block.fuse_shared is None and x.shape[0] > fused_moe.policy().shared_fuse_max_tokens:
         return 0
     if type(ex) is not RoutedExperts or ex.moe_backend != "auto" or ex.row_tile is not None:
         return 0
