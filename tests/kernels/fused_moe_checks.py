@@ -379,6 +379,12 @@ def check_routing(device) -> None:
         assert torch.equal(o.values, ro.values), f"routing ids {T, E, k, G, TG}"
         got, want = w.gather(1, o.indices), rw.gather(1, ro.indices)
         assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max()) + 1e-7, f"routing weights {T, E, k}"
+    for T, E, D, dtype in ((1, 64, 2048, torch.float16), (5, 6, 100, torch.float32), (3, 16, 40, torch.float16)):
+        x = torch.randn(T, D, generator=g).to(dtype).to(device)  # the router GEMV: x's cast folded in, fp32 math
+        wr = (torch.randn(E, D, generator=g) * D**-0.5).to(device)
+        got, want = moe_routing.router_logits(x, wr), F.linear(x.float(), wr)
+        assert got.dtype == torch.float32 and got.shape == (T, E)
+        assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max()), f"router logits {T, E, D}"
 
 
 if __name__ == "__main__":

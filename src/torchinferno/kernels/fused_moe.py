@@ -239,7 +239,7 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
     sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else align_pairs(ids, n_total, c2["BLOCK_M"])
     y = tk.moe_down(act, down, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, zero=may_drop,
                     shared_down=s_dn)  # [P, D]
-    return y.view(T, top_k, D).sum(1).to(x.dtype)
+    return tk.moe_sum(y, top_k, x.dtype)  # [T, D]: the top-k sum and the cast in one launch
 
 
 def append_shared(weights: torch.Tensor, ids: torch.Tensor, num_routed: int,

@@ -12,7 +12,8 @@ returns at once; every other program computes one ``[BLOCK_M, BLOCK_N]`` tile of
   (``gate <= limit``, ``|up| <= limit``). Rows are stored at their pair id (unsorted), so the next GEMM reads
   them by pair id.
 * :func:`moe_down` — ``out [P, D] = w[pair] * (act[pair] @ down[e]^T)`` in fp32, the routing weight fused; the
-  caller sums the ``top_k`` rows of each token (a reshape-sum: deterministic, no atomics).
+  caller sums the ``top_k`` rows of each token (:func:`moe_sum`: one launch with the cast; deterministic, no
+  atomics). Batch-1 steps take ``kernels.triton.moe_small`` instead (no sort/pad, the sum inside the down kernel).
 
 Shared experts (``HAS_SHARED``): expert ids ``>= E`` (the routed count) read shared expert ``j = id - E`` as a
 strided slice of the shared MLP's own weights (``S``: gate_up ``[2 ns I, D]``, gate rows ``[jI, (j+1)I)`` and up rows
@@ -146,6 +147,31 @@ def _align_kernel(IDS, SORTED, BLOCK_EXPERT, NUM_PADDED, P, E, P_MAX, NB, BM: tl
         rank = tl.sum(((ids[:, None] == ids[None, :]) & (j[None, :] < j[:, None])).to(tl.int32), axis=1)
         tl.store(SORTED + base + rank, offs, mask=(offs < P) & (ids < E_PAD))
         cursor += tl.sum(hot.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _moe_sum_kernel(Y, OUT, D, top_k, stride_yp, stride_ot, BLOCK_N: tl.constexpr):
+    # grid (T, cdiv(D, BLOCK_N)): out[t] = sum_j y[t * k + j] (fp32, slot order), rounded once to OUT's dtype
+    t = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = rn < D
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(0, top_k):
+        acc += tl.load(Y + (t * top_k + j) * stride_yp + rn, mask=ok, other=0.0)
+    tl.store(OUT + t * stride_ot + rn, acc.to(OUT.dtype.element_ty), mask=ok)
+
+
+def moe_sum(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """y [T * top_k, D] fp32 (moe_down's per-pair rows) -> [T, D] in ``dtype``: the sum over each token's top-k rows
+    and the cast in one launch (``y.view(T, k, D).sum(1).to(dtype)``)."""
+    P, D = y.shape
+    assert y.dtype == torch.float32 and y.stride(1) == 1 and P % max(1, top_k) == 0
+    out = torch.empty((P // max(1, top_k), D), dtype=dtype, device=y.device)
+    if out.numel():
+        bn = min(1024, triton.next_power_of_2(D))
+        _moe_sum_kernel[(out.shape[0], triton.cdiv(D, bn))](y, out, D, top_k, y.stride(0), out.stride(0), BLOCK_N=bn,
+                                                           num_warps=4)
+    return out
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, p_max: int):

@@ -66,6 +66,40 @@ def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constex
         tl.store(IDS_OUT + row + TOP_K + j, (E + j).to(tl.int64), mask=j < N_SHARED)
 
 
+@triton.jit
+def _router_gemv_kernel(X, W, OUT, D, E, stride_xt, stride_w, stride_ot, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid (T, cdiv(E, BLOCK_E)): logits[t, e] = sum_d float(x[t, d]) * float(w[e, d]) in fp32 (x read in its own
+    # dtype: no separate cast launch)
+    t = tl.program_id(0).to(tl.int64)
+    re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    ok_e = re < E
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        kk = k0 + rk
+        ok_k = kk < D
+        xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
+        w = tl.load(W + re.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=ok_e[:, None] & ok_k[None, :], other=0.0)
+        acc += w.to(tl.float32) * xv[None, :]
+    tl.store(OUT + t * stride_ot + re, tl.sum(acc, 1), mask=ok_e)
+
+
+ROUTER_GEMV_MAX_TOKENS = 64  # decode-sized steps: one GEMV launch; larger ones cast x and run cuBLAS's fp32 GEMM
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor, block_e: int = 4, block_k: int = 512) -> torch.Tensor:
+    """x [T, D] (any float dtype), weight [E, D] fp32 -> fp32 logits [T, E] == ``F.linear(x.float(), weight)``
+    in one launch (the cast of x folded into the GEMV)."""
+    T, D = x.shape
+    E = weight.shape[0]
+    assert weight.shape[1] == D and weight.stride(1) == 1 and x.stride(1) == 1
+    out = torch.empty((T, E), dtype=torch.float32, device=x.device)
+    if T:
+        _router_gemv_kernel[(T, triton.cdiv(E, block_e))](x, weight, out, D, E, x.stride(0), weight.stride(0),
+                                                         out.stride(0), BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4)
+    return out
+
+
 def supported(num_experts: int, n_group: int) -> bool:
     """Power-of-two expert count (a program holds one row as a whole tile) and power-of-two groups."""
     def pow2(n: int) -> bool:

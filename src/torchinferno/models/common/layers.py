@@ -92,9 +92,19 @@ class SigmoidRouter(KeepFP32, nn.Module):
     def forward(self, x, n_shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``n_shared > 0`` (ops modules with ``FUSE_SHARED_EXPERTS`` only): ``[T, k + n_shared]``, the shared
         experts ``E + j`` appended with weight 1 (``kernels.fused_moe.append_shared``)."""
+        from torchinferno.kernels import triton as tri
         from torchinferno.kernels.batch_invariant import tiled_linear
 
-        logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
+        if (getattr(self.ops, "ROUTER_GEMV", False) and self.row_tile is None and tri.usable(x)
+                and x.dim() == 2 and x.stride(1) == 1 and self.weight.dtype == torch.float32 and self.weight.stride(1) == 1):
+            from torchinferno.kernels.triton import moe_routing
+
+            if x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS:  # x's cast folded into one fp32 GEMV launch
+                logits = moe_routing.router_logits(x, self.weight)
+            else:
+                logits = tiled_linear(x.float(), self.weight, None)
+        else:
+            logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
         extra = {"n_shared": n_shared} if n_shared else {}
         return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
                               self.norm_topk_prob, self.scaling, **extra)

@@ -20,7 +20,8 @@ unchanged (they never take this branch).
 
 Fused path (CUDA): :func:`fused_expert_mlp` is the same contract computed by ``kernels.fused_moe`` (pairs sorted
 and padded per expert on the device, one grouped Triton GEMM with SwiGLU fused, one with the routing weight fused,
-a reshape-sum over the top-k): no host sync, so a decode step with MoE layers is CUDA-graph capturable. It applies
+one launch for the sum over the top-k and the cast; a batch-1 step takes two per-token kernels and nothing else,
+``kernels.triton.moe_small``): no host sync, so a decode step with MoE layers is CUDA-graph capturable. It applies
 to CUDA tensors outside tracing and batch-invariant mode; elsewhere it is :func:`grouped_expert_mlp`, which stays
 the reference (``moe_backend = "torch"`` on a :class:`~torchinferno.models.common.layers.RoutedExperts` selects
 it on CUDA too; :func:`set_moe_backend`). Routing (:func:`route_sigmoid_grouped`) is device tensor ops (no host
