@@ -35,6 +35,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 
 mla_expanded_attention = mla_prefill.expanded_attention  # flash-eligible on CUDA (values padded), else the reference
+# prompt chunks over a cached context call mla_expanded_attention(..., None, context_len=ctx): lower-right causal
+# through the flash kernel instead of a [Q, S] boolean mask
+MLA_PREFILL_CONTEXT = True
 mla_absorbed_attention = mla.mla_absorbed_attention
 indexer_scores = mla.indexer_scores
 route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere
