@@ -208,6 +208,7 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
     out = {"decode": [], "prefill": None}
     set_moe_backend(model, "auto")
     out["launches_b1"] = step_launches(model, log)
+    out["kernels_b1"] = _kernel_table(_eager_decode_step(model, caches, bs, blocks_per, ctx), "batch-1 eager step", log)
     runner = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=batches)
     runner.capture()  # graphs where the model supports them (paged MLA + fused MoE), else the eager padded path
     out["graphs"] = runner.use_graphs
@@ -265,8 +266,39 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             row["pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_ms"] * 1e-3)
         log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms  torch MoE {row['torch_ms']:.1f} ms  "
             f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained matmul rate")
+        row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
         out["prefill"] = row
     return out
+
+
+def _kernel_table(fn, label: str, log=print) -> dict:
+    """Device time per kernel of one ``fn()`` (torch.profiler; ``gpu_timing.profile_kernels``), logged as the top
+    kernels: where the time goes, for the next fusion."""
+    from torchinferno.bench.gpu_timing import _fmt_profile, profile_kernels
+
+    try:
+        p = profile_kernels(fn, warmup=1)
+    except Exception as e:  # noqa: BLE001 - a diagnostic; report why it is missing
+        log(f"  {label} kernel profile skipped: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}"}
+    log(f"  {label} {_fmt_profile(p)}")
+    log("    top: " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in p["top"].items()))
+    return p
+
+
+def _eager_decode_step(model, caches, bs: int, blocks_per: int, ctx: int):
+    """A function running one eager batch-1 decode step (model forward + head) over the first sequence's blocks."""
+    from torchinferno.models.common.attention_metadata import build_attention_metadata
+
+    dev = next(model.parameters()).device
+    meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=dev)
+    ids, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
+
+    def step():
+        with torch.no_grad():
+            return model.compute_logits(model(ids, pos, caches, meta))
+
+    return step
 
 
 def step_launches(model, log=print) -> dict:
