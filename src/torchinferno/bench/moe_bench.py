@@ -359,7 +359,9 @@ def hf_rows(model, batches=(1, 64), ctx: int = 128, new_tokens: int = 8, log=pri
 
 
 def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill: int = 2048, hf: bool = True,
-                  layers: int | None = None, layer_shapes=("v2-lite", "v3"), log=print) -> dict:
+                  layers: int | None = None, layer_shapes=("v2-lite", "v3"), log=print,
+                  layer_batches: tuple[int, ...] | None = None) -> dict:
+    """``layer_batches``: token counts of the layer section (default: ``batches``)."""
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     bw = copy_bandwidth(dev)
@@ -371,7 +373,8 @@ def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill:
         for name in layer_shapes:
             E, k, D, inter, shared, G, TG = LAYER_SHAPES[name]
             log(f"MoE layer {name} (E={E} top-{k}, D={D}, I={inter}, {shared} shared, groups {TG}/{G}; bf16):")
-            rep["layer"][name] = layer_rows(dev, E, k, D, inter, shared, batches, prefill, bw, mm, log, G, TG)
+            rep["layer"][name] = layer_rows(dev, E, k, D, inter, shared, layer_batches or batches, prefill, bw, mm, log,
+                                            G, TG)
             torch.cuda.empty_cache()
     if "model" in sections:
         model = build_v2_lite(dev, layers)
