@@ -385,6 +385,16 @@ def check_routing(device) -> None:
         got, want = moe_routing.router_logits(x, wr), F.linear(x.float(), wr)
         assert got.dtype == torch.float32 and got.shape == (T, E)
         assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max()), f"router logits {T, E, D}"
+    for T, E, D, G, TG, ns, dtype in ((1, 64, 2048, 1, 1, 2, torch.float16), (5, 16, 100, 4, 2, 0, torch.float32),
+                                      (3, 256, 64, 8, 4, 1, torch.float16), (2, 4, 40, 1, 1, 0, torch.float32)):
+        x = torch.randn(T, D, generator=g).to(dtype).to(device)  # logits + routing in one launch == two launches
+        wr = (torch.randn(E, D, generator=g) * 3 * D**-0.5).to(device)
+        bias = (torch.rand(E, generator=g) - 0.5).to(device) if T % 2 else None
+        k = min(6, E // 2)
+        w1, id1 = moe_routing.router_route(x, wr, bias, k, G, TG, True, 2.5, n_shared=ns)
+        w0, id0 = moe_routing.route(moe_routing.router_logits(x, wr), bias, k, G, TG, True, 2.5, n_shared=ns)
+        assert torch.equal(id1, id0) and torch.equal(w1, w0), f"router_route {T, E, D, G, TG, ns}"
+        assert not bool(moe_routing.route_counters(device, 1).any()), "route counters left nonzero"
 
 
 if __name__ == "__main__":

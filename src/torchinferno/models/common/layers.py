@@ -75,7 +75,8 @@ class SigmoidRouter(KeepFP32, nn.Module):
     (:class:`KeepFP32`), as transformers' ``_keep_in_fp32_modules_strict`` and DeepSeek keep them.
 
     ``forward(x [T, D]) -> (weights [T, k] fp32, expert ids [T, k])`` via the ops module's ``route``
-    (group-limited when ``n_group > 1``).
+    (group-limited when ``n_group > 1``). Ops modules with ``ROUTER_GEMV`` on CUDA, decode-sized steps: the
+    logits and the routing in one Triton launch (``kernels.triton.moe_routing.router_route``).
     """
 
     def __init__(self, num_experts: int, hidden: int, top_k: int, n_group: int, topk_group: int,
@@ -95,17 +96,23 @@ class SigmoidRouter(KeepFP32, nn.Module):
         from torchinferno.kernels import triton as tri
         from torchinferno.kernels.batch_invariant import tiled_linear
 
+        extra = {"n_shared": n_shared} if n_shared else {}
         if (getattr(self.ops, "ROUTER_GEMV", False) and self.row_tile is None and tri.usable(x)
                 and x.dim() == 2 and x.stride(1) == 1 and self.weight.dtype == torch.float32 and self.weight.stride(1) == 1):
             from torchinferno.kernels.triton import moe_routing
 
-            if x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS:  # x's cast folded into one fp32 GEMV launch
-                logits = moe_routing.router_logits(x, self.weight)
+            if x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS:
+                if moe_routing.supported(self.weight.shape[0], self.n_group):  # logits + routing: one launch
+                    out = moe_routing.router_route(x, self.weight, self.e_score_correction_bias, self.top_k,
+                                                   self.n_group, self.topk_group, self.norm_topk_prob, self.scaling,
+                                                   n_shared=n_shared)
+                    if out is not None:
+                        return out
+                logits = moe_routing.router_logits(x, self.weight)  # x's cast folded into one fp32 GEMV launch
             else:
                 logits = tiled_linear(x.float(), self.weight, None)
         else:
             logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
-        extra = {"n_shared": n_shared} if n_shared else {}
         return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
                               self.norm_topk_prob, self.scaling, **extra)
 
