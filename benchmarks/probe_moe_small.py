@@ -21,8 +21,8 @@ from torchinferno.kernels.triton import moe_small
 
 GATE_UP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=3) for bn, bk, w in
            ((16, 256, 4), (8, 512, 4), (16, 512, 4), (32, 256, 8), (8, 256, 2))]
-DOWN = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=3) for bn, bk, w in
-        ((8, 256, 4), (4, 512, 4), (16, 256, 4), (8, 512, 4), (4, 256, 2))]
+DOWN = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s) for bn, bk, w, s in
+        ((4, 2048, 8, 1), (8, 2048, 8, 1), (2, 2048, 4, 1), (8, 512, 4, 3), (4, 512, 4, 3))]
 
 
 def main(E=64, top_k=6, D=2048, inter=1408, n_shared=2, tokens=(1, 2, 4)) -> dict:

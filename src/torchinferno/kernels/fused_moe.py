@@ -139,13 +139,13 @@ class MoEPolicy:
     ``small_m_max_tokens``: :func:`fused_experts` takes the per-token kernels for at most this many tokens (every
     pair reads its expert's weights itself, so past a few tokens the grouped GEMMs read less).
     ``small_m_tiles``: ``{"gate_up": cfg, "down": cfg}`` tiles of those kernels (``BLOCK_N``, ``BLOCK_K``,
-    ``num_warps``, ``num_stages``)."""
+    ``num_warps``, ``num_stages``; a down ``BLOCK_K`` of at least ``I`` reads a slot's rows as one tile)."""
 
     shared_fuse_max_tokens: int = 4
     small_m_max_tokens: int = 1
     small_m_tiles: dict = dataclasses.field(default_factory=lambda: {
         "gate_up": {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
-        "down": {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}})
+        "down": {"BLOCK_N": 4, "BLOCK_K": 2048, "num_warps": 8, "num_stages": 1}})
 
 
 _POLICY_OVERRIDE: list[MoEPolicy] = []

@@ -9,7 +9,8 @@ and cast for nothing. Here:
   up rounded to x's dtype before the SwiGLU (where the unfused GEMM writes them), V4's clamp optional.
 * :func:`_token_down_kernel` — grid ``(T, cdiv(D, BLOCK_N))``: ``out[t] = sum_j w[t, j] * round(act[t, j] @
   down[e_j]^T)`` over the token's ``k`` slots in slot order, fp32 accumulation, one rounding to x's dtype at the end:
-  the grouped path's per-pair rows (rounded, then weighted) and its sum over the top-k, in one launch.
+  the grouped path's per-pair rows (rounded, then weighted) and its sum over the top-k, in one launch. Slots are
+  unrolled; a ``BLOCK_K`` of at least ``I`` reads each slot's weight rows as one tile (no K loop).
 
 Ids ``E + j`` read shared expert ``j`` from the shared MLP's own weights (same slices as ``kernels.triton.fused_moe``);
 with ``MAY_DROP`` ids outside ``[0, E + ns)`` contribute 0 (expert parallelism). Every pair reads its expert's weight
@@ -76,16 +77,19 @@ def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, INTER, top_k, num_routed, num_val
 
 
 @triton.jit
-def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, INTER, top_k, num_routed, num_valid, stride_be, stride_bn,
-                       shared_step, stride_sn, stride_at, stride_ot, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr):
+def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, INTER, num_routed, num_valid, stride_be, stride_bn, shared_step,
+                       stride_sn, stride_at, stride_ot, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = rn < D
     rk = tl.arange(0, BLOCK_K)
     out = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(0, top_k):  # slot order: the grouped path's sum over the top-k rows of a token
-        pair = t * top_k + j
+    # Slots unrolled (TOP_K constexpr) and, with ONE_K (BLOCK_K >= INTER), one weight tile per slot: straight-line
+    # loads with no loop between them, so every slot's tile can be in flight at once (a batch-1 step has only
+    # D / BLOCK_N programs per token).
+    for j in tl.static_range(TOP_K):  # slot order: the grouped path's sum over the top-k rows of a token
+        pair = t * TOP_K + j
         e = tl.load(IDS + pair).to(tl.int64)
         if MAY_DROP:
             ok = (e >= 0) & (e < num_valid)
@@ -95,15 +99,22 @@ def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, INTER, top_k, num_routed, num_
         base, stride_n, _up = _expert_rows(B, S, e, num_routed, stride_be, stride_bn, 0, shared_step, stride_sn, 0,
                                            HAS_SHARED)
         w_ptrs = base + rn.to(tl.int64)[:, None] * stride_n + rk[None, :]  # [BN, BK]
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, INTER, BLOCK_K):
-            kk = k0 + rk
-            ok_k = (kk < INTER) & ok
-            a = tl.load(ACT + pair * stride_at + kk, mask=ok_k, other=0.0).to(tl.float32)
-            b = tl.load(w_ptrs + k0, mask=ok_n[:, None] & ok_k[None, :], other=0.0, eviction_policy="evict_first")
-            acc += b.to(tl.float32) * a[None, :]
+        if ONE_K:
+            ok_k = (rk < INTER) & ok
+            b = tl.load(w_ptrs, mask=ok_n[:, None] & ok_k[None, :], other=0.0, eviction_policy="evict_first")
+            a = tl.load(ACT + pair * stride_at + rk, mask=ok_k, other=0.0).to(tl.float32)
+            dot = tl.sum(b.to(tl.float32) * a[None, :], 1)
+        else:
+            acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, INTER, BLOCK_K):
+                kk = k0 + rk
+                ok_k = (kk < INTER) & ok
+                a = tl.load(ACT + pair * stride_at + kk, mask=ok_k, other=0.0).to(tl.float32)
+                b = tl.load(w_ptrs + k0, mask=ok_n[:, None] & ok_k[None, :], other=0.0, eviction_policy="evict_first")
+                acc += b.to(tl.float32) * a[None, :]
+            dot = tl.sum(acc, 1)
         wt = tl.load(W + pair).to(tl.float32)
-        y = tl.sum(acc, 1).to(ACT.dtype.element_ty).to(tl.float32) * wt  # rounded, then weighted (grouped path)
+        y = dot.to(ACT.dtype.element_ty).to(tl.float32) * wt  # rounded, then weighted (the grouped path)
         out += tl.where(ok, y, 0.0)
     tl.store(OUT + t * stride_ot + rn, out.to(OUT.dtype.element_ty), mask=ok_n)
 
@@ -138,7 +149,8 @@ def small_m_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, g
         0.0 if limit is None else float(limit), BLOCK_N=c1["BLOCK_N"], BLOCK_K=c1["BLOCK_K"], CLAMP=limit is not None,
         HAS_SHARED=shared is not None, MAY_DROP=may_drop, num_warps=c1["num_warps"], num_stages=c1["num_stages"])
     _token_down_kernel[(T, triton.cdiv(D, c2["BLOCK_N"]))](
-        act, down, s_dn, ids, weights, out, D, inter, top_k, E, n_valid, down.stride(0), down.stride(1), inter,
-        s_dn.stride(0), act.stride(0), out.stride(0), BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"],
-        HAS_SHARED=shared is not None, MAY_DROP=may_drop, num_warps=c2["num_warps"], num_stages=c2["num_stages"])
+        act, down, s_dn, ids, weights, out, D, inter, E, n_valid, down.stride(0), down.stride(1), inter,
+        s_dn.stride(0), act.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"],
+        ONE_K=c2["BLOCK_K"] >= inter, HAS_SHARED=shared is not None, MAY_DROP=may_drop, num_warps=c2["num_warps"],
+        num_stages=c2["num_stages"])
     return out
