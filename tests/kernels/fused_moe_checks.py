@@ -302,6 +302,34 @@ def check_shared_model(device, dtype=torch.float32) -> None:
         assert err <= TOL[dtype], f"{name}: rel err {err:.2e}"
 
 
+def check_block_paths(device, dtype=torch.float32) -> None:
+    """One ``SparseMoE`` block (tiny deepseek-v3.2 config, two shared experts, fused ops) at 1-9 tokens: every path
+    the policy picks (per-token kernels; routing + sort/pad in one launch with the shared experts inside or apart;
+    past the router's one-launch range) == the torch reference block."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common import moe
+    from torchinferno.models.common.layers import SparseMoE
+    from torchinferno.models.deepseek_v32 import fused_ops
+    from torchinferno.models.deepseek_v32.config import tiny_deepseek_v32_config
+    from torchinferno.testing import randomize_
+
+    torch.manual_seed(1)
+    cfg = tiny_deepseek_v32_config(n_shared_experts=2)
+    block = randomize_(SparseMoE(cfg, fused_ops)).to(device=device, dtype=dtype).eval()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad(), fused_moe.override_policy(shared_fuse_max_tokens=3, small_m_max_tokens=1):
+        for T, aligned in ((1, False), (2, True), (3, True), (6, True), (9, True)):
+            x = torch.randn(T, cfg.hidden_size, generator=g).to(dtype).to(device)
+            took = moe.fused_routed_aligned(block, x) is not None
+            assert took == aligned, f"T={T}: one-launch routing + sort/pad taken {took}"
+            got = block(x)
+            moe.set_moe_backend(block, "torch")
+            want = block(x)
+            moe.set_moe_backend(block, "auto")
+            err = _rel_err(got.float(), want.float())
+            assert err <= TOL[dtype], f"block T={T} {dtype}: rel err {err:.2e}"
+
+
 def _cached_logits(model, device, dtype) -> torch.Tensor:  # [9, V] fp32
     from torchinferno.models.common.attention_metadata import (
         build_attention_metadata,
@@ -344,6 +372,8 @@ def main() -> None:
         check_small(cpu, torch.float32)
         check_small(cpu, torch.float16, names=("random", "drop"))
     elif what == "model":
+        check_block_paths(cpu)
+        check_block_paths(cpu, torch.float16)
         check_model(cpu)
     print(f"ok {what}")
 
@@ -394,6 +424,20 @@ def check_routing(device) -> None:
         w1, id1 = moe_routing.router_route(x, wr, bias, k, G, TG, True, 2.5, n_shared=ns)
         w0, id0 = moe_routing.route(moe_routing.router_logits(x, wr), bias, k, G, TG, True, 2.5, n_shared=ns)
         assert torch.equal(id1, id0) and torch.equal(w1, w0), f"router_route {T, E, D, G, TG, ns}"
+        assert not bool(moe_routing.route_counters(device, 1).any()), "route counters left nonzero"
+    from torchinferno.kernels.fused_moe import max_padded, reference_align
+
+    for T, E, ns, bm in ((1, 64, 2, 16), (7, 64, 2, 16), (9, 16, 0, 4), (4, 8, 1, 64)):
+        x = torch.randn(T, 48, generator=g).to(torch.float16).to(device)  # + the sort/pad in the same launch
+        wr = (torch.randn(E, 48, generator=g) * 0.5).to(device)
+        k = min(6, E // 2)
+        p_max = max_padded(T * (k + ns), E + ns, bm)
+        w1, id1, sp, be, n = moe_routing.router_route(x, wr, None, k, 1, 1, True, 1.0, n_shared=ns,
+                                                      align=(E + ns, bm, p_max))
+        w0, id0 = moe_routing.route(moe_routing.router_logits(x, wr), None, k, 1, 1, True, 1.0, n_shared=ns)
+        assert torch.equal(id1, id0) and torch.equal(w1, w0), f"router_route+align ids {T, E, ns, bm}"
+        rp, rb, rn = reference_align(id0.cpu(), E + ns, bm)
+        assert torch.equal(sp.cpu(), rp) and torch.equal(be.cpu(), rb) and int(n) == rn, f"route+align {T, E, ns, bm}"
         assert not bool(moe_routing.route_counters(device, 1).any()), "route counters left nonzero"
 
 

@@ -115,6 +115,7 @@ def test_fused_moe_models_cuda():
     import fused_moe_checks as C
 
     C.check_model(torch.device("cuda"))
+    C.check_block_paths(torch.device("cuda"), torch.bfloat16)
 
 
 @cuda

@@ -6,8 +6,8 @@ layer of a tiny deepseek-v3 (no query LoRA, the V2-Lite layout) at batch 1: two 
 MLA prologue (latent norm, both ropes, cache append), two absorb bmms, the decode attention, the router logits and
 the routing in one launch (x's cast folded in), and the two per-token expert kernels with the shared experts and the
 top-k sum inside: 12 launches (17 before session 12: the router's cast and GEMM, the routing, the sort/pad, two
-grouped GEMMs, the top-k sum and its cast; 32 before the fusions of issue 24). At batch 4 the grouped path: sort/pad,
-two grouped GEMMs, one sum+cast: 14.
+grouped GEMMs, the top-k sum and its cast; 32 before the fusions of issue 24). At batch 4 the grouped path: the
+routing and the sort/pad in one launch, two grouped GEMMs, one sum+cast: 13 (17 before session 12).
 """
 
 from __future__ import annotations
@@ -66,12 +66,13 @@ def test_deepseek_decode_step_launches_on_the_interpreter():
     # batch 1: per-token expert kernels (shared experts and the top-k sum inside), no sort/pad, router + routing
     assert moe.get("triton:_pair_gate_up_kernel") == 1 and moe.get("triton:_token_down_kernel") == 1, moe
     assert moe.get("triton:_router_route_kernel") == 1 and moe.get("mm") == 3, moe
-    assert "triton:_route_kernel" not in moe and "triton:_router_gemv_kernel" not in moe, moe
-    moe4 = s4["ops"]["layer2"]  # batch 4: the grouped GEMMs, the sum and its cast in one launch
+    moe4 = s4["ops"]["layer2"]  # batch 4: routing + sort/pad in one launch, the grouped GEMMs, sum + cast in one
     assert moe4.get("triton:_moe_gemm_kernel") == 2 and moe4.get("triton:_moe_sum_kernel") == 1, moe4
+    assert moe4.get("triton:_router_route_kernel") == 1, moe4
     for layer in (moe, moe4):
         for op in ("cat", "stack", "mul", "add", "sub", "sum", "clone", "copy_", "_to_copy"):
             assert op not in layer, f"unfused {op} in a MoE decode layer: {layer}"
-    assert "triton:_align_kernel" not in moe, moe
+    for layer in (moe, moe4):
+        assert not {"triton:_align_kernel", "triton:_route_kernel", "triton:_router_gemv_kernel"} & set(layer), layer
     assert s["per_layer"]["layer2"] <= 12 and s["per_layer"]["layer0"] <= 12, s["per_layer"]
-    assert s4["per_layer"]["layer2"] <= 14 and s4["per_layer"]["layer0"] <= 12, s4["per_layer"]
+    assert s4["per_layer"]["layer2"] <= 13 and s4["per_layer"]["layer0"] <= 12, s4["per_layer"]

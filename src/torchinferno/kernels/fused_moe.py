@@ -196,7 +196,7 @@ def config_for(M: int, E: int, N: int, K: int, dtype: torch.dtype) -> dict:
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
                   down: torch.Tensor, limit: float | None = None, configs: tuple[dict, dict] | None = None,
                   may_drop: bool = False, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-                  small: bool | None = None) -> torch.Tensor:
+                  small: bool | None = None, aligned: tuple | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k], weights [T, k], gate_up [E, 2I, D], down [E, D, I] -> [T, D] in x.dtype.
 
     ``sum_j weights[t, j] * down[e] @ swiglu(gate_up[e] @ x[t])`` with ``e = ids[t, j]``; with ``limit``:
@@ -210,6 +210,9 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
     ones: ids ``E + j`` (``j < ns``) select shared expert ``j`` (:func:`append_shared`; a router appends them
     with weight 1), so ``down_s @ swiglu(gate_up_s @ x)`` = the sum of its ``ns`` width-``I`` slices. Tile configs
     are looked up by the routed ``E``.
+
+    ``aligned``: :func:`align_pairs`'s output for ``ids`` at the gate_up tiles' ``BLOCK_M`` (computed by the routing
+    launch, ``kernels.triton.moe_routing.router_route(align=...)``), so no sort/pad launch here.
 
     ``small``: the per-token kernels (``kernels.triton.moe_small``: two launches, no sort/pad, the sum over the
     top-k and the cast inside the down kernel); None: for ``0 < T <= policy().small_m_max_tokens`` when no
@@ -231,15 +234,26 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
         return moe_small.small_m_experts(x.contiguous(), ids.contiguous(), weights.float().contiguous(), gate_up,
                                          down, tiles["gate_up"], tiles["down"], limit, may_drop, shared)
     if configs is None:
-        configs = (config_for(P, E, two_i // 2, D, x.dtype), config_for(P, E, D, two_i // 2, x.dtype))
+        configs = grouped_configs(T, top_k, gate_up, x.dtype)
     x = x.contiguous()
     c1, c2 = configs
-    sp1, be1, n1 = align_pairs(ids, n_total, c1["BLOCK_M"])
+    if aligned is not None:
+        sp1, be1, n1 = aligned
+        assert sp1.numel() == max_padded(P, n_total, c1["BLOCK_M"]), "aligned pairs of another tile size"
+    else:
+        sp1, be1, n1 = align_pairs(ids, n_total, c1["BLOCK_M"])
     act = tk.moe_gate_up(x, gate_up, sp1, be1, n1, top_k, c1, limit, shared_gate_up=s_gu)  # [P, I]
     sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else align_pairs(ids, n_total, c2["BLOCK_M"])
     y = tk.moe_down(act, down, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, zero=may_drop,
                     shared_down=s_dn)  # [P, D]
     return tk.moe_sum(y, top_k, x.dtype)  # [T, D]: the top-k sum and the cast in one launch
+
+
+def grouped_configs(T: int, top_k: int, gate_up: torch.Tensor, dtype: torch.dtype) -> tuple[dict, dict]:
+    """The (gate_up, down) tiles :func:`fused_experts` uses for ``T`` tokens of ``top_k`` slots (routed + shared)."""
+    E, two_i, D = gate_up.shape
+    P = T * top_k
+    return config_for(P, E, two_i // 2, D, dtype), config_for(P, E, D, two_i // 2, dtype)
 
 
 def append_shared(weights: torch.Tensor, ids: torch.Tensor, num_routed: int,

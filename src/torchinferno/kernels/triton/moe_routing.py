@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.fused_moe import _align_body
+
 
 @triton.jit
 def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constexpr, TOP_K: tl.constexpr,
@@ -95,13 +97,15 @@ def _router_gemv_kernel(X, W, OUT, D, E, stride_xt, stride_w, stride_ot, BLOCK_E
 
 
 @triton.jit
-def _router_route_kernel(X, WR, LOGITS, CNT, BIAS, W_OUT, IDS_OUT, D, stride_xt, stride_w, scaling,
-                         BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr,
-                         K_PAD: tl.constexpr, N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr,
-                         HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr,
-                         N_SHARED: tl.constexpr, S_PAD: tl.constexpr):
+def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORTED, BLOCK_EXPERT, NUM_PADDED, D,
+                         stride_xt, stride_w, scaling, E_ALIGN, P_MAX, NB, BLOCK_E: tl.constexpr,
+                         BLOCK_K: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                         N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr, N_SHARED: tl.constexpr, S_PAD: tl.constexpr,
+                         ALIGN: tl.constexpr, BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
     # grid (T, E / BLOCK_E): each program writes BLOCK_E fp32 logits of token t (the router GEMV); the last of the
-    # token's programs to finish (counted by an atomic on CNT[t], left zero again) routes the token.
+    # token's programs to finish (counted by an atomic on CNT[t], left zero again) routes the token; with ALIGN the
+    # last token to be routed (CNT_ALL) runs the fused MoE's sort/pad over every token's ids.
     t = tl.program_id(0).to(tl.int64)
     re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     rk = tl.arange(0, BLOCK_K)
@@ -120,6 +124,13 @@ def _router_route_kernel(X, WR, LOGITS, CNT, BIAS, W_OUT, IDS_OUT, D, stride_xt,
         _route_row(logit, BIAS, W_OUT, IDS_OUT, t, scaling, E, TOP_K, K_PAD, N_GROUP, PER, TOPK_GROUP, HAS_BIAS, NORM,
                    SQRT_SOFTPLUS, N_SHARED, S_PAD)
         tl.atomic_xchg(CNT + t, 0, sem="relaxed", scope="gpu")  # ready for the next launch (stream-ordered)
+        if ALIGN:
+            tl.debug_barrier()  # this token's id stores precede the release below
+            routed = tl.atomic_add(CNT_ALL, 1, sem="acq_rel", scope="gpu")
+            if routed == tl.num_programs(0) - 1:
+                _align_body(IDS_OUT, SORTED, BLOCK_EXPERT, NUM_PADDED, tl.num_programs(0) * (TOP_K + N_SHARED),
+                            E_ALIGN, P_MAX, NB, BM, E_PAD, CHUNK)
+                tl.atomic_xchg(CNT_ALL, 0, sem="relaxed", scope="gpu")
 
 
 ROUTER_GEMV_MAX_TOKENS = 64  # decode-sized steps: one GEMV launch; larger ones cast x and run cuBLAS's fp32 GEMM
@@ -128,23 +139,30 @@ _counters: dict[torch.device, torch.Tensor] = {}
 
 
 def route_counters(device: torch.device, n: int) -> torch.Tensor | None:
-    """The device's per-token counters of :func:`router_route` (zeros, left zero by every launch, so one buffer
-    serves every layer, step and CUDA graph), or None (then the router GEMV and the routing run as two launches)
-    when more than :data:`ROUTE_COUNTERS` are needed or the first request comes inside a capture."""
+    """The device's counters of :func:`router_route` (``ROUTE_COUNTERS`` per-token ones, then the all-tokens one;
+    zeros, left zero by every launch, so one buffer serves every layer, step and CUDA graph), or None (then the
+    router GEMV and the routing run as two launches) when more than :data:`ROUTE_COUNTERS` tokens come or the
+    first request comes inside a capture."""
     buf = _counters.get(device)
     if buf is None:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        buf = _counters[device] = torch.zeros(ROUTE_COUNTERS, dtype=torch.int32, device=device)
-    return buf if n <= buf.numel() else None
+        buf = _counters[device] = torch.zeros(ROUTE_COUNTERS + 1, dtype=torch.int32, device=device)
+    return buf if n <= ROUTE_COUNTERS else None
 
 
 def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int,
                  topk_group: int, norm: bool, scaling: float, sqrt_softplus: bool = False, n_shared: int = 0,
-                 block_e: int = 4, block_k: int = 512) -> tuple[torch.Tensor, torch.Tensor] | None:
+                 block_e: int = 4, block_k: int = 512, align: tuple[int, int, int] | None = None) -> tuple | None:
     """:func:`router_logits` then :func:`route` in ONE launch: x [T, D] (any float dtype), weight [E, D] fp32 ->
     (weights [T, top_k + n_shared] fp32, ids int64), the same numbers (same GEMV tiles, same routing code). None
-    when the counters are unavailable (:func:`route_counters`); the caller then takes the two launches."""
+    when the counters are unavailable (:func:`route_counters`); the caller then takes the two launches.
+
+    ``align = (num_experts, block_m, p_max)``: the same launch also sorts/pads the ids for the fused MoE's grouped
+    GEMMs (``kernels.fused_moe.align_pairs`` over ``num_experts`` = routed + shared): returns (weights, ids,
+    sorted_pairs, block_expert, num_padded)."""
+    from torchinferno.kernels.triton.fused_moe import align_outputs
+
     T, D = x.shape
     E = weight.shape[0]
     assert weight.shape[1] == D and weight.stride(1) == 1 and x.stride(1) == 1 and supported(E, n_group)
@@ -154,15 +172,22 @@ def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     block_e = min(block_e, E)
     w = torch.empty((T, top_k + n_shared), dtype=torch.float32, device=x.device)
     ids = torch.empty((T, top_k + n_shared), dtype=torch.int64, device=x.device)
+    if align is not None:
+        assert T > 0, "router_route: the sort/pad needs at least one token"
+        n_align, bm, p_max = align
+        aligned, (e_pad, chunk) = align_outputs(n_align, bm, p_max, x.device)
+    else:  # unused pointers (ALIGN off)
+        n_align, bm, p_max, aligned, (e_pad, chunk) = 1, 16, 16, (cnt, cnt, cnt), (16, 16)
     if T:
         logits = torch.empty((T, E), dtype=torch.float32, device=x.device)  # scratch between the token's programs
         _router_route_kernel[(T, E // block_e)](
-            x, weight, logits, cnt, weight if bias is None else bias.float().contiguous(), w, ids, D, x.stride(0),
-            weight.stride(0), float(scaling), BLOCK_E=block_e, BLOCK_K=block_k, E=E, TOP_K=top_k,
-            K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group, PER=E // n_group, TOPK_GROUP=topk_group,
-            HAS_BIAS=bias is not None, NORM=norm, SQRT_SOFTPLUS=sqrt_softplus, N_SHARED=n_shared,
-            S_PAD=triton.next_power_of_2(max(1, n_shared)), num_warps=4)
-    return w, ids
+            x, weight, logits, cnt, cnt[ROUTE_COUNTERS:], weight if bias is None else bias.float().contiguous(), w,
+            ids, *aligned, D, x.stride(0), weight.stride(0), float(scaling), n_align, p_max, p_max // bm,
+            BLOCK_E=block_e, BLOCK_K=block_k, E=E, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group,
+            PER=E // n_group, TOPK_GROUP=topk_group, HAS_BIAS=bias is not None, NORM=norm,
+            SQRT_SOFTPLUS=sqrt_softplus, N_SHARED=n_shared, S_PAD=triton.next_power_of_2(max(1, n_shared)),
+            ALIGN=align is not None, BM=bm, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
+    return (w, ids) if align is None else (w, ids, *aligned)
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor, block_e: int = 4, block_k: int = 512) -> torch.Tensor:

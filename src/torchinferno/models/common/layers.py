@@ -93,21 +93,16 @@ class SigmoidRouter(KeepFP32, nn.Module):
     def forward(self, x, n_shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """``n_shared > 0`` (ops modules with ``FUSE_SHARED_EXPERTS`` only): ``[T, k + n_shared]``, the shared
         experts ``E + j`` appended with weight 1 (``kernels.fused_moe.append_shared``)."""
-        from torchinferno.kernels import triton as tri
         from torchinferno.kernels.batch_invariant import tiled_linear
 
         extra = {"n_shared": n_shared} if n_shared else {}
-        if (getattr(self.ops, "ROUTER_GEMV", False) and self.row_tile is None and tri.usable(x)
-                and x.dim() == 2 and x.stride(1) == 1 and self.weight.dtype == torch.float32 and self.weight.stride(1) == 1):
+        if self._gemv_applies(x):
             from torchinferno.kernels.triton import moe_routing
 
             if x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS:
-                if moe_routing.supported(self.weight.shape[0], self.n_group):  # logits + routing: one launch
-                    out = moe_routing.router_route(x, self.weight, self.e_score_correction_bias, self.top_k,
-                                                   self.n_group, self.topk_group, self.norm_topk_prob, self.scaling,
-                                                   n_shared=n_shared)
-                    if out is not None:
-                        return out
+                out = self.fused_route(x, n_shared)  # logits + routing: one launch
+                if out is not None:
+                    return out
                 logits = moe_routing.router_logits(x, self.weight)  # x's cast folded into one fp32 GEMV launch
             else:
                 logits = tiled_linear(x.float(), self.weight, None)
@@ -115,6 +110,25 @@ class SigmoidRouter(KeepFP32, nn.Module):
             logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
         return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
                               self.norm_topk_prob, self.scaling, **extra)
+
+    def _gemv_applies(self, x) -> bool:
+        from torchinferno.kernels import triton as tri
+
+        return (getattr(self.ops, "ROUTER_GEMV", False) and self.row_tile is None and tri.usable(x) and x.dim() == 2
+                and x.stride(1) == 1 and self.weight.dtype == torch.float32 and self.weight.stride(1) == 1)
+
+    def fused_route(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None) -> tuple | None:
+        """:meth:`forward`'s one-launch logits + routing (``kernels.triton.moe_routing.router_route``; with ``align``
+        also the fused MoE's sort/pad), or None where it does not apply (not CUDA / not opted in / too many tokens /
+        unsupported expert count / counters unavailable)."""
+        from torchinferno.kernels.triton import moe_routing
+
+        if not (self._gemv_applies(x) and 0 < x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS
+                and moe_routing.supported(self.weight.shape[0], self.n_group)):
+            return None
+        return moe_routing.router_route(x, self.weight, self.e_score_correction_bias, self.top_k, self.n_group,
+                                        self.topk_group, self.norm_topk_prob, self.scaling, n_shared=n_shared,
+                                        align=align)
 
 
 class RoutedExperts(nn.Module):
@@ -161,8 +175,11 @@ class SparseMoE(nn.Module):
         self.fuse_shared: bool | None = None
 
     def forward(self, x):
-        from torchinferno.models.common.moe import fused_shared_count, fused_with_shared
+        from torchinferno.models.common.moe import fused_routed_aligned, fused_shared_count, fused_with_shared
 
+        y = fused_routed_aligned(self, x)  # decode-sized grouped steps: routing + sort/pad in one launch
+        if y is not None:
+            return y
         ns = fused_shared_count(self, x)
         if ns:  # routed + shared experts in one fused MoE (two grouped GEMM launches in all)
             weights, ids = self.gate(x, n_shared=ns)

@@ -186,6 +186,39 @@ def fused_with_shared(moe_block: torch.nn.Module, x: torch.Tensor, ids: torch.Te
                                    shared=(sh.gate_up_proj.weight, sh.down_proj.weight))
 
 
+def fused_routed_aligned(moe_block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:  # [T, D] or None
+    """A ``SparseMoE`` step on the fused grouped path with its routing and the sort/pad in ONE launch (the router's
+    ``fused_route(align=...)``), then the two grouped GEMMs and the top-k sum (+ the shared MLP when it runs apart);
+    None where that does not apply: not the plain ``RoutedExperts`` on the fused path, the per-token kernels'
+    token counts (``kernels.fused_moe.policy().small_m_max_tokens``: no sort/pad there), more pairs than the
+    one-program sort/pad takes, or the router's one-launch form does not apply."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common.layers import RoutedExperts
+
+    ex = moe_block.experts
+    T = x.shape[0]
+    if (type(ex) is not RoutedExperts or ex.moe_backend != "auto" or ex.row_tile is not None
+            or not getattr(ex.ops, "ROUTER_GEMV", False) or not fused_moe.usable(x, ex.gate_up_proj)
+            or T <= fused_moe.policy().small_m_max_tokens):
+        return None
+    ns = fused_shared_count(moe_block, x)
+    E = ex.gate_up_proj.shape[0]
+    k = moe_block.gate.top_k + ns
+    if T * k > fused_moe.ALIGN_KERNEL_MAX_PAIRS:
+        return None
+    configs = fused_moe.grouped_configs(T, k, ex.gate_up_proj, x.dtype)
+    bm = configs[0]["BLOCK_M"]
+    out = moe_block.gate.fused_route(x, ns, align=(E + ns, bm, fused_moe.max_padded(T * k, E + ns, bm)))
+    if out is None:
+        return None
+    weights, ids, *aligned = out
+    sh = moe_block.shared_experts
+    shared = (sh.gate_up_proj.weight, sh.down_proj.weight) if ns else None
+    y = fused_moe.fused_experts(x, ids, weights, ex.gate_up_proj, ex.down_proj, configs=configs, shared=shared,
+                                aligned=tuple(aligned))
+    return y if sh is None or ns else y + sh(x)
+
+
 def set_moe_backend(model: torch.nn.Module, backend: str) -> int:
     """Set ``moe_backend`` ("auto": fused on CUDA, "torch": the grouped reference) on every expert module of
     ``model``; returns how many were set."""
