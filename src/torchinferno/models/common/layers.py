@@ -90,11 +90,18 @@ class SigmoidRouter(KeepFP32, nn.Module):
         self.ops = ops
         self.row_tile: int | None = None  # set by kernels.batch_invariant: the router GEMM on fixed row tiles
 
-    def forward(self, x, n_shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None) -> tuple:
         """``n_shared > 0`` (ops modules with ``FUSE_SHARED_EXPERTS`` only): ``[T, k + n_shared]``, the shared
-        experts ``E + j`` appended with weight 1 (``kernels.fused_moe.append_shared``)."""
+        experts ``E + j`` appended with weight 1 (``kernels.fused_moe.append_shared``). ``align`` (only where
+        :meth:`fused_route_applies`): also the fused MoE's sort/pad from the same launch, a 5-tuple
+        (``kernels.triton.moe_routing.router_route``)."""
         from torchinferno.kernels.batch_invariant import tiled_linear
 
+        if align is not None:
+            out = self.fused_route(x, n_shared, align)
+            if out is None:
+                raise RuntimeError("SigmoidRouter: align asked where the one-launch routing does not apply")
+            return out
         extra = {"n_shared": n_shared} if n_shared else {}
         if self._gemv_applies(x):
             from torchinferno.kernels.triton import moe_routing
@@ -117,14 +124,21 @@ class SigmoidRouter(KeepFP32, nn.Module):
         return (getattr(self.ops, "ROUTER_GEMV", False) and self.row_tile is None and tri.usable(x) and x.dim() == 2
                 and x.stride(1) == 1 and self.weight.dtype == torch.float32 and self.weight.stride(1) == 1)
 
-    def fused_route(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None) -> tuple | None:
-        """:meth:`forward`'s one-launch logits + routing (``kernels.triton.moe_routing.router_route``; with ``align``
-        also the fused MoE's sort/pad), or None where it does not apply (not CUDA / not opted in / too many tokens /
-        unsupported expert count / counters unavailable)."""
+    def fused_route_applies(self, x) -> bool:
+        """The one-launch logits + routing applies: CUDA, opted in (``ROUTER_GEMV``), 1 to
+        ``ROUTER_GEMV_MAX_TOKENS`` tokens, a supported expert count, the counters available."""
         from torchinferno.kernels.triton import moe_routing
 
-        if not (self._gemv_applies(x) and 0 < x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS
-                and moe_routing.supported(self.weight.shape[0], self.n_group)):
+        return (self._gemv_applies(x) and 0 < x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS
+                and moe_routing.supported(self.weight.shape[0], self.n_group)
+                and moe_routing.route_counters(x.device, x.shape[0]) is not None)
+
+    def fused_route(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None) -> tuple | None:
+        """:meth:`forward`'s one-launch logits + routing (``kernels.triton.moe_routing.router_route``; with ``align``
+        also the fused MoE's sort/pad), or None where it does not apply (:meth:`fused_route_applies`)."""
+        from torchinferno.kernels.triton import moe_routing
+
+        if not self.fused_route_applies(x):
             return None
         return moe_routing.router_route(x, self.weight, self.e_score_correction_bias, self.top_k, self.n_group,
                                         self.topk_group, self.norm_topk_prob, self.scaling, n_shared=n_shared,

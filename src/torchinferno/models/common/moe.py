@@ -199,7 +199,7 @@ def fused_routed_aligned(moe_block: torch.nn.Module, x: torch.Tensor) -> torch.T
     T = x.shape[0]
     if (type(ex) is not RoutedExperts or ex.moe_backend != "auto" or ex.row_tile is not None
             or not getattr(ex.ops, "ROUTER_GEMV", False) or not fused_moe.usable(x, ex.gate_up_proj)
-            or T <= fused_moe.policy().small_m_max_tokens):
+            or T <= fused_moe.policy().small_m_max_tokens or not moe_block.gate.fused_route_applies(x)):
         return None
     ns = fused_shared_count(moe_block, x)
     E = ex.gate_up_proj.shape[0]
@@ -208,10 +208,8 @@ def fused_routed_aligned(moe_block: torch.nn.Module, x: torch.Tensor) -> torch.T
         return None
     configs = fused_moe.grouped_configs(T, k, ex.gate_up_proj, x.dtype)
     bm = configs[0]["BLOCK_M"]
-    out = moe_block.gate.fused_route(x, ns, align=(E + ns, bm, fused_moe.max_padded(T * k, E + ns, bm)))
-    if out is None:
-        return None
-    weights, ids, *aligned = out
+    # through the router's forward (its hooks see the routing, as on every other path)
+    weights, ids, *aligned = moe_block.gate(x, ns, align=(E + ns, bm, fused_moe.max_padded(T * k, E + ns, bm)))
     sh = moe_block.shared_experts
     shared = (sh.gate_up_proj.weight, sh.down_proj.weight) if ns else None
     y = fused_moe.fused_experts(x, ids, weights, ex.gate_up_proj, ex.down_proj, configs=configs, shared=shared,
