@@ -4,7 +4,10 @@ subprocess, CPU tensors) and the CUDA run (same test file, on a GPU).
 ``check_experts``: ``kernels.fused_moe.fused_experts`` vs ``moe.grouped_expert_mlp`` (the grouped torch reference)
 and, clamped, vs ``deepseek_v4.raw_ops.clamped_experts``, for routings with empty experts, one hot expert, tokens
 routed twice to one expert, repeated identical tokens and dropped (out-of-range) ids.
+``check_small``: the per-token kernels of 1-3 tokens (``kernels.triton.moe_small``) == the reference == the grouped
+path; ``check_block_paths``: one ``SparseMoE`` block on every path the policy picks == the torch block.
 ``check_model``: tiny deepseek_v32 / dsv4 / deepseek_v4 models, fused path vs ``moe_backend = "torch"``.
+Routing checks: moe_routing_checks.py.
 
 Run as a script (``python fused_moe_checks.py interpreter``) it switches the Triton dispatch onto CPU tensors (the
 interpreter's patches from triton_interpreter_checks) and runs every check in fp32 and fp16 (the interpreter has no
