@@ -44,6 +44,7 @@ def test_sections_run_on_cpu(monkeypatch):
                          log=lambda *_: None)
     assert [r["tokens"] for r in rows] == [1, 4, 16] and all(r["rel_err_vs_torch"] == 0 for r in rows)
     assert rows[0]["experts_hit"] <= 2 and "pct_of_matmul_rate" in rows[-1] and rows[0]["separate_shared_ms"] > 0
+    assert rows[0]["shared_in_ms"] > 0 and "other_small_m_path_ms" in rows[1] and "other_small_m_path_ms" not in rows[2]
     model = tiny_model("deepseek-v3.2", size="debug-v3").to(torch.bfloat16)
     rep = mb.model_rows(model, cpu, batches=(1, 3), ctx=8, prefill=16, bw=1e11, mm=1e12, log=lambda *_: None)
     assert [r["batch"] for r in rep["decode"]] == [1, 3] and rep["prefill"]["tokens"] == 16

@@ -4,7 +4,10 @@ subprocess, CPU tensors) and the CUDA run (same test file, on a GPU).
 ``check_experts``: ``kernels.fused_moe.fused_experts`` vs ``moe.grouped_expert_mlp`` (the grouped torch reference)
 and, clamped, vs ``deepseek_v4.raw_ops.clamped_experts``, for routings with empty experts, one hot expert, tokens
 routed twice to one expert, repeated identical tokens and dropped (out-of-range) ids.
+``check_small``: the per-token kernels of 1-3 tokens (``kernels.triton.moe_small``) == the reference == the grouped
+path; ``check_block_paths``: one ``SparseMoE`` block on every path the policy picks == the torch block.
 ``check_model``: tiny deepseek_v32 / dsv4 / deepseek_v4 models, fused path vs ``moe_backend = "torch"``.
+Routing checks: moe_routing_checks.py.
 
 Run as a script (``python fused_moe_checks.py interpreter``) it switches the Triton dispatch onto CPU tensors (the
 interpreter's patches from triton_interpreter_checks) and runs every check in fp32 and fp16 (the interpreter has no
@@ -18,6 +21,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from moe_routing_checks import check_routing  # noqa: F401  (part of this script's "experts" check; CUDA test)
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # max abs err / max abs ref
 
@@ -112,6 +117,68 @@ def check_shared(device, dtype, T=13, K=3, E=8, D=64, inter=32, n_shared=2, conf
     w1, id1 = moe_routing.route(logits, bias, 4, 4, 2, True, 2.5, n_shared=n_shared)
     aw, aid = fused_moe.append_shared(w0, id0, 16, n_shared)
     assert torch.equal(id1, aid) and torch.equal(w1, aw), "routing with shared columns"
+
+
+SMALL_TILES = ({"BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2},  # masked K tails at D=40, I=24
+               {"BLOCK_N": 8, "BLOCK_K": 16, "num_warps": 4, "num_stages": 2})
+
+
+def check_small(device, dtype, names=None) -> None:
+    """The per-token kernels (``kernels.triton.moe_small``, ``fused_experts(small=True)``) == the grouped reference
+    and == the grouped Triton path (``small=False``) at 1-3 tokens: every routing (dropped ids too), V4's clamp, the
+    shared experts appended as ids ``E + j``, uneven tiles; and the policy picks them by token count."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common import moe
+
+    for T, K, E, D, inter in ((1, 6, 16, 64, 48), (3, 4, 8, 40, 24)):
+        g = torch.Generator().manual_seed(T)
+        x = torch.randn(T, D, generator=g).to(dtype).to(device)
+        gate_up = (torch.randn(E, 2 * inter, D, generator=g) * D**-0.5).to(dtype).to(device)
+        down = (torch.randn(E, D, inter, generator=g) * inter**-0.5).to(dtype).to(device)
+        w = torch.rand(T, K, generator=g).to(device)
+        s_gu = (torch.randn(4 * inter, D, generator=g) * D**-0.5).to(dtype).to(device)  # two shared experts
+        s_dn = (torch.randn(D, 2 * inter, generator=g) * (2 * inter) ** -0.5).to(dtype).to(device)
+        for name, ids in routings(T, K, E, g).items():
+            if names is not None and name not in names:
+                continue
+            ids = ids.to(device)
+            drop = name == "drop"
+            rid, rw = _drop_ref(ids, w, E)
+            want = moe.grouped_expert_mlp(x.float(), rid, rw, gate_up.float(), down.float(), _silu_and_mul)
+            for small in (True, False):
+                got = fused_moe.fused_experts(x, ids, w, gate_up, down, may_drop=drop, small=small)
+                assert got.dtype == dtype and got.shape == (T, D), (got.dtype, got.shape)
+                err = _rel_err(got.float(), want)
+                assert err <= TOL[dtype], f"small={small} {name} T={T} {dtype}: rel err {err:.2e}"
+            got = fused_moe.fused_experts(x, ids, w, gate_up, down, limit=0.05, may_drop=drop, small=True)
+            from torchinferno.models.deepseek_v4 import raw_ops as v4_raw
+
+            want_c = v4_raw.clamped_experts(x.float(), rid, rw, gate_up.float(), down.float(), 0.05)
+            assert _rel_err(got.float(), want_c) <= TOL[dtype], f"small clamped {name} T={T}"
+            if drop:
+                continue
+            aw, aid = fused_moe.append_shared(w, ids, E, 2)
+            shared_ref = F.linear(_silu_and_mul(F.linear(x.float(), s_gu.float())), s_dn.float())
+            got = fused_moe.fused_experts(x, aid, aw, gate_up, down, shared=(s_gu, s_dn), small=True)
+            err = _rel_err(got.float(), want + shared_ref)
+            assert err <= TOL[dtype], f"small shared {name} T={T} {dtype}: rel err {err:.2e}"
+        from torchinferno.kernels.triton import moe_small
+
+        ids = torch.randint(0, E, (T, K), generator=g).to(device)
+        want = moe.grouped_expert_mlp(x.float(), ids, w, gate_up.float(), down.float(), _silu_and_mul)
+        got = moe_small.small_m_experts(x, ids, w, gate_up, down, *SMALL_TILES)
+        assert _rel_err(got.float(), want) <= TOL[dtype], f"small tiles T={T}"
+    calls = []
+    real = moe_small.small_m_experts
+    moe_small.small_m_experts = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+    try:
+        with fused_moe.override_policy(small_m_max_tokens=2):
+            for T in (1, 2, 3):
+                ids = torch.randint(0, E, (T, K), generator=g).to(device)
+                fused_moe.fused_experts(x[:1].expand(T, D), ids, w[:1].expand(T, K), gate_up, down)
+    finally:
+        moe_small.small_m_experts = real
+    assert calls == [1, 2], f"policy: per-token kernels taken at {calls} tokens (want 1 and 2)"
 
 
 def check_configs(device, dtype, names=None) -> None:
@@ -216,17 +283,56 @@ def check_shared_model(device, dtype=torch.float32) -> None:
 
     model.family = get_family("deepseek-v3.2")
     blocks = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    from torchinferno.kernels import fused_moe
+
     x = torch.randn(3, model.config.hidden_size, device=device, dtype=dtype)
-    assert blocks and all(moe.fused_shared_count(b, x) == 2 for b in blocks), "fused shared path not taken"
-    fused = _cached_logits(model, device, dtype)
+    assert blocks and all(b.fuse_shared is None for b in blocks)
+    with fused_moe.override_policy(shared_fuse_max_tokens=2):  # both sides of the token threshold
+        assert all(moe.fused_shared_count(b, x[:2]) == 2 and moe.fused_shared_count(b, x) == 0 for b in blocks)
+    with fused_moe.override_policy(shared_fuse_max_tokens=3):
+        assert all(moe.fused_shared_count(b, x) == 2 for b in blocks), "fused shared path not taken"
+    with fused_moe.override_policy(shared_fuse_max_tokens=2):
+        by_policy = _cached_logits(model, device, dtype)  # 6-token prefill apart, 1-token decodes fused
+    for b in blocks:
+        b.fuse_shared = True
+    assert all(moe.fused_shared_count(b, x) == 2 for b in blocks)
+    fused = _cached_logits(model, device, dtype)  # the prefill too
     for b in blocks:
         b.fuse_shared = False
     separate = _cached_logits(model, device, dtype)
     moe.set_moe_backend(model, "torch")
     ref = _cached_logits(model, device, dtype)
-    for name, got in (("fused shared", fused), ("separate shared", separate)):
+    for name, got in (("fused shared", fused), ("separate shared", separate), ("by token threshold", by_policy)):
         err = _rel_err(got, ref)
         assert err <= TOL[dtype], f"{name}: rel err {err:.2e}"
+
+
+def check_block_paths(device, dtype=torch.float32) -> None:
+    """One ``SparseMoE`` block (tiny deepseek-v3.2 config, two shared experts, fused ops) at 1-9 tokens: every path
+    the policy picks (per-token kernels; routing + sort/pad in one launch with the shared experts inside or apart;
+    past the router's one-launch range) == the torch reference block."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common import moe
+    from torchinferno.models.common.layers import SparseMoE
+    from torchinferno.models.deepseek_v32 import fused_ops
+    from torchinferno.models.deepseek_v32.config import tiny_deepseek_v32_config
+    from torchinferno.testing import randomize_
+
+    torch.manual_seed(1)
+    cfg = tiny_deepseek_v32_config(n_shared_experts=2)
+    block = randomize_(SparseMoE(cfg, fused_ops)).to(device=device, dtype=dtype).eval()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad(), fused_moe.override_policy(shared_fuse_max_tokens=3, small_m_max_tokens=1):
+        for T, aligned in ((1, False), (2, True), (3, True), (6, True), (9, True)):
+            x = torch.randn(T, cfg.hidden_size, generator=g).to(dtype).to(device)
+            took = moe.fused_routed_aligned(block, x) is not None
+            assert took == aligned, f"T={T}: one-launch routing + sort/pad taken {took}"
+            got = block(x)
+            moe.set_moe_backend(block, "torch")
+            want = block(x)
+            moe.set_moe_backend(block, "auto")
+            err = _rel_err(got.float(), want.float())
+            assert err <= TOL[dtype], f"block T={T} {dtype}: rel err {err:.2e}"
 
 
 def _cached_logits(model, device, dtype) -> torch.Tensor:  # [9, V] fp32
@@ -267,42 +373,14 @@ def main() -> None:
         cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
         check_shared(cpu, torch.float32, T=9, K=2, E=5, D=40, inter=24, configs=(cfg, cfg))  # masked K tail
         check_shared(cpu, torch.float16, T=5)
+    elif what == "small":
+        check_small(cpu, torch.float32)
+        check_small(cpu, torch.float16, names=("random", "drop"))
     elif what == "model":
+        check_block_paths(cpu)
+        check_block_paths(cpu, torch.float16)
         check_model(cpu)
     print(f"ok {what}")
-
-
-
-ROUTE_CASES = [  # (T, E, top_k, n_group, topk_group, norm, bias, sqrt_softplus)
-    (9, 8, 2, 4, 2, True, True, False), (5, 64, 6, 1, 1, True, False, False), (7, 256, 8, 8, 4, True, True, False),
-    (4, 16, 4, 1, 1, False, True, False), (6, 16, 4, 1, 1, True, True, True), (1, 32, 3, 4, 4, True, True, False)]
-
-
-def check_routing(device) -> None:
-    """The one-launch Triton routing == ``moe.route_sigmoid_grouped`` (V3) / V4's sqrt-softplus router: the same
-    expert set per token and the same weights (fp32 1e-6), compared after sorting each row by expert id."""
-    import torch.nn.functional as F
-
-    from torchinferno.kernels.triton import moe_routing
-    from torchinferno.models.common.moe import route_sigmoid_grouped
-
-    g = torch.Generator().manual_seed(11)
-    for T, E, k, G, TG, norm, has_bias, ssp in ROUTE_CASES:
-        logits = (torch.randn(T, E, generator=g) * 3).to(device)
-        logits[0, :3] = torch.tensor([-30.0, 25.0, -16.0])  # softplus branches
-        bias = (torch.rand(E, generator=g) - 0.5).to(device) if has_bias else None
-        w, ids = moe_routing.route(logits, bias, k, G, TG, norm, 2.5, sqrt_softplus=ssp)
-        if ssp:  # deepseek_v4.model.Router
-            s = F.softplus(logits).sqrt()
-            rid = torch.topk(s + bias, k, dim=-1).indices
-            rw = s.gather(1, rid)
-            rw = rw / (rw.sum(-1, keepdim=True) + 1e-20) * 2.5
-        else:
-            rw, rid = route_sigmoid_grouped(logits, bias, k, G, TG, norm, 2.5)
-        o, ro = ids.sort(-1), rid.sort(-1)
-        assert torch.equal(o.values, ro.values), f"routing ids {T, E, k, G, TG}"
-        got, want = w.gather(1, o.indices), rw.gather(1, ro.indices)
-        assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max()) + 1e-7, f"routing weights {T, E, k}"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 * The Triton GEMMs on Triton's CPU interpreter (a ``TRITON_INTERPRET=1`` subprocess running fused_moe_checks.py):
   fused experts == the grouped reference (fp32 1e-5, fp16 2e-3 relative to the largest output), SwiGLU and V4's
   clamped SwiGLU; tiny deepseek-v3.2 / dsv4 / deepseek-v4 models, fused path == reference path logits.
+* The per-token kernels of one to a few tokens (``kernels.triton.moe_small``: no sort/pad, the top-k sum in the
+  down kernel) == the grouped reference == the grouped Triton path, and the policy's token threshold picks them.
 * Shared experts served by the same two launches (ids ``E + j`` at weight 1) == routed reference + the shared MLP,
   and a tiny model's logits with them fused == the separate shared MLP == the torch reference.
 * On CUDA (skipped without): the same checks in fp32 / bf16, and one MoE layer captured in a CUDA graph and
@@ -79,7 +81,7 @@ def test_config_table_is_read_by_pair_bucket(tmp_path, monkeypatch):
         fused_moe._stored_configs.cache_clear()
 
 
-@pytest.mark.parametrize("check", ["experts", "shared", "model"])
+@pytest.mark.parametrize("check", ["experts", "shared", "small", "model"])
 def test_fused_moe_on_the_triton_interpreter(check, interpreter_check):
     interpreter_check("fused_moe_checks.py", check)
 
@@ -104,6 +106,7 @@ def test_fused_experts_cuda(dtype):
     C.check_shared(dev, dtype)
     C.check_shared(dev, dtype, T=1, K=6, E=64, D=256, inter=128)  # the V2-Lite decode shape, scaled down
     C.check_shared(dev, dtype, T=300, K=6, E=64, D=256, inter=128, n_shared=1)
+    C.check_small(dev, dtype)
 
 
 @cuda
@@ -112,6 +115,7 @@ def test_fused_moe_models_cuda():
     import fused_moe_checks as C
 
     C.check_model(torch.device("cuda"))
+    C.check_block_paths(torch.device("cuda"), torch.bfloat16)
 
 
 @cuda

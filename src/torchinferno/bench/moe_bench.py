@@ -3,6 +3,8 @@
 Two sections, each beside a same-run bound:
 
 * ``layer``: one MoE block (router + routed experts + shared experts) at decode batches (1, 8, 64, 256 tokens)
+  with the path policy's A/Bs beside it (shared experts inside the fused MoE / as their own MLP; up to 8 tokens the
+  per-token kernels vs the grouped GEMMs, whichever the policy did not pick)
   and a prefill of 2048 tokens, at the V2-Lite-like shape and at DeepSeek-V3's (256 experts top-8 in 8 groups
   keeping 4, hidden 7168, one shared expert). Fused: captured in a CUDA graph (which also proves the step has no host sync)
   and replayed; reference: the grouped loop eagerly (it syncs per layer). Bound: bytes actually read (router,
@@ -63,6 +65,7 @@ def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 
                bw: float | None = None, mm: float | None = None, log=print, n_group: int = 1,
                topk_group: int = 1) -> list[dict]:
     """One MoE block: fused (graph-replayed) vs the grouped reference, per token count."""
+    from torchinferno.kernels import fused_moe
     from torchinferno.models.common.layers import SparseMoE
     from torchinferno.models.common.moe import set_moe_backend
     from torchinferno.models.deepseek_v32 import fused_ops
@@ -87,25 +90,39 @@ def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 
             except Exception as e:  # noqa: BLE001 - a capture failure is a finding, reported
                 log(f"  layer M={M}: CUDA graph capture failed ({type(e).__name__}: {e}); timing eagerly")
                 fused_ms, graphed = cuda_time_ms(lambda x=x: moe(x)), False
-            moe.fuse_shared = False  # A/B: the shared experts as their own MLP after the fused routed experts
-            try:
-                sep_ms = _graph_ms(lambda x=x: moe(x)) if graphed else cuda_time_ms(lambda x=x: moe(x))
+            def timed(x=x):
+                return _graph_ms(lambda: moe(x)) if graphed else cuda_time_ms(lambda: moe(x))
+
+            ab = {}
+            try:  # A/Bs of the path policy (kernels.fused_moe.policy): shared experts in / apart, per-token kernels
+                for label, fuse in (("shared_in_ms", True), ("separate_shared_ms", False)):
+                    moe.fuse_shared = fuse
+                    ab[label] = timed()
+                moe.fuse_shared = None
+                if M <= 8:
+                    with fused_moe.override_policy(small_m_max_tokens=0 if M <= fused_moe.policy().small_m_max_tokens
+                                                   else M):
+                        ab["other_small_m_path_ms"] = timed()
             finally:
-                moe.fuse_shared = True
+                moe.fuse_shared = None
+            sep_ms = ab["separate_shared_ms"]
             set_moe_backend(moe, "torch")
             ref = moe(x)
             ref_ms = cuda_time_ms(lambda x=x: moe(x), iters=10)
             set_moe_backend(moe, "auto")
         err = float((want.float() - ref.float()).abs().max() / ref.float().abs().max())
-        row = {"tokens": M, "experts_hit": hit, "fused_ms": fused_ms, "graphed": graphed, "torch_ms": ref_ms,
-               "separate_shared_ms": sep_ms, "rel_err_vs_torch": err, "bytes": nbytes, "flops": flops}
+        small_now = M <= fused_moe.policy().small_m_max_tokens
+        row = {"tokens": M, "experts_hit": hit, "fused_ms": fused_ms, "graphed": graphed, "torch_ms": ref_ms, **ab,
+               "small_m_path": small_now, "rel_err_vs_torch": err, "bytes": nbytes, "flops": flops}
         if bw:
             row["bound_ms"] = nbytes / bw * 1e3
             row["pct_of_bw_bound"] = 100 * row["bound_ms"] / fused_ms
         if mm and M == prefill:
             row["pct_of_matmul_rate"] = 100 * flops / mm / (fused_ms * 1e-3)
-        log(f"  layer M={M:5d}: fused {fused_ms:8.3f} ms{' (graph)' if graphed else ''} (shared apart "
-            f"{sep_ms:.3f})  torch {ref_ms:8.3f} ms  "
+        other = (f" {'grouped' if small_now else 'per-token'} {ab['other_small_m_path_ms']:.3f}"
+                 if "other_small_m_path_ms" in ab else "")
+        log(f"  layer M={M:5d}: fused {fused_ms:8.3f} ms{' (graph)' if graphed else ''} (shared in "
+            f"{ab['shared_in_ms']:.3f} apart {sep_ms:.3f}{other})  torch {ref_ms:8.3f} ms  "
             f"x{ref_ms / fused_ms:5.1f}  hit {hit}/{E}  " + (f"bound {row['bound_ms']:.3f} ms "
                                                           f"({row['pct_of_bw_bound']:.0f}%)  " if bw else "")
             + (f"matmul {row['pct_of_matmul_rate']:.0f}%  " if "pct_of_matmul_rate" in row else "")
@@ -191,6 +208,7 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
     out = {"decode": [], "prefill": None}
     set_moe_backend(model, "auto")
     out["launches_b1"] = step_launches(model, log)
+    out["kernels_b1"] = _kernel_table(_eager_decode_step(model, caches, bs, blocks_per, ctx), "batch-1 eager step", log)
     runner = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=batches)
     runner.capture()  # graphs where the model supports them (paged MLA + fused MoE), else the eager padded path
     out["graphs"] = runner.use_graphs
@@ -248,8 +266,39 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             row["pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_ms"] * 1e-3)
         log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms  torch MoE {row['torch_ms']:.1f} ms  "
             f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained matmul rate")
+        row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
         out["prefill"] = row
     return out
+
+
+def _kernel_table(fn, label: str, log=print) -> dict:
+    """Device time per kernel of one ``fn()`` (torch.profiler; ``gpu_timing.profile_kernels``), logged as the top
+    kernels: where the time goes, for the next fusion."""
+    from torchinferno.bench.gpu_timing import _fmt_profile, profile_kernels
+
+    try:
+        p = profile_kernels(fn, warmup=1)
+    except Exception as e:  # noqa: BLE001 - a diagnostic; report why it is missing
+        log(f"  {label} kernel profile skipped: {type(e).__name__}: {e}")
+        return {"error": f"{type(e).__name__}: {e}"}
+    log(f"  {label} {_fmt_profile(p)}")
+    log("    top: " + "; ".join(f"{n[:60]} {ms:.3f}" for n, ms in p["top"].items()))
+    return p
+
+
+def _eager_decode_step(model, caches, bs: int, blocks_per: int, ctx: int):
+    """A function running one eager batch-1 decode step (model forward + head) over the first sequence's blocks."""
+    from torchinferno.models.common.attention_metadata import build_attention_metadata
+
+    dev = next(model.parameters()).device
+    meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=dev)
+    ids, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
+
+    def step():
+        with torch.no_grad():
+            return model.compute_logits(model(ids, pos, caches, meta))
+
+    return step
 
 
 def step_launches(model, log=print) -> dict:
@@ -310,7 +359,9 @@ def hf_rows(model, batches=(1, 64), ctx: int = 128, new_tokens: int = 8, log=pri
 
 
 def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill: int = 2048, hf: bool = True,
-                  layers: int | None = None, layer_shapes=("v2-lite", "v3"), log=print) -> dict:
+                  layers: int | None = None, layer_shapes=("v2-lite", "v3"), log=print,
+                  layer_batches: tuple[int, ...] | None = None) -> dict:
+    """``layer_batches``: token counts of the layer section (default: ``batches``)."""
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     bw = copy_bandwidth(dev)
@@ -322,7 +373,8 @@ def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill:
         for name in layer_shapes:
             E, k, D, inter, shared, G, TG = LAYER_SHAPES[name]
             log(f"MoE layer {name} (E={E} top-{k}, D={D}, I={inter}, {shared} shared, groups {TG}/{G}; bf16):")
-            rep["layer"][name] = layer_rows(dev, E, k, D, inter, shared, batches, prefill, bw, mm, log, G, TG)
+            rep["layer"][name] = layer_rows(dev, E, k, D, inter, shared, layer_batches or batches, prefill, bw, mm, log,
+                                            G, TG)
             torch.cuda.empty_cache()
     if "model" in sections:
         model = build_v2_lite(dev, layers)

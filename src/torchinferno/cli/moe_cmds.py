@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench-moe", help="fused MoE vs the torch reference on a DeepSeek-V2-Lite-like shape (CUDA)")
     b.add_argument("--sections", nargs="+", default=["layer", "model"], choices=["layer", "model"])
     b.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256], help="decode batch sizes")
+    b.add_argument("--layer-batches", type=int, nargs="+", default=None,
+                   help="token counts of the layer section (default: --batches)")
     b.add_argument("--prefill-tokens", type=int, default=2048)
     b.add_argument("--layers", type=int, default=None, help="model layers (default: the shape's 16)")
     b.add_argument("--layer-shapes", nargs="+", default=["v2-lite", "v3"], choices=["v2-lite", "v3"],
@@ -52,7 +54,7 @@ def cmd_bench_moe(a) -> int:
     from torchinferno.bench.moe_bench import run_bench_moe
 
     rep = run_bench_moe(tuple(a.sections), tuple(a.batches), a.prefill_tokens, not a.no_hf, a.layers,
-                        tuple(a.layer_shapes))
+                        tuple(a.layer_shapes), layer_batches=tuple(a.layer_batches) if a.layer_batches else None)
     if a.json_output:
         with open(a.json_output, "w") as f:
             json.dump(rep, f, indent=1, default=str)

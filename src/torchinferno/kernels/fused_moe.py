@@ -17,11 +17,16 @@ Invariants of :func:`align_pairs` (``P = T * top_k`` pairs, ``pair = token * top
 
 Tile configs are data: :data:`CONFIG_FILE` maps ``"E,N,K,dtype"`` to ``{M-bucket: config}`` (written by
 ``torchinferno tune-moe`` on the GPU); :func:`config_for` falls back to :func:`default_config`. Nothing is tuned on
-the request path.
+the request path. The same file's ``"policy"`` entry (:class:`MoEPolicy`, :func:`policy`) holds the token thresholds
+that pick a path: shared experts inside the fused MoE only up to ``shared_fuse_max_tokens`` tokens (measured on the
+H200: a win at one token, a loss from 8 on, 0.95 vs 0.66 ms at 256), and the per-token kernels
+(``kernels.triton.moe_small``: no sort/pad, the top-k sum in the down kernel) up to ``small_m_max_tokens``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -125,6 +130,53 @@ def _stored_configs() -> dict:
     return json.loads(CONFIG_FILE.read_text())
 
 
+@dataclasses.dataclass(frozen=True)
+class MoEPolicy:
+    """Token thresholds of the fused MoE's paths (the ``"policy"`` entry of :data:`CONFIG_FILE`).
+
+    ``shared_fuse_max_tokens``: a ``SparseMoE`` serves its shared experts inside the fused MoE (ids ``E + j``) for
+    at most this many tokens, as its own MLP above (``models.common.moe.fused_shared_count``).
+    ``small_m_max_tokens``: :func:`fused_experts` takes the per-token kernels for at most this many tokens (every
+    pair reads its expert's weights itself, so past a few tokens the grouped GEMMs read less).
+    ``small_m_tiles``: ``{"gate_up": cfg, "down": cfg}`` tiles of those kernels (``BLOCK_N``, ``BLOCK_K``,
+    ``num_warps``, ``num_stages``; a down ``BLOCK_K`` of at least ``I`` reads a slot's rows as one tile)."""
+
+    shared_fuse_max_tokens: int = 4
+    small_m_max_tokens: int = 1
+    small_m_tiles: dict = dataclasses.field(default_factory=lambda: {
+        "gate_up": {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
+        "down": {"BLOCK_N": 4, "BLOCK_K": 2048, "num_warps": 8, "num_stages": 1}})
+
+
+_POLICY_OVERRIDE: list[MoEPolicy] = []
+_POLICY_CACHE: list[tuple[dict, MoEPolicy]] = []  # (the table it was read from, the policy)
+
+
+def _stored_policy() -> MoEPolicy:
+    table = _stored_configs()
+    if not _POLICY_CACHE or _POLICY_CACHE[0][0] is not table:  # re-read after _stored_configs.cache_clear()
+        raw = table.get("policy") or {}
+        known = {f.name for f in dataclasses.fields(MoEPolicy)}
+        _POLICY_CACHE[:] = [(table, MoEPolicy(**{k: v for k, v in raw.items() if k in known}))]
+    return _POLICY_CACHE[0][1]
+
+
+def policy() -> MoEPolicy:
+    """The path thresholds in force: :func:`override_policy`'s innermost, else the stored ones (defaults when the
+    file has no ``"policy"``)."""
+    return _POLICY_OVERRIDE[-1] if _POLICY_OVERRIDE else _stored_policy()
+
+
+@contextlib.contextmanager
+def override_policy(**changes):
+    """``with override_policy(small_m_max_tokens=0): ...`` (benchmarks' A/Bs and tests; not thread-safe)."""
+    _POLICY_OVERRIDE.append(dataclasses.replace(policy(), **changes))
+    try:
+        yield _POLICY_OVERRIDE[-1]
+    finally:
+        _POLICY_OVERRIDE.pop()
+
+
 def m_bucket(M: int) -> int:
     return next((b for b in M_BUCKETS if b >= M), M_BUCKETS[-1])
 
@@ -143,7 +195,8 @@ def config_for(M: int, E: int, N: int, K: int, dtype: torch.dtype) -> dict:
 
 def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
                   down: torch.Tensor, limit: float | None = None, configs: tuple[dict, dict] | None = None,
-                  may_drop: bool = False, shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                  may_drop: bool = False, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  small: bool | None = None, aligned: tuple | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k], weights [T, k], gate_up [E, 2I, D], down [E, D, I] -> [T, D] in x.dtype.
 
     ``sum_j weights[t, j] * down[e] @ swiglu(gate_up[e] @ x[t])`` with ``e = ids[t, j]``; with ``limit``:
@@ -157,6 +210,13 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
     ones: ids ``E + j`` (``j < ns``) select shared expert ``j`` (:func:`append_shared`; a router appends them
     with weight 1), so ``down_s @ swiglu(gate_up_s @ x)`` = the sum of its ``ns`` width-``I`` slices. Tile configs
     are looked up by the routed ``E``.
+
+    ``aligned``: :func:`align_pairs`'s output for ``ids`` at the gate_up tiles' ``BLOCK_M`` (computed by the routing
+    launch, ``kernels.triton.moe_routing.router_route(align=...)``), so no sort/pad launch here.
+
+    ``small``: the per-token kernels (``kernels.triton.moe_small``: two launches, no sort/pad, the sum over the
+    top-k and the cast inside the down kernel); None: for ``0 < T <= policy().small_m_max_tokens`` when no
+    ``configs`` are given.
     """
     from torchinferno.kernels.triton import fused_moe as tk
 
@@ -165,16 +225,35 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
     P = T * top_k
     s_gu, s_dn = shared if shared is not None else (None, None)
     n_total = E + (0 if s_gu is None else s_gu.shape[0] // two_i)
+    if small is None:
+        small = configs is None and 0 < T <= policy().small_m_max_tokens
+    if small:
+        from torchinferno.kernels.triton import moe_small
+
+        tiles = policy().small_m_tiles
+        return moe_small.small_m_experts(x.contiguous(), ids.contiguous(), weights.float().contiguous(), gate_up,
+                                         down, tiles["gate_up"], tiles["down"], limit, may_drop, shared)
     if configs is None:
-        configs = (config_for(P, E, two_i // 2, D, x.dtype), config_for(P, E, D, two_i // 2, x.dtype))
+        configs = grouped_configs(T, top_k, gate_up, x.dtype)
     x = x.contiguous()
     c1, c2 = configs
-    sp1, be1, n1 = align_pairs(ids, n_total, c1["BLOCK_M"])
+    if aligned is not None:
+        sp1, be1, n1 = aligned
+        assert sp1.numel() == max_padded(P, n_total, c1["BLOCK_M"]), "aligned pairs of another tile size"
+    else:
+        sp1, be1, n1 = align_pairs(ids, n_total, c1["BLOCK_M"])
     act = tk.moe_gate_up(x, gate_up, sp1, be1, n1, top_k, c1, limit, shared_gate_up=s_gu)  # [P, I]
     sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else align_pairs(ids, n_total, c2["BLOCK_M"])
     y = tk.moe_down(act, down, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, zero=may_drop,
                     shared_down=s_dn)  # [P, D]
-    return y.view(T, top_k, D).sum(1).to(x.dtype)
+    return tk.moe_sum(y, top_k, x.dtype)  # [T, D]: the top-k sum and the cast in one launch
+
+
+def grouped_configs(T: int, top_k: int, gate_up: torch.Tensor, dtype: torch.dtype) -> tuple[dict, dict]:
+    """The (gate_up, down) tiles :func:`fused_experts` uses for ``T`` tokens of ``top_k`` slots (routed + shared)."""
+    E, two_i, D = gate_up.shape
+    P = T * top_k
+    return config_for(P, E, two_i // 2, D, dtype), config_for(P, E, D, two_i // 2, dtype)
 
 
 def append_shared(weights: torch.Tensor, ids: torch.Tensor, num_routed: int,

@@ -12,7 +12,8 @@ returns at once; every other program computes one ``[BLOCK_M, BLOCK_N]`` tile of
   (``gate <= limit``, ``|up| <= limit``). Rows are stored at their pair id (unsorted), so the next GEMM reads
   them by pair id.
 * :func:`moe_down` — ``out [P, D] = w[pair] * (act[pair] @ down[e]^T)`` in fp32, the routing weight fused; the
-  caller sums the ``top_k`` rows of each token (a reshape-sum: deterministic, no atomics).
+  caller sums the ``top_k`` rows of each token (:func:`moe_sum`: one launch with the cast; deterministic, no
+  atomics). Batch-1 steps take ``kernels.triton.moe_small`` instead (no sort/pad, the sum inside the down kernel).
 
 Shared experts (``HAS_SHARED``): expert ids ``>= E`` (the routed count) read shared expert ``j = id - E`` as a
 strided slice of the shared MLP's own weights (``S``: gate_up ``[2 ns I, D]``, gate rows ``[jI, (j+1)I)`` and up rows
@@ -112,12 +113,20 @@ def _moe_gemm_kernel(A, B, C, W, S, sorted_pairs, block_expert, num_padded, N, K
 def _align_kernel(IDS, SORTED, BLOCK_EXPERT, NUM_PADDED, P, E, P_MAX, NB, BM: tl.constexpr, E_PAD: tl.constexpr,
                   CHUNK: tl.constexpr):
     # One program: the whole sort/pad of kernels.fused_moe.align_pairs (same outputs, bit for bit) in one launch.
+    _align_body(IDS, SORTED, BLOCK_EXPERT, NUM_PADDED, P, E, P_MAX, NB, BM, E_PAD, CHUNK)
+
+
+@triton.jit
+def _align_body(IDS, SORTED, BLOCK_EXPERT, NUM_PADDED, P, E, P_MAX, NB, BM: tl.constexpr, E_PAD: tl.constexpr,
+                CHUNK: tl.constexpr):
+    """The sort/pad by one program (also run by the last program of ``moe_routing.router_route``; ids read with
+    ``.cg``: other programs of that launch wrote them)."""
     e_idx = tl.arange(0, E_PAD)
     j = tl.arange(0, CHUNK)
     counts = tl.zeros([E_PAD], dtype=tl.int32)
     for c0 in range(0, P, CHUNK):  # pairs per expert
         offs = c0 + j
-        ids = tl.load(IDS + offs, mask=offs < P, other=-1).to(tl.int32)
+        ids = tl.load(IDS + offs, mask=offs < P, other=-1, cache_modifier=".cg").to(tl.int32)
         ids = tl.where((ids >= 0) & (ids < E), ids, E_PAD)  # dropped pairs match no expert
         counts += tl.sum((ids[:, None] == e_idx[None, :]).to(tl.int32), axis=0)
     padded = (counts + BM - 1) // BM * BM
@@ -139,7 +148,7 @@ def _align_kernel(IDS, SORTED, BLOCK_EXPERT, NUM_PADDED, P, E, P_MAX, NB, BM: tl
     cursor = pad_start
     for c0 in range(0, P, CHUNK):  # pair ids into their slots, stable (ascending pair id within an expert)
         offs = c0 + j
-        ids = tl.load(IDS + offs, mask=offs < P, other=-1).to(tl.int32)
+        ids = tl.load(IDS + offs, mask=offs < P, other=-1, cache_modifier=".cg").to(tl.int32)
         ids = tl.where((ids >= 0) & (ids < E), ids, E_PAD)
         hot = ids[:, None] == e_idx[None, :]  # [CHUNK, E_PAD]
         base = tl.sum(tl.where(hot, cursor[None, :], 0), axis=1)
@@ -148,14 +157,45 @@ def _align_kernel(IDS, SORTED, BLOCK_EXPERT, NUM_PADDED, P, E, P_MAX, NB, BM: tl
         cursor += tl.sum(hot.to(tl.int32), axis=0)
 
 
+@triton.jit
+def _moe_sum_kernel(Y, OUT, D, top_k, stride_yp, stride_ot, BLOCK_N: tl.constexpr):
+    # grid (T, cdiv(D, BLOCK_N)): out[t] = sum_j y[t * k + j] (fp32, slot order), rounded once to OUT's dtype
+    t = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok = rn < D
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for j in range(0, top_k):
+        acc += tl.load(Y + (t * top_k + j) * stride_yp + rn, mask=ok, other=0.0)
+    tl.store(OUT + t * stride_ot + rn, acc.to(OUT.dtype.element_ty), mask=ok)
+
+
+def moe_sum(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """y [T * top_k, D] fp32 (moe_down's per-pair rows) -> [T, D] in ``dtype``: the sum over each token's top-k rows
+    and the cast in one launch (``y.view(T, k, D).sum(1).to(dtype)``)."""
+    P, D = y.shape
+    assert y.dtype == torch.float32 and y.stride(1) == 1 and P % max(1, top_k) == 0
+    out = torch.empty((P // max(1, top_k), D), dtype=dtype, device=y.device)
+    if out.numel():
+        bn = min(1024, triton.next_power_of_2(D))
+        _moe_sum_kernel[(out.shape[0], triton.cdiv(D, bn))](y, out, D, top_k, y.stride(0), out.stride(0), BLOCK_N=bn,
+                                                           num_warps=4)
+    return out
+
+
+def align_outputs(num_experts: int, block_m: int, p_max: int, device) -> tuple:
+    """(sorted_pairs [p_max], block_expert [p_max / block_m], num_padded [1]) int32 buffers and the align body's
+    (E_PAD, CHUNK) constants."""
+    e_pad = max(16, 1 << (num_experts - 1).bit_length())
+    chunk = max(16, min(128, 8192 // e_pad))
+    return (torch.empty(p_max, dtype=torch.int32, device=device),
+            torch.empty(p_max // block_m, dtype=torch.int32, device=device),
+            torch.empty(1, dtype=torch.int32, device=device)), (e_pad, chunk)
+
+
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, p_max: int):
     """One-launch version of ``kernels.fused_moe.align_pairs`` (same contract; ``p_max`` its static bound)."""
     P = ids.numel()
-    sorted_pairs = torch.empty(p_max, dtype=torch.int32, device=ids.device)
-    block_expert = torch.empty(p_max // block_m, dtype=torch.int32, device=ids.device)
-    num_padded = torch.empty(1, dtype=torch.int32, device=ids.device)
-    e_pad = max(16, 1 << (num_experts - 1).bit_length())
-    chunk = max(16, min(128, 8192 // e_pad))
+    (sorted_pairs, block_expert, num_padded), (e_pad, chunk) = align_outputs(num_experts, block_m, p_max, ids.device)
     _align_kernel[(1,)](ids.reshape(-1), sorted_pairs, block_expert, num_padded, P, num_experts, p_max,
                         p_max // block_m, BM=block_m, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
     return sorted_pairs, block_expert, num_padded

@@ -1,4 +1,5 @@
-"""DeepSeek MoE routing in one Triton launch: scores, correction bias, group-limited top-k, combine weights.
+"""DeepSeek MoE routing in one Triton launch: scores, correction bias, group-limited top-k, combine weights
+(:func:`route`; :func:`router_route` also computes the router logits from the hidden states in the same launch).
 
 One program per token over its ``E`` router logits (fp32): ``s = sigmoid(logit)`` (V3) or ``sqrt(softplus(logit))``
 (V4); ``choice = s + bias`` steers selection only; with ``n_group > 1`` and ``topk_group < n_group`` a group scores
@@ -14,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.fused_moe import _align_body
+
 
 @triton.jit
 def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constexpr, TOP_K: tl.constexpr,
@@ -21,8 +24,17 @@ def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constex
                   HAS_BIAS: tl.constexpr, NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr, N_SHARED: tl.constexpr,
                   S_PAD: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
+    logit = tl.load(LOGITS + t * stride_l + tl.arange(0, E)).to(tl.float32)
+    _route_row(logit, BIAS, W_OUT, IDS_OUT, t, scaling, E, TOP_K, K_PAD, N_GROUP, PER, TOPK_GROUP, HAS_BIAS, NORM,
+               SQRT_SOFTPLUS, N_SHARED, S_PAD)
+
+
+@triton.jit
+def _route_row(logit, BIAS, W_OUT, IDS_OUT, t, scaling, E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+               N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+               NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr, N_SHARED: tl.constexpr, S_PAD: tl.constexpr):
+    """Token ``t``'s routing from its fp32 logits ``[E]`` (module doc), stored into row ``t`` of the outputs."""
     e = tl.arange(0, E)
-    logit = tl.load(LOGITS + t * stride_l + e).to(tl.float32)
     if SQRT_SOFTPLUS:
         # softplus as torch computes it (x past 20: x); exp(x) where 1 + exp(x) rounds to 1 in fp32
         sp = tl.where(logit < -15.0, tl.exp(logit), tl.log(1.0 + tl.exp(tl.minimum(logit, 20.0))))
@@ -64,6 +76,131 @@ def _route_kernel(LOGITS, BIAS, W_OUT, IDS_OUT, stride_l, scaling, E: tl.constex
         j = tl.arange(0, S_PAD)
         tl.store(W_OUT + row + TOP_K + j, tl.full([S_PAD], 1.0, tl.float32), mask=j < N_SHARED)
         tl.store(IDS_OUT + row + TOP_K + j, (E + j).to(tl.int64), mask=j < N_SHARED)
+
+
+@triton.jit
+def _router_gemv_kernel(X, W, OUT, D, E, stride_xt, stride_w, stride_ot, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid (T, cdiv(E, BLOCK_E)): logits[t, e] = sum_d float(x[t, d]) * float(w[e, d]) in fp32 (x read in its own
+    # dtype: no separate cast launch)
+    t = tl.program_id(0).to(tl.int64)
+    re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    ok_e = re < E
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        kk = k0 + rk
+        ok_k = kk < D
+        xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
+        w = tl.load(W + re.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=ok_e[:, None] & ok_k[None, :], other=0.0)
+        acc += w.to(tl.float32) * xv[None, :]
+    tl.store(OUT + t * stride_ot + re, tl.sum(acc, 1), mask=ok_e)
+
+
+@triton.jit
+def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORTED, BLOCK_EXPERT, NUM_PADDED, D,
+                         stride_xt, stride_w, scaling, E_ALIGN, P_MAX, NB, BLOCK_E: tl.constexpr,
+                         BLOCK_K: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                         N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr, N_SHARED: tl.constexpr, S_PAD: tl.constexpr,
+                         ALIGN: tl.constexpr, BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    # grid (T, E / BLOCK_E): each program writes BLOCK_E fp32 logits of token t (the router GEMV); the last of the
+    # token's programs to finish (counted by an atomic on CNT[t], left zero again) routes the token; with ALIGN the
+    # last token to be routed (CNT_ALL) runs the fused MoE's sort/pad over every token's ids.
+    t = tl.program_id(0).to(tl.int64)
+    re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        kk = k0 + rk
+        ok_k = kk < D
+        xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
+        w = tl.load(WR + re.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=ok_k[None, :], other=0.0)
+        acc += w.to(tl.float32) * xv[None, :]
+    tl.store(LOGITS + t * E + re, tl.sum(acc, 1))
+    tl.debug_barrier()  # every thread's logit stores precede the release below
+    done = tl.atomic_add(CNT + t, 1, sem="acq_rel", scope="gpu")
+    if done == tl.num_programs(1) - 1:
+        logit = tl.load(LOGITS + t * E + tl.arange(0, E), cache_modifier=".cg")  # all programs' logits (acquired)
+        _route_row(logit, BIAS, W_OUT, IDS_OUT, t, scaling, E, TOP_K, K_PAD, N_GROUP, PER, TOPK_GROUP, HAS_BIAS, NORM,
+                   SQRT_SOFTPLUS, N_SHARED, S_PAD)
+        tl.atomic_xchg(CNT + t, 0, sem="relaxed", scope="gpu")  # ready for the next launch (stream-ordered)
+        if ALIGN:
+            tl.debug_barrier()  # this token's id stores precede the release below
+            routed = tl.atomic_add(CNT_ALL, 1, sem="acq_rel", scope="gpu")
+            if routed == tl.num_programs(0) - 1:
+                _align_body(IDS_OUT, SORTED, BLOCK_EXPERT, NUM_PADDED, tl.num_programs(0) * (TOP_K + N_SHARED),
+                            E_ALIGN, P_MAX, NB, BM, E_PAD, CHUNK)
+                tl.atomic_xchg(CNT_ALL, 0, sem="relaxed", scope="gpu")
+
+
+ROUTER_GEMV_MAX_TOKENS = 64  # decode-sized steps: one GEMV launch; larger ones cast x and run cuBLAS's fp32 GEMM
+ROUTE_COUNTERS = 4096  # per device: int32 zeros, one per token of a router_route launch (left zero by every launch)
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def route_counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """The device's counters of :func:`router_route` (``ROUTE_COUNTERS`` per-token ones, then the all-tokens one;
+    zeros, left zero by every launch, so one buffer serves every layer, step and CUDA graph), or None (then the
+    router GEMV and the routing run as two launches) when more than :data:`ROUTE_COUNTERS` tokens come or the
+    first request comes inside a capture."""
+    buf = _counters.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        buf = _counters[device] = torch.zeros(ROUTE_COUNTERS + 1, dtype=torch.int32, device=device)
+    return buf if n <= ROUTE_COUNTERS else None
+
+
+def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int,
+                 topk_group: int, norm: bool, scaling: float, sqrt_softplus: bool = False, n_shared: int = 0,
+                 block_e: int = 4, block_k: int = 512, align: tuple[int, int, int] | None = None) -> tuple | None:
+    """:func:`router_logits` then :func:`route` in ONE launch: x [T, D] (any float dtype), weight [E, D] fp32 ->
+    (weights [T, top_k + n_shared] fp32, ids int64), the same numbers (same GEMV tiles, same routing code). None
+    when the counters are unavailable (:func:`route_counters`); the caller then takes the two launches.
+
+    ``align = (num_experts, block_m, p_max)``: the same launch also sorts/pads the ids for the fused MoE's grouped
+    GEMMs (``kernels.fused_moe.align_pairs`` over ``num_experts`` = routed + shared): returns (weights, ids,
+    sorted_pairs, block_expert, num_padded)."""
+    from torchinferno.kernels.triton.fused_moe import align_outputs
+
+    T, D = x.shape
+    E = weight.shape[0]
+    assert weight.shape[1] == D and weight.stride(1) == 1 and x.stride(1) == 1 and supported(E, n_group)
+    cnt = route_counters(x.device, T)
+    if cnt is None:
+        return None
+    block_e = min(block_e, E)
+    w = torch.empty((T, top_k + n_shared), dtype=torch.float32, device=x.device)
+    ids = torch.empty((T, top_k + n_shared), dtype=torch.int64, device=x.device)
+    if align is not None:
+        assert T > 0, "router_route: the sort/pad needs at least one token"
+        n_align, bm, p_max = align
+        aligned, (e_pad, chunk) = align_outputs(n_align, bm, p_max, x.device)
+    else:  # unused pointers (ALIGN off)
+        n_align, bm, p_max, aligned, (e_pad, chunk) = 1, 16, 16, (cnt, cnt, cnt), (16, 16)
+    if T:
+        logits = torch.empty((T, E), dtype=torch.float32, device=x.device)  # scratch between the token's programs
+        _router_route_kernel[(T, E // block_e)](
+            x, weight, logits, cnt, cnt[ROUTE_COUNTERS:], weight if bias is None else bias.float().contiguous(), w,
+            ids, *aligned, D, x.stride(0), weight.stride(0), float(scaling), n_align, p_max, p_max // bm,
+            BLOCK_E=block_e, BLOCK_K=block_k, E=E, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group,
+            PER=E // n_group, TOPK_GROUP=topk_group, HAS_BIAS=bias is not None, NORM=norm,
+            SQRT_SOFTPLUS=sqrt_softplus, N_SHARED=n_shared, S_PAD=triton.next_power_of_2(max(1, n_shared)),
+            ALIGN=align is not None, BM=bm, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
+    return (w, ids) if align is None else (w, ids, *aligned)
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor, block_e: int = 4, block_k: int = 512) -> torch.Tensor:
+    """x [T, D] (any float dtype), weight [E, D] fp32 -> fp32 logits [T, E] == ``F.linear(x.float(), weight)``
+    in one launch (the cast of x folded into the GEMV)."""
+    T, D = x.shape
+    E = weight.shape[0]
+    assert weight.shape[1] == D and weight.stride(1) == 1 and x.stride(1) == 1
+    out = torch.empty((T, E), dtype=torch.float32, device=x.device)
+    if T:
+        _router_gemv_kernel[(T, triton.cdiv(E, block_e))](x, weight, out, D, E, x.stride(0), weight.stride(0),
+                                                         out.stride(0), BLOCK_E=block_e, BLOCK_K=block_k, num_warps=4)
+    return out
 
 
 def supported(num_experts: int, n_group: int) -> bool:

@@ -75,7 +75,8 @@ class SigmoidRouter(KeepFP32, nn.Module):
     (:class:`KeepFP32`), as transformers' ``_keep_in_fp32_modules_strict`` and DeepSeek keep them.
 
     ``forward(x [T, D]) -> (weights [T, k] fp32, expert ids [T, k])`` via the ops module's ``route``
-    (group-limited when ``n_group > 1``).
+    (group-limited when ``n_group > 1``). Ops modules with ``ROUTER_GEMV`` on CUDA, decode-sized steps: the
+    logits and the routing in one Triton launch (``kernels.triton.moe_routing.router_route``).
     """
 
     def __init__(self, num_experts: int, hidden: int, top_k: int, n_group: int, topk_group: int,
@@ -89,15 +90,59 @@ class SigmoidRouter(KeepFP32, nn.Module):
         self.ops = ops
         self.row_tile: int | None = None  # set by kernels.batch_invariant: the router GEMM on fixed row tiles
 
-    def forward(self, x, n_shared: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None) -> tuple:
         """``n_shared > 0`` (ops modules with ``FUSE_SHARED_EXPERTS`` only): ``[T, k + n_shared]``, the shared
-        experts ``E + j`` appended with weight 1 (``kernels.fused_moe.append_shared``)."""
+        experts ``E + j`` appended with weight 1 (``kernels.fused_moe.append_shared``). ``align`` (only where
+        :meth:`fused_route_applies`): also the fused MoE's sort/pad from the same launch, a 5-tuple
+        (``kernels.triton.moe_routing.router_route``)."""
         from torchinferno.kernels.batch_invariant import tiled_linear
 
-        logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
+        if align is not None:
+            out = self.fused_route(x, n_shared, align)
+            if out is None:
+                raise RuntimeError("SigmoidRouter: align asked where the one-launch routing does not apply")
+            return out
         extra = {"n_shared": n_shared} if n_shared else {}
+        if self._gemv_applies(x):
+            from torchinferno.kernels.triton import moe_routing
+
+            if x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS:
+                out = self.fused_route(x, n_shared)  # logits + routing: one launch
+                if out is not None:
+                    return out
+                logits = moe_routing.router_logits(x, self.weight)  # x's cast folded into one fp32 GEMV launch
+            else:
+                logits = tiled_linear(x.float(), self.weight, None)
+        else:
+            logits = tiled_linear(x.float(), self.weight.float(), self.row_tile)
         return self.ops.route(logits, self.e_score_correction_bias, self.top_k, self.n_group, self.topk_group,
                               self.norm_topk_prob, self.scaling, **extra)
+
+    def _gemv_applies(self, x) -> bool:
+        from torchinferno.kernels import triton as tri
+
+        return (getattr(self.ops, "ROUTER_GEMV", False) and self.row_tile is None and tri.usable(x) and x.dim() == 2
+                and x.stride(1) == 1 and self.weight.dtype == torch.float32 and self.weight.stride(1) == 1)
+
+    def fused_route_applies(self, x) -> bool:
+        """The one-launch logits + routing applies: CUDA, opted in (``ROUTER_GEMV``), 1 to
+        ``ROUTER_GEMV_MAX_TOKENS`` tokens, a supported expert count, the counters available."""
+        from torchinferno.kernels.triton import moe_routing
+
+        return (self._gemv_applies(x) and 0 < x.shape[0] <= moe_routing.ROUTER_GEMV_MAX_TOKENS
+                and moe_routing.supported(self.weight.shape[0], self.n_group)
+                and moe_routing.route_counters(x.device, x.shape[0]) is not None)
+
+    def fused_route(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None) -> tuple | None:
+        """:meth:`forward`'s one-launch logits + routing (``kernels.triton.moe_routing.router_route``; with ``align``
+        also the fused MoE's sort/pad), or None where it does not apply (:meth:`fused_route_applies`)."""
+        from torchinferno.kernels.triton import moe_routing
+
+        if not self.fused_route_applies(x):
+            return None
+        return moe_routing.router_route(x, self.weight, self.e_score_correction_bias, self.top_k, self.n_group,
+                                        self.topk_group, self.norm_topk_prob, self.scaling, n_shared=n_shared,
+                                        align=align)
 
 
 class RoutedExperts(nn.Module):
@@ -139,11 +184,16 @@ class SparseMoE(nn.Module):
         self.experts = RoutedExperts(E, D, I, ops)
         shared = I * cfg.n_shared_experts
         self.shared_experts = GatedMLP(D, shared, ops) if shared else None
-        self.fuse_shared = True  # CUDA + an ops module with FUSE_SHARED_EXPERTS: shared experts inside the fused MoE
+        # shared experts inside the fused MoE (CUDA + an ops module with FUSE_SHARED_EXPERTS): None = up to the
+        # token threshold of kernels.fused_moe.policy(), True = at any token count, False = never
+        self.fuse_shared: bool | None = None
 
     def forward(self, x):
-        from torchinferno.models.common.moe import fused_shared_count, fused_with_shared
+        from torchinferno.models.common.moe import fused_routed_aligned, fused_shared_count, fused_with_shared
 
+        y = fused_routed_aligned(self, x)  # decode-sized grouped steps: routing + sort/pad in one launch
+        if y is not None:
+            return y
         ns = fused_shared_count(self, x)
         if ns:  # routed + shared experts in one fused MoE (two grouped GEMM launches in all)
             weights, ids = self.gate(x, n_shared=ns)

@@ -24,6 +24,9 @@ NAME = "fused"
 PAGED_MLA_DECODE = True
 # SparseMoE's shared experts served by the fused MoE's two launches on CUDA (moe.fused_shared_count)
 FUSE_SHARED_EXPERTS = True
+# SigmoidRouter on a decode-sized step: fp32 logits (x read in its dtype, no cast launch) and the routing in one
+# Triton launch (kernels.triton.moe_routing.router_route)
+ROUTER_GEMV = True
 # MLA latent norm + both ropes + latent cache append as one Triton launch (kernels.triton.mla_prologue)
 FUSED_MLA_PROLOGUE = True
 
@@ -33,6 +36,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 
 mla_expanded_attention = mla_prefill.expanded_attention  # flash-eligible on CUDA (values padded), else the reference
+# prompt chunks over a cached context call mla_expanded_attention(..., None, context_len=ctx): lower-right causal
+# through the flash kernel instead of a [Q, S] boolean mask
+MLA_PREFILL_CONTEXT = True
 mla_absorbed_attention = mla.mla_absorbed_attention
 indexer_scores = mla.indexer_scores
 route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere

@@ -144,6 +144,10 @@ class DeepSeekMLA(MLAProjections):
                 lat = gather_kv(kv_cache[0], bt, slen)[0].to(q_nope.dtype)
                 ik = None if idx is None else gather_kv(kv_cache[1], bt, slen)[0]
             sparse = idx is not None and self.index_topk < slen
+            if ctx and not sparse and getattr(self.ops, "MLA_PREFILL_CONTEXT", False):  # lower-right causal, no mask
+                out[s:e] = self.ops.mla_expanded_attention(q_nope[s:e], q_pe[s:e], lat, self.kv_b_proj.weight,
+                                                           self.scale, None, context_len=ctx)
+                continue
             mask = None
             if ctx or sparse:  # query j (absolute position ctx + j) sees keys 0..ctx+j
                 dev = q_nope.device

@@ -24,6 +24,9 @@ NAME = "fused"
 PAGED_MLA_DECODE = True
 # SparseMoE's shared experts served by the fused MoE's two launches on CUDA (moe.fused_shared_count)
 FUSE_SHARED_EXPERTS = True
+# SigmoidRouter on a decode-sized step: fp32 logits (x read in its dtype, no cast launch) and the routing in one
+# Triton launch (kernels.triton.moe_routing.router_route)
+ROUTER_GEMV = True
 # MLA latent norm + both ropes + latent cache append as one Triton launch (kernels.triton.mla_prologue)
 FUSED_MLA_PROLOGUE = True
 
