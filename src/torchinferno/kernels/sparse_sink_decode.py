@@ -18,10 +18,6 @@ import torch
 
 from torchinferno.kernels import triton as _tri
 
-# Tuned tile configs by key(H, hd, dtype): filled only by ``kernels.v4_artifacts.load`` (prepared offline).
-TUNED: dict[str, dict] = {}
-
-
 def config_key(num_heads: int, head_dim: int, dtype: torch.dtype) -> str:
     return f"H{num_heads}-D{head_dim}-{str(dtype).removeprefix('torch.')}"
 
@@ -45,16 +41,16 @@ def usable(q: torch.Tensor, *caches) -> bool:
 
 
 def sparse_sink_decode(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale: float, use_triton: bool = True,
-                       win_valid=None, ent_valid=None) -> torch.Tensor:
-    """See the module docstring. ``use_triton=False`` forces the reference."""
+                       win_valid=None, ent_valid=None, config: dict | None = None) -> torch.Tensor:
+    """See the module docstring. ``use_triton=False`` forces the reference; ``config``: the kernel's tiles (BLOCK_H,
+    BLOCK_N, num_warps; prepared offline by ``kernels.v4_artifacts``), its defaults when None."""
     win_slots = fold_valid(win_slots, win_valid)
     if ent_slots is not None:
         ent_slots = fold_valid(ent_slots, ent_valid)
     if use_triton and usable(q, kv_cache, ent_cache):
         from torchinferno.kernels.triton import sparse_sink_decode as k
 
-        cfg = TUNED.get(config_key(q.shape[1], q.shape[2], q.dtype))
-        return k.sparse_sink_decode(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale, cfg)
+        return k.sparse_sink_decode(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale, config)
     return reference(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale)
 
 

@@ -15,7 +15,8 @@ A decode step here sees only device tensors and shapes fixed by the batch (``B``
   among ties, invalid ones last and masked), as the eager selection.
 
 Attention itself is :func:`torchinferno.kernels.sparse_sink_decode.sparse_sink_decode` over the two slot sets
-(the Triton kernel on CUDA where the ops module opts in, its torch reference elsewhere). Invariant: the outputs
+(the Triton kernel on CUDA where ``attn.sparse_kernel``, with ``attn.kernel_config`` tiles when prepared artifacts
+were loaded; its torch reference elsewhere). Invariant: the outputs
 equal the eager decode up to summation order (tests/models/test_deepseek_v4_decode.py).
 """
 
@@ -109,7 +110,7 @@ def decode_attention(attn, q: torch.Tensor, q_res: torch.Tensor, h: torch.Tensor
             ent = select_entries(idx, h, q_res, cos_c[t], sin_c[t], gather_rows(caches["ientry"], ent, q.dtype),
                                  visible, ent)
     return ssd.sparse_sink_decode(q, caches["kv"], win, ent_cache, ent, attn.sinks, attn.scale,
-                                  use_triton=bool(getattr(attn.ops, "SPARSE_SINK_DECODE", False)))
+                                  use_triton=attn.sparse_kernel, config=attn.kernel_config)
 
 
 def select_entries(idx, h: torch.Tensor, q_res: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,

@@ -86,6 +86,9 @@ class V4Attention(KeepFP32Tensors, nn.Module):
         self.ops = ops
         # decode-only batches through decode.py (static shapes, no host sync) where the ops module opts in
         self.static_decode = bool(getattr(ops, "STATIC_DECODE", False))
+        # ... with the Triton sparse-sink kernel on CUDA (kernels.v4_artifacts.apply may turn it off / give configs)
+        self.sparse_kernel = bool(getattr(ops, "SPARSE_SINK_DECODE", False))
+        self.kernel_config: dict | None = None
         self.cfg, self.layer_type, self.num_heads, self.head_dim = cfg, layer_type, H, hd
         self.rope_kind = "main" if layer_type == SLIDING else "compress"
         self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
