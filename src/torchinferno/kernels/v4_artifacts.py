@@ -34,7 +34,7 @@ KERNEL = "sparse_sink_decode"
 # the sources whose text is part of the key: the kernel, its dispatch, the decode that builds its inputs
 _SOURCES = ("kernels/triton/sparse_sink_decode.py", "kernels/sparse_sink_decode.py", "models/deepseek_v4/decode.py")
 CANDIDATES = tuple({"BLOCK_H": bh, "BLOCK_N": bn, "num_warps": w}
-                   for bh in (16, 32, 64) for bn in (16, 32, 64) for w in (4, 8))
+                   for bh in (16, 32) for bn in (16, 32, 64) for w in (4, 8))
 
 
 @dataclass(frozen=True)
