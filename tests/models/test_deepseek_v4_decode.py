@@ -110,3 +110,21 @@ def test_reference_attention_masks_and_sinks():
     logits = torch.einsum("hd,kd->hk", q[0], rows) * 0.5
     p = torch.softmax(torch.cat([logits, sinks[:, None]], -1), -1)[:, :-1]
     torch.testing.assert_close(out[0], p @ rows)
+
+
+def test_batch_invariant_keeps_the_per_sequence_decode():
+    """Batch invariance decodes each sequence alone (the eager path), so it declares no capture."""
+    from torchinferno.kernels.batch_invariant import make_batch_invariant
+    from torchinferno.models.deepseek_v4 import decode
+
+    m = randomize_untrained_(DeepSeekV4V1(tiny_deepseek_v4_config()).eval(), seed=3)
+    make_batch_invariant(m)
+    assert not backend_supports_graphs(m)
+    calls = []
+    real = decode.decode_attention
+    decode.decode_attention = lambda *a: calls.append(1) or real(*a)
+    try:
+        run(m, static=True)
+    finally:
+        decode.decode_attention = real
+    assert not calls

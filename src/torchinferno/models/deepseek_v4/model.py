@@ -89,6 +89,7 @@ class V4Attention(KeepFP32Tensors, nn.Module):
         # ... with the Triton sparse-sink kernel on CUDA (kernels.v4_artifacts.apply may turn it off / give configs)
         self.sparse_kernel = bool(getattr(ops, "SPARSE_SINK_DECODE", False))
         self.kernel_config: dict | None = None
+        self.batch_invariant = False  # set by kernels.batch_invariant: decode stays per sequence (the eager path)
         self.cfg, self.layer_type, self.num_heads, self.head_dim = cfg, layer_type, H, hd
         self.rope_kind = "main" if layer_type == SLIDING else "compress"
         self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
@@ -105,7 +106,7 @@ class V4Attention(KeepFP32Tensors, nn.Module):
     @property
     def supports_cuda_graphs(self) -> bool:
         """A decode step reads only device tensors with batch-fixed shapes (``decode.py``): capturable."""
-        return self.static_decode
+        return self.static_decode and not self.batch_invariant
 
     def forward(self, h, positions, rope, kv_cache, meta: AttentionMetadata | None):
         """h [T, D]; rope: dict kind -> (cos, sin) full tables [max_pos, r/2]; -> [T, D]."""
@@ -124,7 +125,7 @@ class V4Attention(KeepFP32Tensors, nn.Module):
         caches = None
         if kv_cache is not None and meta is not None:
             caches = {name: t for (name, _), t in zip(cache_layout(self.cfg, self.layer_type), kv_cache)}
-            if self.static_decode and meta.is_decode and T == len(meta.query_lens_list):
+            if self.static_decode and not self.batch_invariant and meta.is_decode and T == len(meta.query_lens_list):
                 out = decode.decode_attention(self, q, q_res, h, raw, positions, rope, caches, meta)
                 return self._output(out, cos, sin)
             for name, r in raw.items():
