@@ -11,7 +11,9 @@ Cache per layer (``family.kv_spec``), one row per token: ``kv [hd]`` (normed, ro
 their compressor's raw projections ``ckv, cgate [c*hd]`` and ``centry [hd]`` (window w's entry, at the slot of its
 last token (w+1)*m-1); CSA adds the indexer's ``ikv, igate [2*Di]``, ``ientry [Di]``. A forward reads the last
 ``sliding_window - 1`` kv rows, the stored entries, and pools only the windows closing in it, so any chunking /
-prefix hit / preemption equals the full pass.
+prefix hit / preemption equals the full pass. Decode-only batches of an ops module with ``STATIC_DECODE`` (v1) take
+``decode.py`` instead: the same numbers from batch-fixed shapes and device tensors only (CUDA-graph capturable),
+attention through ``kernels.sparse_sink_decode`` (Triton on CUDA).
 """
 
 from __future__ import annotations
