@@ -60,3 +60,29 @@ def test_v4_decodes_from_cuda_graphs():
     got, _ = M.run(model, static=True, mode="runner")
     assert torch.equal(got.argmax(-1), want.argmax(-1))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@cuda
+def test_v4_llm_cuda_graphs_equal_eager():
+    """Through the engine: the graph-replayed static decode (fp32) gives the eager per-sequence decode's tokens."""
+    from torchinferno.core.sampling_params import SamplingParams
+    from torchinferno.engine.llm import LLM
+    from torchinferno.models.deepseek_v4.config import tiny_deepseek_v4_config
+    from torchinferno.models.deepseek_v4.model import V4Attention, randomize_untrained_
+    from torchinferno.models.deepseek_v4.v1 import DeepSeekV4V1
+
+    torch.manual_seed(0)
+    model = randomize_untrained_(DeepSeekV4V1(tiny_deepseek_v4_config()).eval(), seed=3).cuda()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 9, 17, 30)]
+    p = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    kw = dict(block_size=4, num_gpu_blocks=128, max_model_len=128, max_num_seqs=4, enable_prefix_caching=False)
+    llm = LLM(model, **kw)
+    got = [o.token_ids for o in llm.generate(prompts, p, use_tqdm=False)]
+    assert llm.engine.stats().num_graph_steps > 0
+    del llm
+    for a in model.modules():
+        if isinstance(a, V4Attention):
+            a.static_decode = False
+    want = [o.token_ids for o in LLM(model, enforce_eager=True, **kw).generate(prompts, p, use_tqdm=False)]
+    assert got == want
