@@ -106,3 +106,23 @@ def test_llm_loads_artifacts_and_cli_prepares(tmp_path, capsys):
     got = LLM(m, block_size=4, kernel_artifacts=str(tmp_path)).generate([[5, 6, 7, 8, 9]], p, use_tqdm=False)
     assert got[0].token_ids == want and all(a.kernel_config is not None for a in attn_layers(m))
     assert main(["prepare-deepseek-v4-kernels", "debug", str(tmp_path), "--tensor-parallel-sizes", "3"]) == 1
+
+
+def test_serve_spec_loads_or_falls_back(tmp_path, capsys):
+    """``serve --kernel-artifacts DIR``: the flag reaches build_model through the ModelSpec."""
+    import argparse
+
+    from torchinferno.engine.assembly import build_model
+    from torchinferno.server.args import add_server_args, model_spec_from_args
+
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    spec = model_spec_from_args(p.parse_args(["--model-kind", "deepseek-v4", "--device", "cpu", "--dtype", "float32",
+                                              "--kernel-artifacts", str(tmp_path)]))
+    assert spec.kernel_artifacts == str(tmp_path)
+    m = build_model(spec)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no artifact v4k-" in err[0], err
+    assert not any(a.sparse_kernel for a in attn_layers(m))
+    va.prepare(m.config, tmp_path, torch.float32, device="cpu", log=lambda s: None)
+    assert all(a.kernel_config is not None for a in attn_layers(build_model(spec)))
