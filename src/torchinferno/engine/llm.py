@@ -67,9 +67,7 @@ class LLM:
         if kernel_artifacts is not None and isinstance(model, ModelSpec):  # build_model loads them
             model, kernel_artifacts = replace(model, kernel_artifacts=str(kernel_artifacts)), None
         if engine_kwargs.get("tensor_parallel_size", 1) != 1 or engine_kwargs.get("pipeline_parallel_size", 1) != 1:
-            if kernel_artifacts is not None:
-                raise ConfigError("kernel_artifacts with tensor/pipeline parallel: pass a ModelSpec(kernel_artifacts=...)")
-            self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs)
+            self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs, kernel_artifacts)
             return
         if isinstance(model, ModelSpec):
             model = build_model(model)
@@ -97,7 +95,8 @@ class LLM:
             self.engine.warmup()
         self._next_id = 0
 
-    def _init_tensor_parallel(self, model, tokenizer, dtype, device, quantization, engine_kwargs) -> None:
+    def _init_tensor_parallel(self, model, tokenizer, dtype, device, quantization, engine_kwargs,
+                              kernel_artifacts: str | None = None) -> None:
         """``tensor_parallel_size=N``: N worker processes, each building its shard of ``model`` (a checkpoint
         name or directory: ranks read only their slices; or an ``engine.assembly.ModelSpec``, e.g. a tiny random
         model), driven by a ``MultiprocExecutor`` (or, launched by torchrun, this rank's ``TorchrunExecutor``)."""
@@ -109,7 +108,8 @@ class LLM:
         elif isinstance(model, (str, Path)):
             dev = str(device or "cpu")
             dtype = str(dtype or ("bfloat16" if dev.startswith("cuda") else "float32")).replace("torch.", "")
-            spec = ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization, prepack=False)
+            spec = ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization, prepack=False,
+                             kernel_artifacts=None if kernel_artifacts is None else str(kernel_artifacts))
         else:
             raise ConfigError("tensor_parallel_size > 1 needs a checkpoint (name or directory) or a ModelSpec, not a "
                               "built module: each rank loads its own shard")
