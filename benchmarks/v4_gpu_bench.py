@@ -149,7 +149,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stages = (sys.argv[2] if len(sys.argv) > 2 else "kernel,models,artifacts").split(",")
     summary: list[str] = [f"device {torch.cuda.get_device_name()} torch {torch.__version__}"]
+    print(summary[0], flush=True)
     for st in stages:
+        n0 = len(summary)
         try:
             {"models": models, "kernel": kernel, "artifacts": artifacts}[st](out, summary)
         except Exception as e:  # one stage failing must not hide the others' results
@@ -158,7 +160,7 @@ def main() -> None:
             traceback.print_exc()
             summary.append(f"{st}: FAILED {type(e).__name__}: {str(e)[:300]}")
         (out / "summary.txt").write_text("\n".join(summary) + "\n")
-    print("\n".join(summary))
+        print("\n".join(summary[n0:]), flush=True)  # as each stage ends: a timeout keeps what finished
 
 
 if __name__ == "__main__":
