@@ -51,7 +51,7 @@ def _line(name: str) -> str:
     ("TORCHINFERNO_OPENAI_PHASE_TIMINGS", "--phase-timings"),
     ("TORCHINFERNO_OPENAI_AUTO_TORCHRUN", "--tensor-parallel-size"),
     ("TORCHINFERNO_TRITON_RMS_NORM", "no equivalent"),
-    ("TORCHINFERNO_V4_KERNEL_ARTIFACT_DIR", "no equivalent"),
+    ("TORCHINFERNO_V4_KERNEL_ARTIFACT_DIR", "--kernel-artifacts"),
     ("TORCHINFERNO_FROBNICATE", GENERIC),
 ])
 def test_each_knob_names_its_flag_or_says_none(name, needle):

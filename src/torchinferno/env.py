@@ -130,7 +130,9 @@ UNREAD_VARS: tuple[tuple[str, str], ...] = (
     ("TORCHINFERNO_TEMPERATURE_SAMPLE_GATHER*", "no equivalent: sampling runs on one device (no tensor-parallel sampler yet)"),
     ("TORCHINFERNO_OPTIONAL_WARNINGS", "no equivalent: nothing falls back silently; a missing fast path is an error "
                                        "or is chosen by device, not by an optional probe"),
-    ("TORCHINFERNO_V4_KERNEL_ARTIFACT_DIR", "no equivalent: the DeepSeek-V4 TileLang/Marlin kernel provider does not exist here"),
+    ("TORCHINFERNO_V4_KERNEL_ARTIFACT_DIR", "use --kernel-artifacts DIR (serve) or LLM(kernel_artifacts=DIR): the "
+                                            "directory prepare-deepseek-v4-kernels wrote (Triton tiles; there is no "
+                                            "TileLang/Marlin provider)"),
 )
 
 

@@ -168,6 +168,7 @@ def check_prologue(device, dtype, T=5, H=4, dn=16, R=64, r=16, bs=4, fp8_cache: 
 MODEL_CASES = [  # family, size, overrides, modes on CPU (CUDA: module + runner with graphs)
     ("deepseek-v3.2", "debug-v3", {}, ("emulated",)),  # paged MLA decode
     ("dsv4", "debug", {}, ("emulated",)),
+    ("deepseek-v4", "debug", {}, ("emulated",)),  # static-shape decode + sparse-sink kernel (models/deepseek_v4/decode.py)
     # DSA (not declared capturable: its gathered path reads the whole table width), still capture-correct:
     ("deepseek-v3.2", "debug", {}, ("emulated",)),  # contexts 10-11 past its top-8, sparse selection
     ("deepseek-v3.2", "debug", {"index_topk": 16}, ("emulated",)),  # top-k >= the static width: masked dense

@@ -3,7 +3,7 @@ one shared 576-dim latent head) against the torch reference, and DeepSeek models
 
 Interpreter (``TRITON_INTERPRET=1`` subprocess, CPU): the kernel vs ``mla_absorbed_attention`` (fp32 1e-5, fp16),
 ``write_latent`` skipping padded slots; the query placed in the decode query buffer (no concatenation); the fused
-MLA prologue (latent RMSNorm, both ropes, cache append in one launch) == the unfused ops; tiny deepseek-v3 / dsv4 models (fused variant: paged MLA + fused MoE)
+MLA prologue (latent RMSNorm, both ropes, cache append in one launch) == the unfused ops; tiny deepseek-v3 / dsv4 models (fused variant: paged MLA + fused MoE) and deepseek-v4 (static decode + sparse-sink kernel)
 == the v0 reference through ``CudaGraphDecodeRunner``'s padded buckets, and which models declare
 ``supports_cuda_graphs``. On CUDA (skipped without): the same, with the buckets captured as CUDA graphs.
 """

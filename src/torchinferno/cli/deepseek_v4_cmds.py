@@ -7,6 +7,9 @@
 * ``deepseek-v4-audit CKPT``: headers only: every tensor mapped to its internal name, unknown / missing listed.
 * ``deepseek-v4-convert CKPT OUT``: the release layout (FP8/MXFP4) -> HF-layout safetensors, streaming
   (``checkpoint/deepseek_v4_convert.py``).
+* ``prepare-deepseek-v4-kernels MODEL OUT``: the V4 GPU kernels' tile configs, compiled and tuned for the config's
+  shapes, into a content-addressed artifact directory (``kernels/v4_artifacts.py``) that ``serve --kernel-artifacts``
+  and ``LLM(kernel_artifacts=...)`` only load.
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dtype of dequantized FP8/MXFP4 weights (others keep their stored dtype)")
     p.add_argument("--max-shard-size", default="2GB", help="e.g. 500MB, 2GB, or bytes")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("prepare-deepseek-v4-kernels",
+                       help="compile + tune the DeepSeek-V4 GPU kernels for a config into a content-addressed "
+                            "artifact directory (serve --kernel-artifacts loads it)")
+    p.add_argument("model", help="a deepseek_v4 checkpoint directory (its config.json) or a size: "
+                                 "debug, small, deepseek-v4-flash")
+    p.add_argument("out", help="artifact root: OUT/<key>/manifest.json is written")
+    p.add_argument("--tensor-parallel-sizes", default="1", help="comma-separated TP sizes to prepare (e.g. 4,8)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--device", default="auto", help="auto (cuda when present), cuda, cuda:N or cpu (defaults only)")
+    p.add_argument("--no-tune", action="store_true", help="record the default tiles without timing candidates")
+    p.set_defaults(func=cmd_prepare_kernels)
 
 
 def _model(a):
@@ -189,4 +204,35 @@ def cmd_convert(a) -> int:
     print(f"deepseek-v4-convert OK: wrote {rep['output']}: {rep['tensors_written']} tensors ({a.dtype} where "
           f"dequantized), {rep['dequantized']} FP8/MXFP4 dequantized, {len(rep['dropped'])} dropped (MTP); "
           f"report {REPORT_FILE}")
+    return 0
+
+
+def _v4_config(model: str):
+    from torchinferno.models.registry import get_family
+
+    fam = get_family("deepseek-v4")
+    if model in fam.sizes:
+        return fam.size(model)
+    ckpt = Path(model).expanduser()
+    if not (ckpt / "config.json").is_file():
+        raise ConfigError(f"{model!r} is neither a checkpoint directory with config.json nor a size "
+                          f"({', '.join(fam.sizes)})")
+    return fam.config_from_hf(json.loads((ckpt / "config.json").read_text()))
+
+
+def cmd_prepare_kernels(a) -> int:
+    from torchinferno.kernels import v4_artifacts
+
+    try:
+        tps = tuple(int(x) for x in a.tensor_parallel_sizes.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--tensor-parallel-sizes: expected comma-separated integers, got {a.tensor_parallel_sizes!r}") from None
+    if not tps:
+        raise ConfigError("--tensor-parallel-sizes: give at least one size")
+    cfg = _v4_config(a.model)
+    out = v4_artifacts.prepare(cfg, a.out, getattr(torch, a.dtype), tps, a.device, tune=not a.no_tune)
+    man = json.loads((out / v4_artifacts.MANIFEST).read_text())
+    print(f"prepare-deepseek-v4-kernels OK: {out} ({len(man['configs'])} shape(s), "
+          f"{'tuned on ' + man['device'] if man['tuned'] else 'default tiles'}; torch {man['torch']}, "
+          f"triton {man['triton']})")
     return 0

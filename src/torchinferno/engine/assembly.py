@@ -68,6 +68,7 @@ class ModelSpec:
     prepack: bool = True
     cache_dir: str | None = None
     variant: str | None = None
+    kernel_artifacts: str | None = None  # prepare-deepseek-v4-kernels output, only loaded (kernels/v4_artifacts.py)
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.model_kind is None):
@@ -113,6 +114,10 @@ def build_model(spec: ModelSpec) -> nn.Module:
         from torchinferno.kernels.cpu_linear import prepack_linears
 
         prepack_linears(model)  # no-op unless bf16 weights on a CPU with oneDNN bf16
+    if spec.kernel_artifacts is not None:
+        from torchinferno.kernels import v4_artifacts
+
+        v4_artifacts.apply(model, spec.kernel_artifacts)
     return model
 
 

@@ -52,16 +52,23 @@ class LLM:
     ``"byte"``, a path, or ``None`` (the checkpoint's ``tokenizer.json`` if there is one; without a
     tokenizer prompts must be token-id lists and outputs have empty text). Extra keyword arguments are
     ``EngineConfig`` fields; unset ones take the device's defaults (on CUDA the KV pool fills
-    ``gpu_memory_utilization`` of the device).
+    ``gpu_memory_utilization`` of the device). ``kernel_artifacts``: a ``prepare-deepseek-v4-kernels`` directory
+    for a deepseek-v4 model, only loaded (``kernels/v4_artifacts.py``: one notice line and the torch path when it
+    does not fit).
     """
 
     def __init__(self, model: str | nn.Module, tokenizer=None, dtype: str | torch.dtype | None = None,
-                 device: str | torch.device | None = None, quantization: str = "none", **engine_kwargs):
-        if engine_kwargs.get("tensor_parallel_size", 1) != 1 or engine_kwargs.get("pipeline_parallel_size", 1) != 1:
-            self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs)
-            return
+                 device: str | torch.device | None = None, quantization: str = "none",
+                 kernel_artifacts: str | None = None, **engine_kwargs):
+        from dataclasses import replace
+
         from torchinferno.engine.assembly import ModelSpec, build_model
 
+        if kernel_artifacts is not None and isinstance(model, ModelSpec):  # build_model loads them
+            model, kernel_artifacts = replace(model, kernel_artifacts=str(kernel_artifacts)), None
+        if engine_kwargs.get("tensor_parallel_size", 1) != 1 or engine_kwargs.get("pipeline_parallel_size", 1) != 1:
+            self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs, kernel_artifacts)
+            return
         if isinstance(model, ModelSpec):
             model = build_model(model)
         elif isinstance(model, (str, Path)):
@@ -77,6 +84,10 @@ class LLM:
                 model = model.to(device=device, dtype=resolve_dtype(dtype, next(model.parameters()).dtype))
                 if hasattr(model, "init_buffers"):
                     model.init_buffers()
+        if kernel_artifacts is not None:  # only loads: kernels/v4_artifacts.py (one notice line when it cannot)
+            from torchinferno.kernels import v4_artifacts
+
+            v4_artifacts.apply(model, kernel_artifacts)
         self.model = model
         self.tokenizer = _resolve_tokenizer(model, tokenizer)
         self.engine = LLMEngine(model, self.tokenizer, EngineConfig(**engine_kwargs))
@@ -84,7 +95,8 @@ class LLM:
             self.engine.warmup()
         self._next_id = 0
 
-    def _init_tensor_parallel(self, model, tokenizer, dtype, device, quantization, engine_kwargs) -> None:
+    def _init_tensor_parallel(self, model, tokenizer, dtype, device, quantization, engine_kwargs,
+                              kernel_artifacts: str | None = None) -> None:
         """``tensor_parallel_size=N``: N worker processes, each building its shard of ``model`` (a checkpoint
         name or directory: ranks read only their slices; or an ``engine.assembly.ModelSpec``, e.g. a tiny random
         model), driven by a ``MultiprocExecutor`` (or, launched by torchrun, this rank's ``TorchrunExecutor``)."""
@@ -96,7 +108,8 @@ class LLM:
         elif isinstance(model, (str, Path)):
             dev = str(device or "cpu")
             dtype = str(dtype or ("bfloat16" if dev.startswith("cuda") else "float32")).replace("torch.", "")
-            spec = ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization, prepack=False)
+            spec = ModelSpec(model=str(model), device=dev, dtype=dtype, quantization=quantization, prepack=False,
+                             kernel_artifacts=None if kernel_artifacts is None else str(kernel_artifacts))
         else:
             raise ConfigError("tensor_parallel_size > 1 needs a checkpoint (name or directory) or a ModelSpec, not a "
                               "built module: each rank loads its own shard")

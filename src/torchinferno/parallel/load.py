@@ -130,4 +130,9 @@ def build_rank_model(spec, comm: Comm) -> nn.Module:
             return shard_checkpoint(ckpt, rule)
     device = _rank_device(spec.device, comm)
     backend = default_attention_backend(family, config, device)
-    return build_rank(family, config, comm, tensors, device, dtype, spec.variant, backend)
+    model = build_rank(family, config, comm, tensors, device, dtype, spec.variant, backend)
+    if getattr(spec, "kernel_artifacts", None) is not None:  # each rank loads its local-heads shape (one notice each)
+        from torchinferno.kernels import v4_artifacts
+
+        v4_artifacts.apply(model, spec.kernel_artifacts)
+    return model

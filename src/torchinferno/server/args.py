@@ -93,6 +93,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights (for the CPU GEMV kernel)")
     p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
                    help="fp8: FP8-E4M3 weights and per-token activations (W8A8) for every linear but the head")
+    p.add_argument("--kernel-artifacts", default=None, metavar="DIR",
+                   help="deepseek-v4: load the kernel tiles prepare-deepseek-v4-kernels wrote under DIR (never compiles "
+                        "or tunes; a missing / mismatching artifact falls back to torch with one notice line)")
     p.add_argument("--engine-in-process", action="store_true",
                    help="run the engine loop in a thread of the server process instead of its own process "
                         "(debugging and profiling only: HTTP and the engine then share one interpreter)")
@@ -152,7 +155,7 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
               "the scheduler admits waiting requests at every step", file=sys.stderr, flush=True)
     given = args.model or args.model_pos
     common = dict(dtype=args.dtype, device=args.device, quantization=args.quantization, prepack=not args.no_prepack,
-                  cache_dir=args.cache_dir)
+                  cache_dir=args.cache_dir, kernel_artifacts=getattr(args, "kernel_artifacts", None))
     family = _tiny_family(given, args.model_kind)
     if family is not None:
         spec = ModelSpec(model_kind=family, size=args.model_size, **common)

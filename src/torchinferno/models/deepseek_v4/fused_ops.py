@@ -1,6 +1,7 @@
 """Same contract as ``raw_ops``, norms / activation routed to ``torchinferno.kernels``; the clamped experts run the
 fused Triton MoE on CUDA (``kernels.fused_moe.fused_experts`` with the SwiGLU clamp: no host sync) and the
-reference loop elsewhere."""
+reference loop elsewhere. Decode steps take the static-shape path (``decode.py``) with the Triton sparse-sink
+attention on CUDA."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ add_rms_norm = Fused.add_rms_norm
 silu_and_mul = Fused.silu_and_mul
 
 NAME = "fused"
+# decode-only batches through models/deepseek_v4/decode.py: static shapes, no host sync (CUDA-graph capturable)
+STATIC_DECODE = True
+# ... whose attention is the Triton sparse-sink kernel on CUDA (kernels.sparse_sink_decode; the reference elsewhere)
+SPARSE_SINK_DECODE = True
 
 
 def clamped_experts(x, ids, weights, gate_up, down, limit: float) -> torch.Tensor:

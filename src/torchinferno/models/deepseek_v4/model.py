@@ -11,7 +11,9 @@ Cache per layer (``family.kv_spec``), one row per token: ``kv [hd]`` (normed, ro
 their compressor's raw projections ``ckv, cgate [c*hd]`` and ``centry [hd]`` (window w's entry, at the slot of its
 last token (w+1)*m-1); CSA adds the indexer's ``ikv, igate [2*Di]``, ``ientry [Di]``. A forward reads the last
 ``sliding_window - 1`` kv rows, the stored entries, and pools only the windows closing in it, so any chunking /
-prefix hit / preemption equals the full pass.
+prefix hit / preemption equals the full pass. Decode-only batches of an ops module with ``STATIC_DECODE`` (v1) take
+``decode.py`` instead: the same numbers from batch-fixed shapes and device tensors only (CUDA-graph capturable),
+attention through ``kernels.sparse_sink_decode`` (Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from torchinferno.models.common.rope import (
     rope_cos_sin,
     yarn_inv_freq,
 )
-from torchinferno.models.deepseek_v4 import raw_ops
+from torchinferno.models.deepseek_v4 import decode, raw_ops
 from torchinferno.models.deepseek_v4.compressor import (
     Compressor,
     V4RMSNorm,
@@ -80,9 +82,16 @@ class GroupedLinear(nn.Linear):
 class V4Attention(KeepFP32Tensors, nn.Module):
     fp32_tensors = ("sinks",)  # fp32 in a bf16 model, as transformers keeps it
 
-    def __init__(self, cfg: DeepSeekV4Config, layer_type: str):
+    def __init__(self, cfg: DeepSeekV4Config, layer_type: str, ops: ModuleType = raw_ops):
         super().__init__()
         H, hd = cfg.num_attention_heads, cfg.head_dim
+        self.ops = ops
+        # decode-only batches through decode.py (static shapes, no host sync) where the ops module opts in
+        self.static_decode = bool(getattr(ops, "STATIC_DECODE", False))
+        # ... with the Triton sparse-sink kernel on CUDA (kernels.v4_artifacts.apply may turn it off / give configs)
+        self.sparse_kernel = bool(getattr(ops, "SPARSE_SINK_DECODE", False))
+        self.kernel_config: dict | None = None
+        self.batch_invariant = False  # set by kernels.batch_invariant: decode stays per sequence (the eager path)
         self.cfg, self.layer_type, self.num_heads, self.head_dim = cfg, layer_type, H, hd
         self.rope_kind = "main" if layer_type == SLIDING else "compress"
         self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
@@ -95,6 +104,11 @@ class V4Attention(KeepFP32Tensors, nn.Module):
         self.sinks = nn.Parameter(torch.zeros(H, dtype=torch.float32))
         self.compressor = None if layer_type == SLIDING else Compressor(cfg, layer_type)
         self.scale = hd**-0.5
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """A decode step reads only device tensors with batch-fixed shapes (``decode.py``): capturable."""
+        return self.static_decode and not self.batch_invariant
 
     def forward(self, h, positions, rope, kv_cache, meta: AttentionMetadata | None):
         """h [T, D]; rope: dict kind -> (cos, sin) full tables [max_pos, r/2]; -> [T, D]."""
@@ -113,6 +127,9 @@ class V4Attention(KeepFP32Tensors, nn.Module):
         caches = None
         if kv_cache is not None and meta is not None:
             caches = {name: t for (name, _), t in zip(cache_layout(self.cfg, self.layer_type), kv_cache)}
+            if self.static_decode and not self.batch_invariant and meta.is_decode and T == len(meta.query_lens_list):
+                out = decode.decode_attention(self, q, q_res, h, raw, positions, rope, caches, meta)
+                return self._output(out, cos, sin)
             for name, r in raw.items():
                 write_kv(caches[name], r, meta.slot_mapping, meta.has_padding)
         out = q.new_empty(T, H, hd)
@@ -132,8 +149,12 @@ class V4Attention(KeepFP32Tensors, nn.Module):
                     ikeys = seq.entries(comp.indexer, "ikv", "igate", "ientry", cos_c, sin_c)
                     vis = comp.indexer.select(h[s : s + qlen], q_res[s : s + qlen], cos_c[pos], sin_c[pos], ikeys, vis)
             out[s : s + qlen] = self._attend(q[s : s + qlen], positions[s : s + qlen], keys, lo, ent, vis)
-        out = rope_tail(out, cos, -sin)  # undo the rope V picked up (K = V), at the query position
-        grouped = self.o_a_proj(out.reshape(T, self.cfg.o_groups, -1)).flatten(1)
+        return self._output(out, cos, sin)
+
+    def _output(self, out, cos, sin):
+        """out [T, H, hd] -> [T, D]: undo the rope V picked up (K = V) at the query position, grouped low-rank out."""
+        out = rope_tail(out, cos, -sin)
+        grouped = self.o_a_proj(out.reshape(out.shape[0], self.cfg.o_groups, -1)).flatten(1)
         return self.o_b_proj(grouped)
 
     def _attend(self, q, pos, keys, lo: int, ent, vis):
@@ -275,7 +296,7 @@ class V4DecoderLayer(nn.Module):
         args = (cfg.hc_mult, cfg.hidden_size, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_norm_eps)
         self.attn_hc, self.ffn_hc = HyperConnection(*args), HyperConnection(*args)
         self.input_layernorm = V4RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = V4Attention(cfg, cfg.layer_types[i])
+        self.self_attn = V4Attention(cfg, cfg.layer_types[i], ops)
         self.post_attention_layernorm = V4RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = V4MoE(cfg, cfg.mlp_layer_types[i] == "hash_moe", ops)
 

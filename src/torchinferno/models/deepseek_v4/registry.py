@@ -14,7 +14,8 @@ VARIANTS = {
         name="v1", parent="v0", class_path="torchinferno.models.deepseek_v4.v1:DeepSeekV4V1",
         ops_module="torchinferno.models.deepseek_v4.fused_ops", status="validated",
         notes="norms / SwiGLU ops routed to torchinferno.kernels; clamped experts fused on CUDA (kernels.fused_moe); "
-              "attention and compressor still reference",
+              "decode-only steps static-shape (decode.py: no host sync, CUDA-graph capturable) with the Triton "
+              "sparse-sink attention on CUDA (kernels.sparse_sink_decode); prefill attention and compressor reference",
     ),
 }
 VARIANTS.update(parallel_variants(VARIANTS["v0"], "models/deepseek_v4/parallel.py"))  # pipeline stages carry the mHC streams
