@@ -115,7 +115,7 @@ def calibration_from_step_logs(paths: list[str], log=print, weights: str = "sqrt
     metas, steps, its = [], [], []
     for path in paths:
         meta, rows = read_step_log(path)
-        its += iterations_from_step_log(rows)
+        its = iterations_from_step_log(rows, its)
         got = rows_from_step_log(rows)
         log(f"sim-calibrate: {path}: {len(rows)} logged steps -> {len(got)} timed batches")
         metas.append(meta)
