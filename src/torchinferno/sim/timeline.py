@@ -9,8 +9,9 @@ value per name, all >= 0):
   step without CUDA graphs), ``launch_graph`` for a replayed graph (``graphs=True``: pure decode steps);
 * host, applying a result (``update_from_output``, output encoding): ``apply_row * rows`` of the resolved batch;
 * device, a roofline: ``max(weights + kv_token * decode_ctx + kv_padded * decode_rows * longest_ctx,
-  flop_token * tokens) + token * tokens + seq * rows + attn_pair * prefill_pairs / 1e3``
-  (bytes / bandwidth vs flops / rate, plus per-token and per-attention-pair work that neither bound holds).
+  flop_token * tokens) + token * tokens + seq * rows + attn_pair * prefill_pairs / 1e3 + batched * [rows > 1]``
+  (bytes / bandwidth vs flops / rate, plus per-token and per-attention-pair work that neither bound holds;
+  ``batched``: the step of one row has its own fused path on CUDA, so a batch pays a fixed extra).
 
 Order (``Timeline``, one per replica; the same rules in ``timeline_fit``'s replay and in ``SimulatedExecutor``):
 
@@ -36,7 +37,7 @@ from torchinferno.errors import ConfigError
 __all__ = ["DEVICE_PARAMS", "HOST_PARAMS", "PARAMS", "BatchShape", "Timeline", "TimelineModel", "batch_shape"]
 
 HOST_PARAMS = ("host_step", "host_seq", "host_token", "launch_eager", "launch_graph", "apply_row")
-DEVICE_PARAMS = ("weights", "kv_token", "kv_padded", "flop_token", "token", "seq", "attn_pair")
+DEVICE_PARAMS = ("weights", "kv_token", "kv_padded", "flop_token", "token", "seq", "attn_pair", "batched")
 PARAMS = HOST_PARAMS + DEVICE_PARAMS
 
 
@@ -94,7 +95,8 @@ def param_features(shape: BatchShape, graphs: bool) -> tuple[dict, dict, dict, d
 
 
 def extra_features(shape: BatchShape) -> dict:
-    return {"token": float(shape.tokens), "seq": float(shape.seqs), "attn_pair": float(shape.prefill_attn)}
+    return {"token": float(shape.tokens), "seq": float(shape.seqs), "attn_pair": float(shape.prefill_attn),
+            "batched": 1.0 if shape.seqs > 1 else 0.0}
 
 
 @dataclass
@@ -128,7 +130,7 @@ class TimelineModel:
         mem = p["weights"] + p["kv_token"] * shape.decode_ctx + p["kv_padded"] * shape.decode_seqs * shape.decode_ctx_max
         comp = p["flop_token"] * shape.tokens
         dev = (mem if mem > comp else comp) + p["token"] * shape.tokens + p["seq"] * shape.seqs \
-            + p["attn_pair"] * shape.prefill_attn
+            + p["attn_pair"] * shape.prefill_attn + (p["batched"] if shape.seqs > 1 else 0.0)
         return pre, launch, dev, p["apply_row"] * shape.seqs
 
     def step_seconds(self, shape: BatchShape) -> float:
