@@ -143,3 +143,28 @@ def test_fit_from_step_log_rows_and_calibration():
     assert isinstance(Calibration.from_dict(cal.to_dict()).model_for(), TimelineModel)
     with pytest.raises(ConfigError):
         Calibration(cost=CostModel()).model_for("timeline")
+
+
+def test_validate_tiny_cpu_model_with_timeline(tmp_path):
+    """sim-calibrate probes fit a timeline too (a synchronous CPU engine); sim-validate --cost-model timeline runs it
+    against the real engine. No accuracy bound: a shared 2-core host (docs/SIMULATION.md has the figures)."""
+    import json
+
+    from torchinferno.cli.main import main
+
+    cal = tmp_path / "calib.json"
+    base = ["--model-kind", "llama3", "--dtype", "float32", "--threads", "1", "--max-model-len", "128"]
+    assert main(["sim-calibrate", *base, "--context-lens", "16 64", "--batch-sizes", "1 4", "--decode-steps", "6",
+                 "--out", str(cal)]) == 0
+    d = json.loads(cal.read_text())
+    assert d["timeline"]["kind"] == "timeline" and not d["timeline"]["overlap"]
+    v = tmp_path / "v.json"
+    assert main(["sim-validate", *base, "--calibration", str(cal), "--concurrency", "1", "4", "--requests", "6",
+                 "--input-len", "uniform:16:48", "--output-len", "uniform:4:12", "--cost-model", "timeline",
+                 "--json-output", str(v)]) == 0
+    res = json.loads(v.read_text())
+    for lv in res["levels"].values():
+        for f in lv["figures"].values():
+            assert 0 < f["predicted"] < float("inf") and 0 < f["measured"] < float("inf")
+    with pytest.raises(SystemExit):
+        main(["sim-validate", "--bench-results", str(v), "--calibration", str(cal), "--cost-model", "bogus"])
