@@ -41,19 +41,25 @@ def noise_floor(bench_a: list[str], bench_b: list[str]) -> dict:
     return {"levels": levels, **_stats(errs)}
 
 
-def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str) -> dict:
+def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str,
+            api: str = "admission") -> dict:
     from torchinferno.sim.step_log_fit import calibration_from_step_logs
-    from torchinferno.sim.validate import fit_admission, validate_served
+    from torchinferno.sim.validate import fit_admission, fit_api_server, validate_served
 
     t0 = time.perf_counter()
     cal = calibration_from_step_logs([str(steps)], log=lambda *a: None, cost_model=cost_model,
                                      timeline_weights=weights)
     fit_s = time.perf_counter() - t0
-    adm, _ = fit_admission(cal, fit_bench, cost_model=cost_model)
+    if api == "fifo":
+        adm, stream, _ = fit_api_server(cal, fit_bench, cost_model=cost_model)
+        cal.extra["stream_s"] = stream
+    else:
+        adm, _ = fit_admission(cal, fit_bench, cost_model=cost_model)
     cal.extra["admission_s"] = adm
     res = validate_served(cal, pred_bench, log=lambda *a: None, cost_model=cost_model)
     errs = [v["relative_error"] for lv in res["levels"].values() for v in lv["figures"].values()]
-    return {"calibrated_on": str(steps), "fit_seconds": fit_s, "admission_s": adm, "timeline": cal.timeline,
+    return {"calibrated_on": str(steps), "fit_seconds": fit_s, "admission_s": adm,
+            "stream_s": cal.extra.get("stream_s", 0.0), "timeline": cal.timeline,
             "levels": {c: {k: v for k, v in lv.items() if k != "result"} for c, lv in res["levels"].items()},
             **_stats(errs)}
 
@@ -63,13 +69,16 @@ def main(argv=None) -> int:
     p.add_argument("run", help="directory with steps_a/b and bench_a/b_c*.json")
     p.add_argument("--cost-model", default="timeline", choices=["timeline", "linear"])
     p.add_argument("--timeline-weights", default="time", choices=["time", "sqrt", "relative"])
+    p.add_argument("--api", default="fifo", choices=["admission", "fifo"],
+                   help="API server model fitted on the calibration run's results: admission time per request "
+                        "(fitted to p50 TTFT), or one FIFO stage of admissions and streamed tokens (p50 TTFT + TPOT)")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)
     (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
     out = {"run": str(run), "cost_model": a.cost_model, "noise_floor_a_vs_b": noise_floor(ba, bb),
-           "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights),
-           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights)}
+           "api": a.api, "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api),
+           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api)}
     for name in ("noise_floor_a_vs_b", "a_to_b", "b_to_a"):
         r = out[name]
         print(f"{name:<20} mean |error| {r['mean_abs'] * 100:5.1f}%  max {r['max_abs'] * 100:5.1f}%  "

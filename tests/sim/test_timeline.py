@@ -168,3 +168,17 @@ def test_validate_tiny_cpu_model_with_timeline(tmp_path):
             assert 0 < f["predicted"] < float("inf") and 0 < f["measured"] < float("inf")
     with pytest.raises(SystemExit):
         main(["sim-validate", "--bench-results", str(v), "--calibration", str(cal), "--cost-model", "bogus"])
+
+
+def test_api_server_fifo_delays_tokens():
+    """driver.run_workload(stream_s=...): tokens reach the client after the API server streamed them."""
+    def run(stream_s):
+        ex = SimulatedExecutor(CostModel(c0=1.0), EngineConfig(max_num_seqs=8, max_num_batched_tokens=256),
+                               num_blocks=64, device="cpu")
+        reqs = [SimRequest(f"r{i}", 0.0, list(range(1, 9)), 3) for i in range(2)]
+        return run_workload(reqs, [Replica(EngineCore(ex), ex.clock)], stream_s=stream_s).records
+
+    plain, fifo = run(0.0), run(0.25)
+    assert [r.first_s for r in plain] == [1.0, 1.0]
+    assert [r.first_s for r in fifo] == [1.25, 1.5]  # one server: the second request's token waits for the first
+    assert fifo[1].last_s == pytest.approx(3.5)

@@ -125,15 +125,37 @@ def _served_workload(path: str, seed: int) -> tuple[dict, list]:
 
 
 def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
-                    cost_model: str = "auto") -> dict:
+                    cost_model: str = "auto", stream_s: float | None = None) -> dict:
     """The simulator's figures for one bench-serve result ``doc`` and its requests (``_served_workload``), as
     ``driver.summarize`` gives them. ``cost_model``: ``Calibration.model_for``'s choice."""
     cfg, limits = _served_config(calibration)
     sim_ex = SimulatedExecutor(calibration.model_for(cost_model), cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
+    stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
     return run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
-                        max_concurrency=doc.get("max_concurrency"), admission_s=adm).summary()
+                        max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream).summary()
+
+
+def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
+                   cost_model: str = "auto") -> tuple[float, float, float]:
+    """The API server as one FIFO stage (``driver.run_workload``'s ``admission_s`` per request and ``stream_s`` per
+    streamed token) that best predicts the p50 TTFT and p50 TPOT of ``results`` (bench-serve runs of the server
+    whose step log gave ``calibration``): a grid search. Returns ``(admission_s, stream_s, mean |relative error|)``."""
+    work = [_served_workload(p, seed) for p in results]
+    meas = [measured_from_bench(doc) for doc, _ in work]
+
+    def err(a: float, st: float) -> float:
+        e = []
+        for (doc, reqs), m in zip(work, meas):
+            got = simulate_served(calibration, doc, reqs, a, cost_model, st)
+            e += [abs(got[k] - m[k]) / m[k] for k in ("p50_ttft_s", "p50_tpot_s")]
+        return sum(e) / len(e)
+
+    grid_a = [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3]
+    grid_s = [0.0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 120e-6]
+    best = min((err(a, st), a, st) for a in grid_a for st in grid_s)
+    return best[1], best[2], best[0]
 
 
 def fit_admission(calibration: Calibration, results: list[str], seed: int = 0,
