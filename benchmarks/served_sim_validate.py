@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     p.add_argument("--waves", type=int, default=4)
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--skip-analysis", action="store_true",
+                   help="serve and bench only (the fits take minutes of CPU: run sim_offline_validate.py on the files later)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,6 +69,8 @@ def main(argv=None) -> int:
 
     for run in ("a", "b"):
         serve_and_bench(args, run, out)
+    if args.skip_analysis:
+        return 0
     summary = {}
     for cm in ("timeline", "linear"):  # fit on A -> predict B and back, next to the A-vs-B noise floor
         print(f"\n== cost model {cm}", flush=True)
