@@ -1,7 +1,9 @@
 """The simulator against served runs (issue 21), in one command: serve a model twice with ``--step-log`` (runs A
 and B), drive each with ``bench-serve`` at each concurrency, fit a calibration from A's step log
 (``sim-calibrate --from-step-log``, the API server's admission time fitted to A's TTFTs) and predict B's bench-serve results with it (``sim-validate --bench-results``):
-out-of-sample, against what a user measures over HTTP. Also B's own in-sample fit, for comparison.
+out-of-sample, against what a user measures over HTTP; and B -> A, next to the noise floor (A's figures as a
+prediction of B's), for the timeline and the linear cost models (``sim_offline_validate.py``, which re-runs the same
+comparison later from the saved files without a GPU).
 
     PYTHONPATH=src python3 benchmarks/served_sim_validate.py --device cuda --out $OUT/sim21
 """
@@ -55,26 +57,27 @@ def main(argv=None) -> int:
     p.add_argument("--waves", type=int, default=4)
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--skip-analysis", action="store_true",
+                   help="serve and bench only (the fits take minutes of CPU: run sim_offline_validate.py on the files later)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from torchinferno.sim.step_log_fit import calibration_from_step_logs
-    from torchinferno.sim.validate import fit_admission, validate_served
+    import sys
 
-    runs = {run: serve_and_bench(args, run, out) for run in ("a", "b")}
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sim_offline_validate import main as offline
+
+    for run in ("a", "b"):
+        serve_and_bench(args, run, out)
+    if args.skip_analysis:
+        return 0
     summary = {}
-    for name, cal_run, val_run in (("out_of_sample", "a", "b"), ("in_sample", "b", "b")):
-        cal = calibration_from_step_logs([str(out / f"steps_{cal_run}.jsonl")])
-        adm, adm_err = fit_admission(cal, runs[cal_run])
-        cal.extra["admission_s"] = adm
-        print(f"API admission fitted on run {cal_run}: {adm * 1e3:.2f} ms per request (p50 TTFT error {adm_err * 100:.1f}%)")
-        cal.save(out / f"cal_{cal_run}.json")
-        print(f"\n== {name}: calibrated on run {cal_run} ({cal.num_samples} steps, fit error {cal.fit_error * 100:.1f}%), "
-              f"predicting run {val_run}")
-        res = validate_served(cal, runs[val_run])
-        (out / f"validate_{name}.json").write_text(json.dumps(res, indent=2))
-        summary[name] = {"mean": res["mean_abs_relative_error"], "max": res["max_abs_relative_error"]}
-        print(f"{name}: mean |error| {res['mean_abs_relative_error'] * 100:.1f}%, max {res['max_abs_relative_error'] * 100:.1f}%")
+    for cm in ("timeline", "linear"):  # fit on A -> predict B and back, next to the A-vs-B noise floor
+        print(f"\n== cost model {cm}", flush=True)
+        offline([str(out), "--cost-model", cm, "--json-output", str(out / f"offline_{cm}.json")])
+        d = json.loads((out / f"offline_{cm}.json").read_text())
+        summary[cm] = {k: {m: d[k][m] for m in ("mean_abs", "max_abs", "within_10pct")}
+                       for k in ("noise_floor_a_vs_b", "a_to_b", "b_to_a")}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return 0
 

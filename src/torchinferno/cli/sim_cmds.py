@@ -90,11 +90,19 @@ def _cmd_calibrate(a) -> int:
 
         if a.from_steps or a.from_bench_generate:
             raise ConfigError("--from-step-log fits a served engine alone: leave out --from-steps / --from-bench-generate")
-        cal = calibration_from_step_logs(a.from_step_log, weights=a.fit_weights or "sqrt")
-        if a.fit_admission_to:
+        cal = calibration_from_step_logs(a.from_step_log, weights=a.fit_weights or "sqrt", cost_model=a.cost_model)
+        if a.fit_admission_to and a.api_model == "fifo":
+            from torchinferno.sim.validate import fit_api_server
+
+            adm, stream, err = fit_api_server(cal, a.fit_admission_to, a.seed, a.cost_model)
+            cal.extra.update(admission_s=adm, stream_s=stream)
+            cal.extra["admission_fit"] = {"results": list(a.fit_admission_to), "p50_ttft_tpot_error": err}
+            print(f"sim-calibrate: API server {adm * 1e3:.2f} ms per request + {stream * 1e6:.0f} us per streamed token "
+                  f"(p50 TTFT and TPOT of {len(a.fit_admission_to)} bench results within {err * 100:.1f}% on average)")
+        elif a.fit_admission_to:
             from torchinferno.sim.validate import fit_admission
 
-            adm, err = fit_admission(cal, a.fit_admission_to, a.seed)
+            adm, err = fit_admission(cal, a.fit_admission_to, a.seed, a.cost_model)
             cal.extra["admission_s"] = adm
             cal.extra["admission_fit"] = {"results": list(a.fit_admission_to), "p50_ttft_error": err}
             print(f"sim-calibrate: API admission {adm * 1e3:.2f} ms per request (p50 TTFT of "
@@ -113,6 +121,7 @@ def _cmd_calibrate(a) -> int:
         cal = Calibration(cost=cost, num_samples=len(rows), fit_error=err, source=",".join(src),
                           model=a.model or "unknown", device=a.device, threads=a.threads or 0,
                           extra={"async_scheduling": a.async_steps})
+        _add_probe_timeline(cal, rows, a.cost_model, a.async_steps)
     else:
         import torch
 
@@ -121,6 +130,7 @@ def _cmd_calibrate(a) -> int:
                          a.decode_steps, seed=a.seed, clock=a.clock)
         cal, rows = calibrate_model(model, _engine_config(a), grid, weights=a.fit_weights or "relative")
         cal.threads = torch.get_num_threads() if a.device == "cpu" else 0
+        _add_probe_timeline(cal, rows, a.cost_model, bool(cal.extra.get("async_scheduling")))
         if a.steps_out:
             write_steps(rows, a.steps_out)
     cal.save(a.out)
@@ -128,7 +138,26 @@ def _cmd_calibrate(a) -> int:
     terms = ", ".join(f"{k} {v:.3g}" for k, v in c.coef.items() if v)
     print(f"sim-calibrate: {cal.num_samples} steps fitted (mean |error| {cal.fit_error * 100:.1f}%): "
           f"step = {c.c0 * 1e3:.3f} ms + [{terms}] s; knee {c.knee:g} tokens -> {a.out}")
+    if cal.timeline:
+        tl = ", ".join(f"{k} {v * 1e3:.4g} ms" for k, v in cal.timeline["params"].items() if v)
+        print(f"sim-calibrate: timeline (mean |error| {cal.timeline['fit_error'] * 100:.1f}%): {tl}")
     return 0
+
+
+def _add_probe_timeline(cal, rows, choice: str, async_steps: bool) -> None:
+    """Fit the timeline model from synchronous probe rows into ``cal`` (``--cost-model auto|timeline``)."""
+    if choice == "linear":
+        return
+    if async_steps:  # probe rows of an async engine mix two steps per row: only a step log separates them
+        if choice == "timeline":
+            raise ConfigError("--cost-model timeline under async scheduling needs a served step log "
+                              "(serve --step-log, then sim-calibrate --from-step-log)")
+        return
+    from torchinferno.sim.timeline_fit import fit_timeline, iterations_from_probe_rows
+
+    its = iterations_from_probe_rows(rows)
+    tl, err = fit_timeline(its, graphs=False, overlap=False, weights="relative")
+    cal.timeline = {**tl.as_dict(), "fit_error": err, "num_samples": len(its)}
 
 
 def _cmd_validate(a) -> int:
@@ -141,15 +170,18 @@ def _cmd_validate(a) -> int:
 
         if not a.calibration:
             raise ConfigError("--bench-results needs --calibration (sim-calibrate --from-step-log of the served run)")
-        return _report_validation(a, validate_served(Calibration.load(a.calibration), a.bench_results, a.seed))
+        return _report_validation(a, validate_served(Calibration.load(a.calibration), a.bench_results, a.seed,
+                                                     cost_model=a.cost_model))
     model = _load_model(a)
     cfg = _engine_config(a)
     if a.calibration:
         cal = Calibration.load(a.calibration)
     else:
         print("sim-validate: no --calibration: probing the model first")
-        cal, _ = calibrate_model(model, cfg, ProbeGrid(clock=a.clock))
-    vc = ValidateConfig(tuple(a.concurrency), a.requests, a.input_len, a.output_len, a.seed, a.clock)
+        cal, rows = calibrate_model(model, cfg, ProbeGrid(clock=a.clock))
+        _add_probe_timeline(cal, rows, a.cost_model, bool(cal.extra.get("async_scheduling")))
+    vc = ValidateConfig(tuple(a.concurrency), a.requests, a.input_len, a.output_len, a.seed, a.clock,
+                        cost_model=a.cost_model)
     return _report_validation(a, validate(model, cal, cfg, vc))
 
 
@@ -198,6 +230,7 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", default="least_loaded", choices=["round_robin", "least_loaded", "prefix_aware", "cache_aware"])
     p.add_argument("--num-blocks", type=int, default=4096, help="KV blocks per replica")
     p.add_argument("--max-concurrency", type=int, default=None)
+    _cost_model_arg(p)
     _engine_args(p)
 
 
@@ -214,6 +247,7 @@ def _calibration(a):
             a.decode_us_per_token * 1e-6 if a.decode_us_per_token is not None else c.coef["decode_tokens"],
             a.step_us * 1e-6 if a.step_us is not None else 0.0)
         cal.source = "explicit"
+        cal.timeline = None  # explicit per-token costs are a linear model
     if a.kv_bytes_per_token is not None:
         cal.kv_bytes_per_token = a.kv_bytes_per_token
     cal.kv_bytes_per_token = cal.kv_bytes_per_token or 131072
@@ -227,7 +261,8 @@ def _base_spec(a, cal, **kw):
 
     return ClusterSpec(router=a.router, device=cal.device, num_blocks=a.num_blocks, max_model_len=a.max_model_len or 8192,
                        engine=_engine_config(a), tp_link=LinkModel(a.tp_latency_us * 1e-6, a.tp_gbps * 1e9 / 8),
-                       pd_link=LinkModel(a.network_latency_us * 1e-6, a.network_gbps * 1e9 / 8), **kw)
+                       pd_link=LinkModel(a.network_latency_us * 1e-6, a.network_gbps * 1e9 / 8),
+                       cost_model=a.cost_model, **kw)
 
 
 def _row(name: str, s: dict) -> str:
@@ -292,6 +327,12 @@ def _cmd_plan(a) -> int:
     return 0 if best else 1
 
 
+def _cost_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cost-model", default="auto", choices=["auto", "timeline", "linear"],
+                   help="auto: the timeline model (host launch overlapped with device time, sim.timeline) when the "
+                        "calibration has one, else the linear per-step model")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim-calibrate", help="time real engine steps at a grid of shapes; fit the simulator's cost model")
     _model_args(p)
@@ -310,6 +351,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-admission-to", nargs="+", default=None, metavar="JSON",
                    help="with --from-step-log: bench-serve results of the same served run; fit the API server's "
                         "per-request admission time (HTTP, tokenization, the hop to the core) to their p50 TTFT")
+    p.add_argument("--api-model", default="admission", choices=["admission", "fifo"],
+                   help="with --fit-admission-to: admission time only, or one FIFO API stage of admissions and "
+                        "streamed tokens fitted to p50 TTFT and TPOT")
     p.add_argument("--fit-weights", default=None, choices=["relative", "sqrt", "time"],
                    help="how steps count in the fit: relative (each alike; default for probes), sqrt (default for "
                         "--from-step-log), time (long steps count most)")
@@ -318,6 +362,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bench-prompt-tokens", type=int, default=32, help="the bench-generate run's --prompt-tokens")
     p.add_argument("--bench-new-tokens", type=int, default=64, help="the bench-generate run's --new-tokens")
     p.add_argument("--seed", type=int, default=0)
+    _cost_model_arg(p)
     p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("sim-validate", help="real engine vs simulator on the same workload: predicted vs measured")
@@ -332,6 +377,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="validate against served runs instead: bench-serve result files (their lengths, rate and "
                         "concurrency are replayed; --calibration from the server's step log); no model is loaded")
     p.add_argument("--json-output", default=None)
+    _cost_model_arg(p)
     p.set_defaults(func=_cmd_validate)
 
     for name, hlp, fn, reqs, rate in (

@@ -119,6 +119,7 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
         if role is not None and role.handle(msg):
             return True
         if isinstance(msg, EngineCoreRequest):
+            arrivals[0] += 1
             try:
                 core.add_request(msg)
             except Exception:  # validated on the API side; defensively end it instead of dying
@@ -137,6 +138,7 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
             return False
         return True
 
+    arrivals = [0]  # requests received since the last logged step (step log)
     log = None
     if cfg.step_log:
         from torchinferno.engine.step_log import StepLog, step_log_meta
@@ -191,8 +193,10 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
                     core.last_shape = None
                     t0 = clock()
                     outs = core.step()
-                    log.record(t0, clock(), core.last_shape, len(outs), idle, core.last_launched, core.last_resolved)
+                    log.record(t0, clock(), core.last_shape, len(outs), idle, core.last_launched, core.last_resolved,
+                               arrivals[0])
                     idle = 0.0
+                    arrivals[0] = 0
                 stalled = role is not None and not outs and not core.scheduler.running and core._inflight is None
                 outbox.send(enc.encode(EngineCoreOutputs(outs, core.stats().as_list())))
             elif got:

@@ -13,7 +13,9 @@ the file into a calibration. Each further line is one step:
 * the launched batch's shape (``StepShape``): ``seqs`` / ``tokens``, ``decode_seqs`` / ``prefill_tokens``,
   ``decode_ctx`` (KV tokens the decode rows read) / ``decode_ctx_max`` (the longest of them), ``prefill_attn``
   (sum over prefill chunks of ``chunk * (start + chunk / 2)`` / 1e3: query x key pairs), ``running`` / ``waiting``
-  (scheduler queues after scheduling); and ``outputs`` (requests that got tokens back).
+  (scheduler queues after scheduling); ``outputs`` (requests that got tokens back); and ``arrivals`` (new
+  requests the loop received since the previous step: when the API server's admissions reached the core, for
+  replaying them in the simulator).
 
 Written by the engine-core process only when asked for; the hot loop pays one ``perf_counter`` pair, one pass over
 the batch and a buffered write per step.
@@ -74,10 +76,10 @@ class StepLog:
         self._f.write(json.dumps({"meta": {"step_log_version": 2, **(meta or {})}}) + "\n")
 
     def record(self, start: float, end: float, shape: StepShape | None, outputs: int, idle: float = 0.0,
-               step: int | None = None, resolved: int | None = None) -> None:
+               step: int | None = None, resolved: int | None = None, arrivals: int = 0) -> None:
         row = {"t": round(start - self._t0, 6), "dt": round(end - start, 6),
                "gap": None if self._last_end is None else round(start - self._last_end, 6),
-               "idle": round(idle, 6), "step": step, "resolved": resolved, "outputs": outputs}
+               "idle": round(idle, 6), "step": step, "resolved": resolved, "outputs": outputs, "arrivals": arrivals}
         row.update(asdict(shape) if shape is not None else {})
         self._f.write(json.dumps(row) + "\n")
         self._last_end = end

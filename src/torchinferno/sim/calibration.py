@@ -2,6 +2,10 @@
 
 A calibration is valid for one model / dtype / device / thread count; ``kv_bytes_per_token`` (all layers,
 K and V) prices P/D KV transfers and ``hidden_size`` / ``num_layers`` price TP collectives.
+
+``cost`` is the linear per-step model (always present); ``timeline`` optionally holds a ``TimelineModel``'s dict
+(``{"kind": "timeline", ...}``, ``sim.timeline``), fitted from step logs or synchronous probes.
+``model_for(choice)`` picks one: ``auto`` (the timeline when present), ``timeline`` or ``linear``.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ from pathlib import Path
 
 from torchinferno.errors import ConfigError
 from torchinferno.sim.cost_model import CostModel
+from torchinferno.sim.timeline import TimelineModel
 
-__all__ = ["CALIBRATION_VERSION", "Calibration"]
+__all__ = ["CALIBRATION_VERSION", "COST_MODELS", "Calibration"]
+
+COST_MODELS = ("auto", "timeline", "linear")
 
 CALIBRATION_VERSION = 1
 
@@ -34,6 +41,17 @@ class Calibration:
     fit_error: float = 0.0  # mean |relative error| of the fit on its own samples
     source: str = "explicit"
     extra: dict = field(default_factory=dict)
+    timeline: dict | None = None  # TimelineModel.as_dict() (kind "timeline"), or None
+
+    def model_for(self, choice: str = "auto") -> CostModel | TimelineModel:
+        """The cost model to simulate with: ``auto`` = the timeline when the file has one, else the linear one."""
+        if choice not in COST_MODELS:
+            raise ConfigError(f"unknown cost model {choice!r} (valid: {', '.join(COST_MODELS)})")
+        if choice == "linear" or (choice == "auto" and not self.timeline):
+            return self.cost
+        if not self.timeline:
+            raise ConfigError("the calibration has no timeline model: re-fit it with sim-calibrate --cost-model timeline")
+        return TimelineModel.from_dict(self.timeline)
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -40,6 +40,7 @@ class ClusterSpec:
     device: str = "cuda"
     engine: EngineConfig = field(default_factory=EngineConfig)
     tp_efficiency: float = 0.9
+    cost_model: str = "auto"  # Calibration.model_for: auto | timeline | linear
 
     def __post_init__(self) -> None:
         for name in ("replicas", "tp", "num_blocks"):
@@ -58,7 +59,7 @@ class ClusterSpec:
 
 
 def build_replicas(spec: ClusterSpec, cal: Calibration) -> list[Replica]:
-    cost = cal.cost
+    cost = cal.model_for(spec.cost_model)
     if spec.tp > 1:
         if not (cal.hidden_size and cal.num_layers):
             raise ConfigError("TP > 1 needs the calibration's hidden_size and num_layers (sim-calibrate records them)")

@@ -135,13 +135,15 @@ def summarize(records: list[RequestRecord]) -> dict:
 
 def run_workload(requests: list[SimRequest], replicas: list[Replica], router=None, *,
                  max_concurrency: int | None = None, transfer=None, max_steps: int | None = None,
-                 admission_s: float = 0.0) -> RunResult:
+                 admission_s: float = 0.0, stream_s: float = 0.0) -> RunResult:
     """Serve ``requests`` on ``replicas`` (module docstring). ``router(req, candidates) -> Replica`` picks among
     the replicas that take new requests (default: the first). P/D: when some replicas have role ``prefill``,
     a request is prefilled there (one token), then moved to a ``decode`` replica after ``transfer(req)``
     seconds, where its prompt KV costs nothing to compute. ``admission_s``: the API server in front admits one
     request at a time and spends this long on each (HTTP, validation, tokenization, the hop to the core), so a
-    burst of sends reaches the core spread out; 0 = requests reach the core when sent."""
+    burst of sends reaches the core spread out; 0 = requests reach the core when sent. ``stream_s``: the same API
+    server spends this long on each output token it streams back (detokenize, SSE, write); tokens reach the client
+    when it is done with them, and admissions and tokens share its time in arrival order (one FIFO server)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ConfigError(f"max concurrency must be >= 1, got {max_concurrency}")
     entry = [r for r in replicas if r.role in ("both", "prefill")]
@@ -199,12 +201,16 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
             rep.add(rid, req.prompt_token_ids + [tok], req.output_len - 1, t, external=True)
         else:
             now, outs = busy.step()
+            step_end = now
             steps += 1
             if max_steps is not None and steps > max_steps:
                 raise RuntimeError(f"simulation exceeded {max_steps} steps")
             for o in outs:
                 rec = recs[o.request_id]
                 n = len(o.new_token_ids)
+                if stream_s > 0 and n:  # the API server delivers this request's tokens after what it already holds
+                    admit_free = max(admit_free, step_end) + stream_s * n
+                    now = admit_free
                 if n:
                     if rec.num_tokens == 0:
                         rec.first_s = now

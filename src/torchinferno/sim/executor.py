@@ -18,6 +18,7 @@ from torchinferno.engine.executor import Executor
 from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput
 from torchinferno.errors import ConfigError
 from torchinferno.sim.cost_model import CostModel
+from torchinferno.sim.timeline import Timeline, TimelineModel, batch_shape
 
 __all__ = ["DUMMY_TOKEN", "CpuClock", "SimulatedExecutor", "VirtualClock", "WallClock", "make_clock"]
 
@@ -110,14 +111,41 @@ class _Pending:
         return True
 
 
+class _TimedPending:
+    """A launched virtual step under a ``TimelineModel``: the host clock already paid the launch; taking the result
+    waits for the step's device end, then pays its apply time (``timeline.Timeline.resolve``)."""
+
+    __slots__ = ("counted", "device_end", "ex", "out", "shape")
+
+    def __init__(self, ex: SimulatedExecutor, device_end: float, shape, out: ModelRunnerOutput, counted: bool):
+        self.ex, self.device_end, self.shape, self.out, self.counted = ex, device_end, shape, out, counted
+
+    def result(self) -> ModelRunnerOutput:
+        if self.device_end is not None:
+            ex = self.ex
+            t0 = ex.clock.now()
+            ex.clock.advance_to(ex.timeline.resolve(t0, self.device_end, self.shape))
+            ex.busy_s += ex.clock.now() - t0
+            ex._outstanding -= self.counted
+            self.device_end = None
+        return self.out
+
+    def ready(self) -> bool:
+        return True
+
+
 class SimulatedExecutor(Executor):
     """A replica of ``num_blocks`` x ``block_size`` KV tokens whose steps cost ``cost_model`` seconds.
 
     ``external_prefill`` holds request ids whose prompt KV came from elsewhere (P/D decode replicas): their
     prefill rows cost nothing. ``config`` step limits left unset take ``device``'s defaults.
+
+    ``cost_model`` is a ``CostModel`` (a step's whole cost lands when its result is taken) or a ``TimelineModel``
+    (``sim.timeline``: the launch's host time lands at the launch, the result waits for the device's end, so
+    under async scheduling the next step's host work overlaps this step's device work).
     """
 
-    def __init__(self, cost_model: CostModel, config: EngineConfig | None = None, *, num_blocks: int = 4096,
+    def __init__(self, cost_model: CostModel | TimelineModel, config: EngineConfig | None = None, *, num_blocks: int = 4096,
                  max_model_len: int = 4096, device: str = "cpu", clock: VirtualClock | None = None):
         config = replace(config or EngineConfig())
         if config.num_gpu_blocks is not None:
@@ -133,6 +161,7 @@ class SimulatedExecutor(Executor):
             self.config.max_num_batched_tokens = self.max_model_len  # as Worker does: a prompt fits one step
         self.cost_model = cost_model
         self.clock = clock or VirtualClock()
+        self.timeline = Timeline(cost_model) if isinstance(cost_model, TimelineModel) else None
         self.external_prefill: set[str] = set()
         self._forwards = 0
         self._outstanding = 0  # launched steps whose result was not taken yet
@@ -146,6 +175,15 @@ class SimulatedExecutor(Executor):
         drained = bool(self.config.async_scheduling) and self._outstanding == 0  # cost_model: drained_prefill
         counted = bool(sched.scheduled)  # the core takes the result of every step that scheduled something
         self._outstanding += counted
+        if self.timeline is not None:
+            shape = batch_shape(sched, self.external_prefill) if sched.scheduled else None
+            t0 = self.clock.now()
+            self.clock.advance_to(self.timeline.launch(t0, shape))
+            self.busy_s += self.clock.now() - t0
+            if shape is None:
+                self._outstanding -= counted
+                return _Pending(self, None, out)
+            return _TimedPending(self, self.timeline.last_device_end, shape, out, counted)
         return _Pending(self, self.cost_model.step_cost(sched, self.external_prefill, drained), out, counted)
 
     @property

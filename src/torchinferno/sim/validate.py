@@ -40,6 +40,7 @@ class ValidateConfig:
     seed: int = 0
     clock: str = "wall"  # how the real run is timed: "wall" or "cpu" (process CPU time; see executor.CpuClock)
     warmup_requests: int = 8  # untimed requests of the workload's shapes served first (0: none)
+    cost_model: str = "auto"  # Calibration.model_for: auto (timeline when the calibration has one) | timeline | linear
 
 
 def compare(predicted: dict, measured: dict) -> dict:
@@ -69,7 +70,7 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
         t0 = time.perf_counter()
         measured = run_workload(reqs, [Replica(real, make_clock(vc.clock), "real")], max_concurrency=c).summary()
         wall_real = time.perf_counter() - t0
-        sim_ex = SimulatedExecutor(calibration.cost, real_ex.config, num_blocks=real_ex.num_blocks,
+        sim_ex = SimulatedExecutor(calibration.model_for(vc.cost_model), real_ex.config, num_blocks=real_ex.num_blocks,
                                    max_model_len=real_ex.max_model_len, device=str(real_ex.device))
         t0 = time.perf_counter()
         predicted = run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")], max_concurrency=c).summary()
@@ -123,18 +124,42 @@ def _served_workload(path: str, seed: int) -> tuple[dict, list]:
     return _load_result(path), load_trace(path, seed=seed)
 
 
-def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None) -> dict:
+def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
+                    cost_model: str = "auto", stream_s: float | None = None) -> dict:
     """The simulator's figures for one bench-serve result ``doc`` and its requests (``_served_workload``), as
-    ``driver.summarize`` gives them."""
+    ``driver.summarize`` gives them. ``cost_model``: ``Calibration.model_for``'s choice."""
     cfg, limits = _served_config(calibration)
-    sim_ex = SimulatedExecutor(calibration.cost, cfg, num_blocks=int(limits["num_blocks"]),
+    sim_ex = SimulatedExecutor(calibration.model_for(cost_model), cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
+    stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
     return run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
-                        max_concurrency=doc.get("max_concurrency"), admission_s=adm).summary()
+                        max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream).summary()
 
 
-def fit_admission(calibration: Calibration, results: list[str], seed: int = 0) -> tuple[float, float]:
+def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
+                   cost_model: str = "auto") -> tuple[float, float, float]:
+    """The API server as one FIFO stage (``driver.run_workload``'s ``admission_s`` per request and ``stream_s`` per
+    streamed token) that best predicts the p50 TTFT and p50 TPOT of ``results`` (bench-serve runs of the server
+    whose step log gave ``calibration``): a grid search. Returns ``(admission_s, stream_s, mean |relative error|)``."""
+    work = [_served_workload(p, seed) for p in results]
+    meas = [measured_from_bench(doc) for doc, _ in work]
+
+    def err(a: float, st: float) -> float:
+        e = []
+        for (doc, reqs), m in zip(work, meas):
+            got = simulate_served(calibration, doc, reqs, a, cost_model, st)
+            e += [abs(got[k] - m[k]) / m[k] for k in ("p50_ttft_s", "p50_tpot_s")]
+        return sum(e) / len(e)
+
+    grid_a = [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3]
+    grid_s = [0.0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 120e-6]
+    best = min((err(a, st), a, st) for a in grid_a for st in grid_s)
+    return best[1], best[2], best[0]
+
+
+def fit_admission(calibration: Calibration, results: list[str], seed: int = 0,
+                  cost_model: str = "auto") -> tuple[float, float]:
     """The API server's per-request admission time (``driver.run_workload``'s ``admission_s``) that best predicts
     the p50 TTFT of ``results`` (bench-serve runs of the server whose step log gave ``calibration``): a grid over
     0-20 ms refined around its best point. Returns ``(seconds, mean |relative error| of p50 TTFT)``."""
@@ -142,7 +167,7 @@ def fit_admission(calibration: Calibration, results: list[str], seed: int = 0) -
     measured = [measured_from_bench(doc)["p50_ttft_s"] for doc, _ in work]
 
     def err(a: float) -> float:
-        pred = [simulate_served(calibration, doc, reqs, a)["p50_ttft_s"] for doc, reqs in work]
+        pred = [simulate_served(calibration, doc, reqs, a, cost_model)["p50_ttft_s"] for doc, reqs in work]
         return sum(abs(x - m) / m for x, m in zip(pred, measured)) / len(measured)
 
     grid = [0.0, 0.1e-3, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3, 4e-3, 6e-3, 8e-3, 12e-3, 20e-3]
@@ -156,7 +181,8 @@ def fit_admission(calibration: Calibration, results: list[str], seed: int = 0) -
     return best, best_e
 
 
-def validate_served(calibration: Calibration, results: list[str], seed: int = 0, log=print) -> dict:
+def validate_served(calibration: Calibration, results: list[str], seed: int = 0, log=print,
+                    cost_model: str = "auto") -> dict:
     """The simulator against served runs: each of ``results`` is a bench-serve result JSON (its requests'
     lengths, rate, burstiness and concurrency cap are replayed through the simulator, ``sim.traffic.load_trace``)
     and ``calibration`` must carry the served engine's limits (``sim-calibrate --from-step-log`` records them) and
@@ -168,7 +194,7 @@ def validate_served(calibration: Calibration, results: list[str], seed: int = 0,
         measured = measured_from_bench(doc)
         cap = doc.get("max_concurrency")
         t0 = time.perf_counter()
-        predicted = simulate_served(calibration, doc, reqs)
+        predicted = simulate_served(calibration, doc, reqs, cost_model=cost_model)
         n = len(reqs)
         wall_sim = time.perf_counter() - t0
         figs = compare(predicted, measured)
@@ -180,4 +206,5 @@ def validate_served(calibration: Calibration, results: list[str], seed: int = 0,
                 f"error {v['relative_error'] * 100:+6.1f}%")
     errs = [abs(v["relative_error"]) for lv in levels.values() for v in lv["figures"].values()]
     return {"calibration": calibration.to_dict(), "engine": "served (bench-serve results)", "levels": levels,
+            "cost_model": type(calibration.model_for(cost_model)).__name__,
             "max_abs_relative_error": max(errs), "mean_abs_relative_error": sum(errs) / len(errs)}

@@ -1,0 +1,96 @@
+"""Offline check of the simulator on recorded served runs (issue 21): fit on run A's step log, predict run B's
+bench-serve results (and B -> A), next to the noise floor (A's measured figures as a "prediction" of B's).
+No GPU and no model: everything comes from the files of a run directory (``steps_{a,b}.jsonl[.gz]``,
+``bench_{a,b}_c{C}.json``), e.g. ``benchmarks/results/run37``.
+
+    PYTHONPATH=src python3 benchmarks/sim_offline_validate.py benchmarks/results/run37 --json-output out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from pathlib import Path
+
+FIGS = ("output_throughput", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
+
+
+def _files(run: Path, name: str) -> tuple[Path, list[str]]:
+    steps = next(p for p in (run / f"steps_{name}.jsonl.gz", run / f"steps_{name}.jsonl") if p.exists())
+    bench = sorted((str(p) for p in run.glob(f"bench_{name}_c*.json")),
+                   key=lambda p: int(re.search(r"_c(\d+)\.json$", p).group(1)))
+    return steps, bench
+
+
+def _stats(errs: list[float]) -> dict:
+    a = [abs(e) for e in errs]
+    return {"mean_abs": sum(a) / len(a), "max_abs": max(a), "within_10pct": sum(x <= 0.10 for x in a), "figures": len(a)}
+
+
+def noise_floor(bench_a: list[str], bench_b: list[str]) -> dict:
+    from torchinferno.sim.validate import measured_from_bench
+
+    errs, levels = [], {}
+    for pa, pb in zip(bench_a, bench_b):
+        ma, mb = (measured_from_bench(json.loads(Path(p).read_text())) for p in (pa, pb))
+        e = {k: (ma[k] - mb[k]) / mb[k] for k in FIGS}
+        levels[Path(pb).stem] = e
+        errs += e.values()
+    return {"levels": levels, **_stats(errs)}
+
+
+def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str,
+            api: str = "admission") -> dict:
+    from torchinferno.sim.step_log_fit import calibration_from_step_logs
+    from torchinferno.sim.validate import fit_admission, fit_api_server, validate_served
+
+    t0 = time.perf_counter()
+    cal = calibration_from_step_logs([str(steps)], log=lambda *a: None, cost_model=cost_model,
+                                     timeline_weights=weights)
+    fit_s = time.perf_counter() - t0
+    if api == "fifo":
+        adm, stream, _ = fit_api_server(cal, fit_bench, cost_model=cost_model)
+        cal.extra["stream_s"] = stream
+    else:
+        adm, _ = fit_admission(cal, fit_bench, cost_model=cost_model)
+    cal.extra["admission_s"] = adm
+    res = validate_served(cal, pred_bench, log=lambda *a: None, cost_model=cost_model)
+    errs = [v["relative_error"] for lv in res["levels"].values() for v in lv["figures"].values()]
+    return {"calibrated_on": str(steps), "fit_seconds": fit_s, "admission_s": adm,
+            "stream_s": cal.extra.get("stream_s", 0.0), "timeline": cal.timeline,
+            "levels": {c: {k: v for k, v in lv.items() if k != "result"} for c, lv in res["levels"].items()},
+            **_stats(errs)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run", help="directory with steps_a/b and bench_a/b_c*.json")
+    p.add_argument("--cost-model", default="timeline", choices=["timeline", "linear"])
+    p.add_argument("--timeline-weights", default="time", choices=["time", "sqrt", "relative"])
+    p.add_argument("--api", default="fifo", choices=["admission", "fifo"],
+                   help="API server model fitted on the calibration run's results: admission time per request "
+                        "(fitted to p50 TTFT), or one FIFO stage of admissions and streamed tokens (p50 TTFT + TPOT)")
+    p.add_argument("--json-output", default=None)
+    a = p.parse_args(argv)
+    run = Path(a.run)
+    (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
+    out = {"run": str(run), "cost_model": a.cost_model, "noise_floor_a_vs_b": noise_floor(ba, bb),
+           "api": a.api, "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api),
+           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api)}
+    for name in ("noise_floor_a_vs_b", "a_to_b", "b_to_a"):
+        r = out[name]
+        print(f"{name:<20} mean |error| {r['mean_abs'] * 100:5.1f}%  max {r['max_abs'] * 100:5.1f}%  "
+              f"within 10%: {r['within_10pct']}/{r['figures']}")
+    for name in ("a_to_b", "b_to_a"):
+        for c, lv in out[name]["levels"].items():
+            print(f"  {name} C={c:>4}: " + "  ".join(f"{k} {v['relative_error'] * 100:+5.1f}%"
+                                                    for k, v in lv["figures"].items()))
+    if a.json_output:
+        Path(a.json_output).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,184 @@
+"""The timeline cost model (sim.timeline): overlap semantics, the simulated executor under it, and the fit
+(sim.timeline_fit) recovering known parameters from synthetic step logs."""
+
+import random
+
+import pytest
+
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.core import EngineCore
+from torchinferno.errors import ConfigError
+from torchinferno.sim.calibration import Calibration
+from torchinferno.sim.cost_model import CostModel
+from torchinferno.sim.driver import Replica, run_workload
+from torchinferno.sim.executor import SimulatedExecutor
+from torchinferno.sim.timeline import BatchShape, Timeline, TimelineModel
+from torchinferno.sim.timeline_fit import Iteration, fit_timeline, iterations_from_step_log, replay_periods
+from torchinferno.sim.traffic import SimRequest
+
+MS = 1e-3
+GPU = dict(host_step=0.3 * MS, host_seq=0.004 * MS, host_token=0.002 * MS, launch_eager=12 * MS,
+           launch_graph=0.2 * MS, apply_row=0.01 * MS, weights=4 * MS, kv_token=2e-5 * MS,
+           flop_token=0.02 * MS, token=0.001 * MS, attn_pair=0.03 * MS)
+
+
+def dec(rows, ctx):
+    return BatchShape(rows, rows, rows, 0, rows * ctx, ctx, 0.0)
+
+
+def pre(tokens, rows=1, decode_rows=0, ctx=0):
+    return BatchShape(rows + decode_rows, tokens + decode_rows, decode_rows, tokens, decode_rows * ctx, ctx,
+                      tokens * tokens / rows * 0.5e-3)
+
+
+def test_parts_and_roofline():
+    m = TimelineModel(GPU, graphs=True, overlap=True)
+    p, launch, d, a = m.parts(dec(1, 100))
+    assert launch == GPU["launch_graph"] and a == pytest.approx(0.01 * MS)
+    assert d == pytest.approx(4 * MS + 100 * 2e-5 * MS + 0.001 * MS)  # memory-bound
+    _, launch, d, _ = m.parts(pre(1000))
+    assert launch == GPU["launch_eager"]
+    assert d == pytest.approx(1000 * 0.02 * MS + 1000 * 0.001 * MS + 500 * 0.03 * MS)  # compute-bound: 20 > 4 ms
+    with pytest.raises(ConfigError):
+        TimelineModel({"bogus": 1.0})
+    assert TimelineModel.from_dict(m.as_dict()).params == m.params
+
+
+def test_overlap_order():
+    """Async order by hand: step 2's launch runs on the host while step 1's device work runs."""
+    m = TimelineModel(dict(host_step=1.0, launch_graph=1.0, launch_eager=3.0, weights=10.0, apply_row=0.5),
+                      graphs=True, overlap=True)
+    t = Timeline(m)
+    s1 = dec(1, 10)
+    end1 = t.launch(0.0, s1)  # host 0 -> 2; graph: device 2 -> 12
+    assert (end1, t.last_device_end) == (2.0, 12.0)
+    d1 = t.last_device_end
+    end2 = t.launch(end1, s1)  # host 2 -> 4 (overlaps step 1's device); device waits for step 1: 12 -> 22
+    assert (end2, t.last_device_end) == (4.0, 22.0)
+    assert t.resolve(end2, d1, s1) == 12.5  # waits for step 1's device, then applies one row
+    e = t.launch(12.5, pre(4))  # eager: kernels run from max(device free 22, 12.5 + 1) = 22 -> 32
+    assert (e, t.last_device_end) == (16.5, 32.0)
+    # no overlap (a CPU): the host does the device work; sync period = sum of the parts
+    cpu = TimelineModel(dict(host_step=1.0, launch_eager=3.0, weights=10.0, apply_row=0.5))
+    assert cpu.step_seconds(dec(2, 5)) == pytest.approx(1 + 3 + 10 + 1.0)
+
+
+def _serve(model, async_scheduling, n_out=6):
+    cfg = EngineConfig(async_scheduling=async_scheduling, max_num_seqs=8, max_num_batched_tokens=64)
+    ex = SimulatedExecutor(model, cfg, num_blocks=64, device="cpu")
+    reqs = [SimRequest("r0", 0.0, list(range(1, 17)), n_out)]
+    res = run_workload(reqs, [Replica(EngineCore(ex), ex.clock)])
+    return res.records[0]
+
+
+def test_executor_sync_and_async():
+    m = TimelineModel(dict(host_step=1.0, launch_graph=1.0, launch_eager=5.0, weights=10.0, apply_row=0.5),
+                      graphs=True, overlap=True)
+    r = _serve(m, False)
+    # sync: prefill = 1 + 5 (host) + device 10 (eager, from t=1, ends >= 6) -> 11, + apply 0.5
+    assert r.first_s == pytest.approx(11.5)
+    assert (r.last_s - r.first_s) / 5 == pytest.approx(1 + 1 + 10 + 0.5)  # graph decode: launch then device
+    a = _serve(m, True)
+    # async: the prefill's result is taken by the next step, whose launch (2 s) overlaps the prefill's device
+    assert a.first_s == pytest.approx(11.5)
+    assert (a.last_s - a.first_s) / 5 == pytest.approx(10.0)  # device-bound: decode launches hide behind it
+    lin = _serve(CostModel(c0=1.0), False)  # the linear model still runs
+    assert lin.first_s == pytest.approx(1.0)
+
+
+def _synthetic(model: TimelineModel, seed: int = 0) -> list[Iteration]:
+    """An async engine's loop under ``model``: bursts of prefills among decode batches of 1-256 rows, idle gaps
+    between bursts (drained launches), loop overhead before steps."""
+    rng = random.Random(seed)
+    t = Timeline(model)
+    its, now, step, prev = [], 0.0, 0, None
+    for _burst in range(24):
+        now += rng.uniform(0.05, 0.2)  # idle: nothing in flight
+        rows = rng.choice([1, 2, 4, 8, 16, 32, 64, 128, 256])
+        shapes = [pre(rng.randrange(16, 4096), rows=rng.randrange(1, 32), decode_rows=rng.randrange(0, rows),
+                      ctx=rng.randrange(16, 512))]
+        shapes += [dec(rows, rng.randrange(16, 2048)) for _ in range(rng.randrange(3, 12))]
+        if rng.random() < 0.5:
+            shapes.insert(3, pre(rng.randrange(16, 2048), rows=rng.randrange(1, 8), decode_rows=rows, ctx=300))
+        for shape in [*shapes, None]:
+            start = now
+            end = t.launch(start, shape) if shape is not None else start + model.params["host_step"]
+            launched = None
+            if shape is not None:
+                step += 1
+                launched = (0, step)
+                dev_end = t.last_device_end
+            if prev is not None:
+                end = t.resolve(end, prev[1], prev[2])
+            its.append(Iteration(start, end, launched, shape, prev[0] if prev else None))
+            prev = (launched, dev_end, shape) if shape is not None else None
+            now = end + rng.uniform(0, 0.05) * MS
+    return its
+
+
+def test_fit_recovers_synthetic_parameters():
+    truth = TimelineModel(GPU, graphs=True, overlap=True, async_scheduling=True)
+    its = _synthetic(truth)
+    got, err = fit_timeline(its, graphs=True, overlap=True, weights="time")
+    assert err < 0.02
+    pred, true = replay_periods(its, got), replay_periods(its, truth)
+    assert all(abs(p - q) <= 0.02 * q for p, q in zip(pred, true))
+    for k in ("launch_eager", "weights", "flop_token", "attn_pair"):  # what sets TTFT and TPOT
+        assert got.params[k] == pytest.approx(GPU[k], rel=0.02), k
+
+
+def test_fit_from_step_log_rows_and_calibration():
+    """Step-log rows -> iterations (busy gap counts, idle does not); two logs do not share a device."""
+    rows = [{"t": 1.0, "dt": 0.02, "gap": None, "idle": 0.0, "step": 1, "resolved": None, "seqs": 1, "tokens": 64,
+             "decode_seqs": 0, "prefill_tokens": 64, "prefill_attn": 2.048},
+            {"t": 1.021, "dt": 0.004, "gap": 0.001, "idle": 0.0, "step": 2, "resolved": 1, "seqs": 1, "tokens": 1,
+             "decode_seqs": 1, "prefill_tokens": 0, "decode_ctx": 65, "decode_ctx_max": 65},
+            {"t": 1.03, "dt": 0.004, "gap": 0.005, "idle": 0.004, "step": None, "resolved": 2}]
+    its = iterations_from_step_log(rows)
+    assert its[1].start == pytest.approx(1.02) and its[2].start == pytest.approx(1.029)
+    both = iterations_from_step_log(rows, its)
+    assert len(both) == 6 and both[3].start > its[-1].end and both[3].launched != its[0].launched
+    cal = Calibration(cost=CostModel(c0=1.0), timeline=TimelineModel(GPU).as_dict())
+    assert isinstance(cal.model_for("auto"), TimelineModel) and isinstance(cal.model_for("linear"), CostModel)
+    assert isinstance(Calibration.from_dict(cal.to_dict()).model_for(), TimelineModel)
+    with pytest.raises(ConfigError):
+        Calibration(cost=CostModel()).model_for("timeline")
+
+
+def test_validate_tiny_cpu_model_with_timeline(tmp_path):
+    """sim-calibrate probes fit a timeline too (a synchronous CPU engine); sim-validate --cost-model timeline runs it
+    against the real engine. No accuracy bound: a shared 2-core host (docs/SIMULATION.md has the figures)."""
+    import json
+
+    from torchinferno.cli.main import main
+
+    cal = tmp_path / "calib.json"
+    base = ["--model-kind", "llama3", "--dtype", "float32", "--threads", "1", "--max-model-len", "128"]
+    assert main(["sim-calibrate", *base, "--context-lens", "16 64", "--batch-sizes", "1 4", "--decode-steps", "6",
+                 "--out", str(cal)]) == 0
+    d = json.loads(cal.read_text())
+    assert d["timeline"]["kind"] == "timeline" and not d["timeline"]["overlap"]
+    v = tmp_path / "v.json"
+    assert main(["sim-validate", *base, "--calibration", str(cal), "--concurrency", "1", "4", "--requests", "6",
+                 "--input-len", "uniform:16:48", "--output-len", "uniform:4:12", "--cost-model", "timeline",
+                 "--json-output", str(v)]) == 0
+    res = json.loads(v.read_text())
+    for lv in res["levels"].values():
+        for f in lv["figures"].values():
+            assert 0 < f["predicted"] < float("inf") and 0 < f["measured"] < float("inf")
+    with pytest.raises(SystemExit):
+        main(["sim-validate", "--bench-results", str(v), "--calibration", str(cal), "--cost-model", "bogus"])
+
+
+def test_api_server_fifo_delays_tokens():
+    """driver.run_workload(stream_s=...): tokens reach the client after the API server streamed them."""
+    def run(stream_s):
+        ex = SimulatedExecutor(CostModel(c0=1.0), EngineConfig(max_num_seqs=8, max_num_batched_tokens=256),
+                               num_blocks=64, device="cpu")
+        reqs = [SimRequest(f"r{i}", 0.0, list(range(1, 9)), 3) for i in range(2)]
+        return run_workload(reqs, [Replica(EngineCore(ex), ex.clock)], stream_s=stream_s).records
+
+    plain, fifo = run(0.0), run(0.25)
+    assert [r.first_s for r in plain] == [1.0, 1.0]
+    assert [r.first_s for r in fifo] == [1.25, 1.5]  # one server: the second request's token waits for the first
+    assert fifo[1].last_s == pytest.approx(3.5)
