@@ -104,29 +104,33 @@ class _Backend:
 
             self.model, self.tokenizer, self.vocab = None, ByteTokenizer(), 256
         elif cfg.ranks > 1:
-            from torchinferno.engine.assembly import DEFAULT_MODEL, ModelSpec, tokenizer_spec
+            from torchinferno.engine.assembly import tokenizer_spec
             from torchinferno.parallel.checks import check_spec
             from torchinferno.text.tokenizer import load_tokenizer
 
-            self.spec = (ModelSpec(model_kind=cfg.model_kind, dtype=cfg.dtype, device=cfg.device)
-                         if cfg.model_kind and not cfg.model else
-                         ModelSpec(model=cfg.model or DEFAULT_MODEL, dtype=cfg.dtype, device=cfg.device))
+            self.spec = self._model_spec()
             check_spec(self.spec, cfg.ranks, "pipeline" if cfg.pipeline_parallel_size > 1 else "tensor")
             self.model, self.vocab = None, None  # the ranks build their shards; vocab from the first engine
             ckpt = None if self.spec.model_kind else self.spec.checkpoint_dir()
             self.tokenizer = load_tokenizer(tokenizer_spec(self.spec, None, ckpt))
         else:
-            from torchinferno.engine.assembly import DEFAULT_MODEL, ModelSpec, build_model, tokenizer_spec
+            from torchinferno.engine.assembly import build_model, tokenizer_spec
             from torchinferno.text.tokenizer import load_tokenizer
 
-            if cfg.model_kind and not cfg.model:
-                spec = ModelSpec(model_kind=cfg.model_kind, dtype=cfg.dtype, device=cfg.device)
-            else:
-                spec = ModelSpec(model=cfg.model or DEFAULT_MODEL, dtype=cfg.dtype, device=cfg.device)
+            spec = self._model_spec()
             self.model = build_model(spec)
             self.tokenizer = load_tokenizer(tokenizer_spec(spec, None, getattr(self.model, "checkpoint_dir", None)))
             self.vocab = min(self.model.config.vocab_size, 10000)
             self.max_model_len = min(self.max_model_len, self.model.config.max_position_embeddings)
+
+    def _model_spec(self):
+        """--model-kind (a tiny random model) unless --model names a checkpoint (default: the zoo's default)."""
+        from torchinferno.engine.assembly import DEFAULT_MODEL, ModelSpec
+
+        cfg = self.cfg
+        if cfg.model_kind and not cfg.model:
+            return ModelSpec(model_kind=cfg.model_kind, dtype=cfg.dtype, device=cfg.device)
+        return ModelSpec(model=cfg.model or DEFAULT_MODEL, dtype=cfg.dtype, device=cfg.device)
 
     def engine(self):
         n = max(self.cfg.concurrency, 1)
