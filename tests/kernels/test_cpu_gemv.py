@@ -143,7 +143,9 @@ def test_bad_kernel_name_lists_valid_values():
 
 @pytest.mark.skipif(not can_prepack(torch.bfloat16), reason="oneDNN bf16 not supported on this CPU")
 def test_unavailable_kernel(monkeypatch):
-    monkeypatch.setattr(cpu_gemv, "_state", {"lib": None, "reason": "CPU lacks avx512_bf16"})
+    from torchinferno.kernels.native_lib import NativeLibrary
+
+    monkeypatch.setattr(cpu_gemv, "_LIB", NativeLibrary.unavailable(cpu_gemv._LIB.spec, "CPU lacks avx512_bf16"))
     w = torch.randn(32, 16).to(torch.bfloat16)
     assert PackedLinear(w).kernel == "onednn"  # auto falls back
     with pytest.raises(ConfigError, match="avx512bf16 is unavailable here .CPU lacks avx512_bf16"):

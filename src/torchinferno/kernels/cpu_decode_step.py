@@ -19,17 +19,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from torchinferno.kernels import cpu_gemv, cpu_qgemv
-
-log = logging.getLogger(__name__)
+from torchinferno.kernels import cpu_gemv, cpu_qgemv, native_lib
 
 SOURCE = Path(__file__).with_name("cpu_decode_step.c")
 INCLUDED = (cpu_gemv.SOURCE, cpu_qgemv.SOURCE)
@@ -38,7 +34,6 @@ MAX_HEAD_DIM = 512
 LIN_BF16, LIN_Q4, LIN_Q8 = 0, 4, 8
 
 STEPS = ("native", "python")  # bench-generate's --cpu-step
-_state: dict[str, object] = {}
 _default_step = ["native"]  # what a lean CPU step built without an explicit choice uses; set by use_step()
 
 
@@ -91,35 +86,19 @@ def _cflags() -> list[str]:
 
 def load() -> ctypes._CFuncPtr | None:
     """The step's entry point, built on first use; ``None`` when unavailable (never raises)."""
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
-    fn = None
-    ok, reason = cpu_gemv.cpu_supported(tuple(dict.fromkeys(cpu_gemv.CPU_FLAGS + cpu_qgemv.CPU_FLAGS)))
-    compiler = shutil.which("gcc")
-    if ok and compiler is None:
-        ok, reason = False, "no gcc on PATH"
-    if ok:
-        try:
-            from torchinferno.env import read_env
-
-            path, _ = cpu_gemv.build(read_env().cache_dir, compiler, SOURCE, _cflags())
-            lib = ctypes.CDLL(str(path))  # after `import torch`: binds libgomp.so.1 to torch's copy
-            if lib.ti_decode_step_abi_version() != ABI_VERSION:
-                raise RuntimeError(f"{path.name}: ABI {lib.ti_decode_step_abi_version()} != {ABI_VERSION}")
-            fn = lib.ti_decode_step
-            fn.argtypes = [ctypes.POINTER(_Step)]
-            fn.restype = ctypes.c_int
-        except Exception as e:  # noqa: BLE001  # any build/load failure: the Python lean step runs
-            fn, reason = None, f"{type(e).__name__}: {e}"
-    if fn is None:
-        log.debug("native CPU decode step unavailable: %s", reason)
-    _state["lib"], _state["reason"] = fn, reason
-    return fn
+    return _LIB.load()
 
 
 def unavailable_reason() -> str:
     """Why :func:`load` returned ``None`` ("" if it did not, or was not called)."""
-    return str(_state.get("reason", ""))
+    return _LIB.unavailable_reason()
+
+
+_LIB = native_lib.NativeLibrary(native_lib.NativeSpec(
+    what="native CPU decode step (the Python lean step runs)", source=SOURCE, cflags=_cflags,
+    cpu_flags=tuple(dict.fromkeys(cpu_gemv.CPU_FLAGS + cpu_qgemv.CPU_FLAGS)),
+    abi_symbol="ti_decode_step_abi_version", abi_version=ABI_VERSION, entry="ti_decode_step",
+    argtypes=[ctypes.POINTER(_Step)], restype=ctypes.c_int))
 
 
 def linear_spec(mod) -> tuple[int, torch.Tensor, torch.Tensor | None, int, int] | None:

@@ -25,18 +25,12 @@ added in fp32, rounded to bf16 once, independent of M, of the other rows and of 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-log = logging.getLogger(__name__)
+from torchinferno.kernels import native_lib
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
 CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC"]
@@ -45,93 +39,25 @@ ABI_VERSION = 2
 
 Gemv = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] bf16 -> y [M, N] bf16
 
-_state: dict[str, object] = {}  # "lib": ctypes function or None, "reason": why None
-
 
 def cpu_supported(needed: tuple[str, ...] = CPU_FLAGS) -> tuple[bool, str]:
-    """(True, "") when /proc/cpuinfo lists every flag the kernel's instructions need (``needed``)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError as e:
-        return False, f"cannot read /proc/cpuinfo ({e.strerror})"
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    missing = [f for f in needed if f not in flags]
-    return (not missing, f"CPU lacks {', '.join(missing)}" if missing else "")
-
-
-def library_path(cache_dir: Path, compiler: str, source: Path = SOURCE, cflags: list[str] = CFLAGS) -> Path:
-    """Where the build for this source, these flags and this compiler version lives."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    h = hashlib.sha256(source.read_bytes())
-    h.update(" ".join(cflags).encode())
-    h.update(version.encode())
-    return cache_dir / "kernels" / f"{source.stem}-{h.hexdigest()[:16]}.so"
+    """(True, "") when /proc/cpuinfo lists every flag ``needed`` (default: this kernel's)."""
+    return native_lib.cpu_supported(needed)
 
 
 def build(cache_dir: Path, compiler: str = "gcc", source: Path = SOURCE, cflags: list[str] = CFLAGS) -> tuple[Path, bool]:
-    """(path of the built .so, whether this call compiled it); reuses an existing build.
-
-    ``source``/``cflags``: another kernel file of this directory (``cpu_qgemv.c``) built the same way."""
-    path = library_path(cache_dir, compiler, source, cflags)
-    if path.exists():
-        return path, False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.stem + ".", suffix=".tmp.so", dir=path.parent)
-    os.close(fd)
-    try:
-        res = subprocess.run([compiler, *cflags, "-o", tmp, str(source)], check=False, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {res.stderr.strip()[-500:]}")
-        os.replace(tmp, path)  # atomic: readers see no file or a whole one
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path, True
-
-
-def _open(path: Path) -> ctypes._CFuncPtr:
-    lib = ctypes.CDLL(str(path))  # after `import torch`: binds libgomp.so.1 to torch's copy
-    if lib.ti_gemv_abi_version() != ABI_VERSION:
-        raise RuntimeError(f"{path.name}: ABI {lib.ti_gemv_abi_version()} != {ABI_VERSION}")
-    fn = lib.ti_gemv_bf16
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    # x, ldx, wp, bias, y, ldy, M, N, K, out_fp32, nthreads
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, ctypes.c_int, ctypes.c_int]
-    fn.restype = None
-    return fn
+    """(path of the built .so, whether this call compiled it); reuses an existing build (``native_lib.build``)."""
+    return native_lib.build(cache_dir, compiler, source, cflags)
 
 
 def load() -> ctypes._CFuncPtr | None:
     """The kernel's entry point, built on first use; ``None`` when unavailable (never raises)."""
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
-    fn, reason = None, ""
-    ok, reason = cpu_supported()
-    compiler = shutil.which("gcc")
-    if ok and compiler is None:
-        ok, reason = False, "no gcc on PATH"
-    if ok:
-        try:
-            from torchinferno.env import read_env
-
-            path, _ = build(read_env().cache_dir, compiler)
-            fn = _open(path)
-            _self_test(fn)
-        except Exception as e:  # any build/load failure means: keep oneDNN
-            fn, reason = None, f"{type(e).__name__}: {e}"
-    if fn is None:
-        log.debug("avx512bf16 GEMV unavailable, using oneDNN: %s", reason)
-    _state["lib"], _state["reason"] = fn, reason
-    return fn
+    return _LIB.load()
 
 
 def unavailable_reason() -> str:
     """Why :func:`load` returned ``None`` ("" if it did not, or was not called)."""
-    return str(_state.get("reason", ""))
+    return _LIB.unavailable_reason()
 
 
 GROUP = 64  # output rows per packed group (the .c file's NBLK * 16)
@@ -185,3 +111,12 @@ def _self_test(fn: ctypes._CFuncPtr) -> None:
     ref = x.float() @ w.float().T
     if not torch.allclose(y, ref, atol=5e-2, rtol=2e-2):
         raise RuntimeError(f"self-test mismatch (max err {(y - ref).abs().max().item():.3g})")
+
+
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_LIB = native_lib.NativeLibrary(native_lib.NativeSpec(
+    what="avx512bf16 GEMV (oneDNN is used instead)", source=SOURCE, cflags=CFLAGS, cpu_flags=CPU_FLAGS,
+    abi_symbol="ti_gemv_abi_version", abi_version=ABI_VERSION, entry="ti_gemv_bf16",
+    # x, ldx, wp, bias, y, ldy, M, N, K, out_fp32, nthreads
+    argtypes=[_PTR, _I64, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_int], restype=None,
+    self_test=_self_test))

@@ -18,17 +18,13 @@ Formats (``GGUF_TYPES``), one row of K values = K / 32 blocks, byte layouts as i
 from __future__ import annotations
 
 import ctypes
-import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from torchinferno.kernels import cpu_gemv
-
-log = logging.getLogger(__name__)
+from torchinferno.kernels import native_lib
 
 SOURCE = Path(__file__).with_name("cpu_qgemv.c")
 CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC"]
@@ -56,43 +52,16 @@ GGUF_TYPES: dict[str, BlockFormat] = {
 BY_GGML_TYPE = {f.ggml_type: f for f in GGUF_TYPES.values()}
 
 QGemv = Callable[[torch.Tensor], torch.Tensor]  # x [M, K] bf16/fp32 -> y [M, N]
-_state: dict[str, object] = {}
 
 
 def load() -> ctypes._CFuncPtr | None:
     """The kernel's entry point, built on first use; ``None`` when unavailable (never raises)."""
-    if "lib" in _state:
-        return _state["lib"]  # type: ignore[return-value]
-    fn = None
-    ok, reason = cpu_gemv.cpu_supported(CPU_FLAGS)
-    compiler = shutil.which("gcc")
-    if ok and compiler is None:
-        ok, reason = False, "no gcc on PATH"
-    if ok:
-        try:
-            from torchinferno.env import read_env
-
-            path, _ = cpu_gemv.build(read_env().cache_dir, compiler, SOURCE, CFLAGS)
-            lib = ctypes.CDLL(str(path))  # after `import torch`: binds libgomp.so.1 to torch's copy
-            if lib.ti_qgemv_abi_version() != ABI_VERSION:
-                raise RuntimeError(f"{path.name}: ABI {lib.ti_qgemv_abi_version()} != {ABI_VERSION}")
-            fn = lib.ti_qgemv
-            i64, ptr, cint = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-            # x, ldx, x_fp32, wp, bits, bias, y, ldy, M, N, K, out_fp32, nthreads
-            fn.argtypes = [ptr, i64, cint, ptr, cint, ptr, ptr, i64, i64, i64, i64, cint, cint]
-            fn.restype = cint
-            _self_test(fn)
-        except Exception as e:  # noqa: BLE001  # any build/load failure: quantized linears are unavailable
-            fn, reason = None, f"{type(e).__name__}: {e}"
-    if fn is None:
-        log.debug("quantized CPU GEMV unavailable: %s", reason)
-    _state["lib"], _state["reason"] = fn, reason
-    return fn
+    return _LIB.load()
 
 
 def unavailable_reason() -> str:
     """Why :func:`load` returned ``None`` ("" if it did not, or was not called)."""
-    return str(_state.get("reason", ""))
+    return _LIB.unavailable_reason()
 
 
 def quantize_weight(w: torch.Tensor, fmt: str) -> torch.Tensor:
@@ -205,3 +174,12 @@ def _self_test(fn: ctypes._CFuncPtr) -> None:
         ref = reference_qgemv(x, raw, fmt)
         if not torch.allclose(y, ref, atol=1e-3, rtol=1e-4):
             raise RuntimeError(f"self-test mismatch for {fmt} (max err {(y - ref).abs().max().item():.3g})")
+
+
+_I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+_LIB = native_lib.NativeLibrary(native_lib.NativeSpec(
+    what="quantized CPU GEMV", source=SOURCE, cflags=CFLAGS, cpu_flags=CPU_FLAGS,
+    abi_symbol="ti_qgemv_abi_version", abi_version=ABI_VERSION, entry="ti_qgemv",
+    # x, ldx, x_fp32, wp, bits, bias, y, ldy, M, N, K, out_fp32, nthreads
+    argtypes=[_PTR, _I64, _INT, _PTR, _INT, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT, _INT], restype=_INT,
+    self_test=_self_test))

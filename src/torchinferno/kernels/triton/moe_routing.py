@@ -79,12 +79,8 @@ def _route_row(logit, BIAS, W_OUT, IDS_OUT, t, scaling, E: tl.constexpr, TOP_K: 
 
 
 @triton.jit
-def _router_gemv_kernel(X, W, OUT, D, E, stride_xt, stride_w, stride_ot, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    # grid (T, cdiv(E, BLOCK_E)): logits[t, e] = sum_d float(x[t, d]) * float(w[e, d]) in fp32 (x read in its own
-    # dtype: no separate cast launch)
-    t = tl.program_id(0).to(tl.int64)
-    re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
-    ok_e = re < E
+def _logits_tile(X, W, t, re, ok_e, D, stride_xt, stride_w, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    # [BLOCK_E] fp32 router logits of token t for experts re: sum_d float(x[t, d]) * float(w[e, d]), rows ~ok_e read 0
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
@@ -93,7 +89,17 @@ def _router_gemv_kernel(X, W, OUT, D, E, stride_xt, stride_w, stride_ot, BLOCK_E
         xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
         w = tl.load(W + re.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=ok_e[:, None] & ok_k[None, :], other=0.0)
         acc += w.to(tl.float32) * xv[None, :]
-    tl.store(OUT + t * stride_ot + re, tl.sum(acc, 1), mask=ok_e)
+    return tl.sum(acc, 1)
+
+
+@triton.jit
+def _router_gemv_kernel(X, W, OUT, D, E, stride_xt, stride_w, stride_ot, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    # grid (T, cdiv(E, BLOCK_E)): logits[t, e] = sum_d float(x[t, d]) * float(w[e, d]) in fp32 (x read in its own
+    # dtype: no separate cast launch)
+    t = tl.program_id(0).to(tl.int64)
+    re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    ok_e = re < E
+    tl.store(OUT + t * stride_ot + re, _logits_tile(X, W, t, re, ok_e, D, stride_xt, stride_w, BLOCK_E, BLOCK_K), mask=ok_e)
 
 
 @triton.jit
@@ -108,15 +114,7 @@ def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORT
     # last token to be routed (CNT_ALL) runs the fused MoE's sort/pad over every token's ids.
     t = tl.program_id(0).to(tl.int64)
     re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
-    rk = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        kk = k0 + rk
-        ok_k = kk < D
-        xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
-        w = tl.load(WR + re.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=ok_k[None, :], other=0.0)
-        acc += w.to(tl.float32) * xv[None, :]
-    tl.store(LOGITS + t * E + re, tl.sum(acc, 1))
+    tl.store(LOGITS + t * E + re, _logits_tile(X, WR, t, re, re < E, D, stride_xt, stride_w, BLOCK_E, BLOCK_K))
     tl.debug_barrier()  # every thread's logit stores precede the release below
     done = tl.atomic_add(CNT + t, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(1) - 1:
