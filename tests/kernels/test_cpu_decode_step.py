@@ -94,8 +94,15 @@ def test_native_step_head_layouts(overrides):
     _assert_close(*_one_step(_model(**overrides), [[0, 2], [1, 3]], [11, 20], 16))
 
 
-def test_native_step_bf16_cache():
-    _assert_close(*_one_step(_model(), [[0, 2], [1, 3]], [11, 20], 16, cache_dtype=torch.bfloat16))
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 16},  # half a bf16-pair vector: masked
+    {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 48},  # 1.5 bf16-pair vectors: masked tail
+    {"hidden_size": 256, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128},
+])
+def test_native_step_bf16_cache(overrides):
+    """A bf16 cache's scores come from vdpbf16ps on the raw bf16 query and key (any head_dim multiple of 16)."""
+    _assert_close(*_one_step(_model(**overrides), [[0, 2], [1, 3]], [11, 20], 16, cache_dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_1"])

@@ -16,7 +16,9 @@
  *   - RMSNorm: rstd = 1 / sqrt(mean(h^2) + eps) in fp32; y = bf16(bf16(h * rstd) * w).
  *   - rotary (neox, full-width tables c, s as the Python step passes them, s carrying the sign of
  *     the rotated half): q'[j] = bf16(bf16(q[j] c[j]) + rot(q)[j] s[j]), rot swaps the halves.
- *   - attention in fp32 over the cache (fp32 or bf16 cache), two-pass softmax, output -> bf16.
+ *   - attention in fp32 over the cache (fp32 or bf16 cache), two-pass softmax, output -> bf16. A bf16 cache's
+ *     scores are vdpbf16ps dot products of the bf16 query and key (exact products, fp32 sums), scaled after;
+ *     an fp32 cache's are fp32 FMAs of the pre-scaled query.
  *   - SwiGLU: bf16(bf16(silu(g)) * u).
  */
 #include "cpu_gemv.c"
@@ -219,13 +221,18 @@ static inline __attribute__((always_inline)) void attend_nv(const int NV, const 
     for (int64_t r0 = 0; r0 < rep; r0 += MAX_REP) { /* heads in chunks of MAX_REP */
         const int64_t nr = rep - r0 < MAX_REP ? rep - r0 : MAX_REP;
         __m512 qv[MAX_REP][MAX_HD / 16], acc[MAX_REP][MAX_HD / 16], vmx[MAX_REP];
+        __m512bh qb[MAX_REP][MAX_HD / 32]; /* bf16 cache: the query's raw bf16, 32 values a vector */
+        const int NB = (NV + 1) / 2;
+        const __mmask32 mlast = NV % 2 ? 0xFFFFu : ~0u;
         const __m512 scale = _mm512_set1_ps(S->scale);
         for (int64_t i = 0; i < nr; i++) {
             vmx[i] = _mm512_set1_ps(-INFINITY);
             for (int v = 0; v < NV; v++) {
-                qv[i][v] = _mm512_mul_ps(bf16x16(q + (r0 + i) * hd + 16 * v), scale);
+                if (fp32) qv[i][v] = _mm512_mul_ps(bf16x16(q + (r0 + i) * hd + 16 * v), scale);
                 acc[i][v] = _mm512_setzero_ps();
             }
+            for (int v = 0; v < NB; v++)
+                qb[i][v] = (__m512bh)_mm512_maskz_loadu_epi16(v == NB - 1 ? mlast : ~0u, q + (r0 + i) * hd + 32 * v);
         }
         for (int64_t p0 = 0, j = 0; p0 < len; p0 += bs, j++) {
             const char *base = (const char *)Ly->k_cache + ((int64_t)bt[j] * bs * row + g * hd) * es;
@@ -237,12 +244,19 @@ static inline __attribute__((always_inline)) void attend_nv(const int NV, const 
                     __m512 d[16];
                     for (int64_t r = 0; r < 16; r++) {
                         const char *kr = base + (c0 + (r < nc ? r : 0)) * row * es; /* rows past nc: masked below */
-                        d[r] = _mm512_mul_ps(qv[i][0], fp32 ? _mm512_loadu_ps((const float *)kr) : bf16x16((const uint16_t *)kr));
-                        for (int v = 1; v < NV; v++)
-                            d[r] = _mm512_fmadd_ps(qv[i][v], fp32 ? _mm512_loadu_ps((const float *)kr + 16 * v)
-                                                                  : bf16x16((const uint16_t *)kr + 16 * v), d[r]);
+                        if (fp32) {
+                            d[r] = _mm512_mul_ps(qv[i][0], _mm512_loadu_ps((const float *)kr));
+                            for (int v = 1; v < NV; v++)
+                                d[r] = _mm512_fmadd_ps(qv[i][v], _mm512_loadu_ps((const float *)kr + 16 * v), d[r]);
+                        } else { /* bf16 pairs straight from the cache: exact products, fp32 sums */
+                            d[r] = _mm512_setzero_ps();
+                            for (int v = 0; v < NB; v++) /* the last 32 values masked to 16 when hd % 32 == 16 */
+                                d[r] = _mm512_dpbf16_ps(d[r], qb[i][v],
+                                                        (__m512bh)_mm512_maskz_loadu_epi16(v == NB - 1 ? mlast : ~0u,
+                                                                                           kr + 64 * v));
+                        }
                     }
-                    const __m512 sc = hsum16(d);
+                    const __m512 sc = fp32 ? hsum16(d) : _mm512_mul_ps(hsum16(d), scale);
                     _mm512_mask_storeu_ps(scores + i * len + p0 + c0, k, sc);
                     vmx[i] = _mm512_mask_max_ps(vmx[i], k, vmx[i], sc);
                 }
