@@ -218,6 +218,10 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
     finally:
         if role is not None:
             role.close()
+        # Stop tensor-parallel workers now: a spawned process's multiprocessing exit hook joins its non-daemon
+        # children (with no timeout) before atexit finalizers could tell them to stop (the API side then killed
+        # this process after its shutdown timeout).
+        core.executor.shutdown()
         if log is not None:
             log.close()
         inbox.close(0)
