@@ -1,0 +1,120 @@
+"""Prefill/decode disaggregation with ``--tensor-parallel-size 2`` per role (two engine cores, each with two spawned
+gloo TP workers; KV pair i joins prefill rank i and decode rank i): the same tokens as one colocated engine on one
+device (greedy and seeded sampling, prefix hits on both sides) for llama (GQA K/V heads sharded: each pair moves its
+shard) and deepseek-v3.2 (MLA latent + indexer keys replicated: pair 0 moves them once, the decode ranks broadcast);
+the bytes that cross are exactly the live tokens' KV bytes; every block is free afterwards."""
+
+import asyncio
+import dataclasses
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.disagg.client import DisaggConfig, DisaggLLM
+from torchinferno.disagg.sharding import kv_part
+from torchinferno.engine.assembly import ModelSpec, build_model
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.llm_engine import LLMEngine
+from torchinferno.models.protocol import KVLayerSpec, KVSpec
+from torchinferno.testing import wide_byte_tokenizer
+
+CFG = EngineConfig(block_size=4, kv_cache_memory="4MiB", max_model_len=64, max_num_seqs=8)
+
+
+def prompts():
+    g = torch.Generator().manual_seed(5)
+    shared = torch.randint(0, 200, (13,), generator=g).tolist()
+    return [shared + [1, 2], torch.randint(0, 200, (9,), generator=g).tolist(), shared + [3],
+            torch.randint(0, 200, (6,), generator=g).tolist()]
+
+
+PARAMS = [SamplingParams(max_tokens=6, ignore_eos=True, **({"temperature": 0.0} if i % 2 == 0 else
+                                                           {"temperature": 0.9, "top_k": 20, "seed": 7 + i}))
+          for i in range(len(prompts()))]
+
+
+async def _collect(llm, rid, prompt, params):
+    toks = []
+    async for o in llm.generate(rid, prompt, params):
+        toks = o.token_ids
+    return toks
+
+
+async def _settled(llm, timeout_s: float = 20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:  # stats arrive with each core's next message
+        s = llm.role_stats()
+        if all(x.num_free_blocks == x.num_blocks and x.num_running == 0 for x in s.values()):
+            break
+        await asyncio.sleep(0.05)
+        await llm.call("load")
+    return llm.role_stats()
+
+
+@pytest.mark.parametrize("kind", ["llama3", "deepseek-v3.2"])
+def test_tp2_per_role_equals_colocated_and_moves_live_bytes_once(kind, tmp_path):
+    spec = ModelSpec(model_kind=kind, dtype="float32")
+    model = build_model(spec)
+    bpt = model.family.kv_spec(model.config).bytes_per_token(torch.float32)  # the whole model's, one copy
+    colo = LLMEngine(model, config=dataclasses.replace(CFG))
+    for i, p in enumerate(prompts()):
+        colo.add_request(f"r{i}", p, PARAMS[i])
+    done = colo.run_to_completion()
+    want = [done[f"r{i}"].token_ids for i in range(len(prompts()))]
+
+    record = tmp_path / "integrity.jsonl"
+    llm = DisaggLLM(spec, dataclasses.replace(CFG, tensor_parallel_size=2),
+                    wide_byte_tokenizer(model.config.vocab_size), DisaggConfig(timeout_s=30, record_path=str(record)))
+    try:
+        assert "tensor-parallel 2 + 2 ranks (2 KV pairs)" in llm.describe()
+
+        async def main():
+            first = await _collect(llm, "w", prompts()[0], PARAMS[0])  # the decode side caches the shared prefix
+            rest = await asyncio.gather(*[_collect(llm, f"r{i}", p, PARAMS[i]) for i, p in enumerate(prompts())])
+            return first, rest, await _settled(llm)
+
+        first, got, stats = asyncio.run(main())
+        totals = llm.totals
+    finally:
+        llm.shutdown()
+    assert first == want[0] and got == want
+    assert totals.count == len(prompts()) + 1 and totals.failed == 0
+    assert all(s.num_free_blocks == s.num_blocks for s in stats.values()), stats
+    assert stats["prefill"].prefix_hits > 0 and stats["decode"].prefix_hits > 0
+
+    recs = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(recs) == len(prompts()) + 1
+    tokens = [r["kv_transfer"]["tokens_group"] for r in recs]
+    assert all(r["kv_transfer"]["bytes_group"] == t * bpt for r, t in zip(recs, tokens))
+    assert totals.nbytes == sum(tokens) * bpt  # every live row once: shards summed, replicated tensors not doubled
+    assert any(t < r["kv_transfer"]["prompt_tokens"] for r, t in zip(recs, tokens))  # a prefix hit on decode
+    topo = recs[-1]["topology"]
+    assert topo["tensor_parallel_size"] == 2 and topo["decode"]["devices"] == ["cpu", "cpu"]
+    assert [(p["prefill_rank"], p["decode_rank"]) for p in topo["kv_pairs"]] == [(0, 0), (1, 1)]
+
+
+def _fake(local_shapes, full_shapes):
+    """A model/cache pair with per-layer per-token shapes (fp32), enough for ``kv_part``."""
+    def spec(shapes):
+        return KVSpec(tuple(KVLayerSpec("x", tuple((f"t{i}", s) for i, s in enumerate(layer))) for layer in shapes))
+
+    local, full = spec(local_shapes), spec(full_shapes)
+    kv = SimpleNamespace(spec=local, tensors=local.allocate(1, 1, torch.float32, "cpu"))
+    model = SimpleNamespace(family=SimpleNamespace(kv_spec=lambda cfg: full if cfg == "full" else local),
+                            config="local", full_config="full")
+    return model, kv
+
+
+def test_kv_part_sharded_replicated_and_partly_replicated():
+    model, kv = _fake([[(1, 8), (1, 8)], [(24,)]], [[(2, 8), (2, 8)], [(24,)]])  # GQA heads split; a latent
+    assert kv_part(model, kv, 0, 2) == (((0, 0), (0, 1), (1, 0)), ((1, 0),), 0)
+    assert kv_part(model, kv, 1, 2) == (((0, 0), (0, 1)), ((1, 0),), 0)
+    model, kv = _fake([[(1, 8)]], [[(2, 8)]])  # 2 KV heads over 4 ranks: each head on two ranks
+    moved, fanned, dup = kv_part(model, kv, 3, 4)
+    assert moved == ((0, 0),) and fanned == () and dup * 4 == (4 * 8 - 16) * 4  # 16 duplicate values/token in all
+    model, kv = _fake([[(2, 8)]], [[(2, 8)]])
+    assert kv_part(model, kv, 0, 1) == (((0, 0),), (), 0)  # one rank: nothing is "replicated"
