@@ -118,3 +118,37 @@ def test_kv_part_sharded_replicated_and_partly_replicated():
     assert moved == ((0, 0),) and fanned == () and dup * 4 == (4 * 8 - 16) * 4  # 16 duplicate values/token in all
     model, kv = _fake([[(2, 8)]], [[(2, 8)]])
     assert kv_part(model, kv, 0, 1) == (((0, 0),), (), 0)  # one rank: nothing is "replicated"
+
+
+@pytest.mark.slow
+def test_serve_tp2_per_role_answers_like_colocated(tmp_path):
+    """``serve --disaggregation-mode prefill-decode --tensor-parallel-size 2`` over HTTP: the completions of a
+    colocated one-device server; the integrity record names the per-role TP size and the KV pairs."""
+    import httpx
+
+    from torchinferno.server.live import LiveServer
+
+    common = ["--model-kind", "llama3", "--dtype", "float32", "--max-model-len", "48", "--block-size", "4",
+              "--kv-cache-memory", "2MiB", "--served-model-name", "tiny"]
+    record = tmp_path / "integrity.jsonl"
+    bodies = [{"model": "tiny", "prompt": p[:12], "max_tokens": 5, "ignore_eos": True, "temperature": 0.0 if i % 2 == 0
+               else 0.8, "seed": 30 + i} for i, p in enumerate(prompts())]
+
+    def answers(base):
+        return [httpx.post(f"{base}/v1/completions", json=b, timeout=60).json()["choices"][0]["text"] for b in bodies]
+
+    colo = LiveServer(common)
+    try:
+        want = answers(colo.base)
+    finally:
+        colo.stop()
+    dis = LiveServer([*common, "--disaggregation-mode", "prefill-decode", "--tensor-parallel-size", "2",
+                      "--disaggregation-record", str(record), "--disaggregation-timeout", "30"])
+    try:
+        got = answers(dis.base)
+    finally:
+        dis.stop()
+    assert got == want
+    topo = json.loads(record.read_text().splitlines()[-1])["topology"]
+    assert topo["prefill"]["tensor_parallel_size"] == topo["decode"]["tensor_parallel_size"] == 2
+    assert len(topo["kv_pairs"]) == 2
