@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation with ``--tensor-parallel-size 2`` per role (two engine cores, each with two spawned
 gloo TP workers; KV pair i joins prefill rank i and decode rank i): the same tokens as one colocated engine on one
 device (greedy and seeded sampling, prefix hits on both sides) for llama (GQA K/V heads sharded: each pair moves its
-shard) and deepseek-v3.2 (MLA latent + indexer keys replicated: pair 0 moves them once, the decode ranks broadcast);
+shard) and deepseek-v3.2 (MLA latent + indexer keys replicated: each crosses once, on its owner rank's pair, and that decode
+rank broadcasts it to the others);
 the bytes that cross are exactly the live tokens' KV bytes; every block is free afterwards."""
 
 import asyncio
@@ -111,8 +112,11 @@ def _fake(local_shapes, full_shapes):
 
 def test_kv_part_sharded_replicated_and_partly_replicated():
     model, kv = _fake([[(1, 8), (1, 8)], [(24,)]], [[(2, 8), (2, 8)], [(24,)]])  # GQA heads split; a latent
-    assert kv_part(model, kv, 0, 2) == (((0, 0), (0, 1), (1, 0)), ((1, 0),), 0)
-    assert kv_part(model, kv, 1, 2) == (((0, 0), (0, 1)), ((1, 0),), 0)
+    assert kv_part(model, kv, 0, 2) == (((0, 0), (0, 1), (1, 0)), (((1, 0),), ()), 0)
+    assert kv_part(model, kv, 1, 2) == (((0, 0), (0, 1)), (((1, 0),), ()), 0)
+    model, kv = _fake([[(24,), (8,)], [(24,), (8,)]], [[(24,), (8,)], [(24,), (8,)]])  # MLA: all replicated
+    owners = (((0, 0), (1, 1)), ((0, 1), (1, 0)))  # greedy by bytes: 24+8 and 8+24 per token
+    assert kv_part(model, kv, 0, 2) == (owners[0], owners, 0) and kv_part(model, kv, 1, 2) == (owners[1], owners, 0)
     model, kv = _fake([[(1, 8)]], [[(2, 8)]])  # 2 KV heads over 4 ranks: each head on two ranks
     moved, fanned, dup = kv_part(model, kv, 3, 4)
     assert moved == ((0, 0),) and fanned == () and dup * 4 == (4 * 8 - 16) * 4  # 16 duplicate values/token in all

@@ -14,8 +14,8 @@ control messages between them (``disagg.messages``) and owns text and streams, a
 
 Tensor parallelism: with ``engine_config.tensor_parallel_size = N`` each role is an N-rank TP engine (its workers
 spawned by the core's ``MultiprocExecutor``); both roles use the same N, and prefill TP rank ``i`` hands its KV
-shard to decode TP rank ``i`` over pair ``i`` (``disagg.sharding``: replicated MLA tensors cross once, on pair 0,
-and are broadcast among the decode ranks). A role's devices: ``cpu`` (all ranks), or a comma list of N CUDA
+shard to decode TP rank ``i`` over pair ``i`` (``disagg.sharding``: a replicated MLA tensor crosses once, on its
+owner rank's pair, and is broadcast among the decode ranks). A role's devices: ``cpu`` (all ranks), or a comma list of N CUDA
 devices (``cuda:0,cuda:1``).
 
 Faults: the prefill core dying is fatal (``on_dead``; streams fail with ``EngineDeadError``). The decode core dying
@@ -191,7 +191,9 @@ class DisaggLLM(CoreStreams):
                             "pid": self.prefill.pid, "tensor_parallel_size": self.tp},
                 "decode": {"device": self.cfg.decode_device, "devices": self.devices["decode"], "pid": self.decode.pid,
                            "tensor_parallel_size": self.tp, "alive": self.decode_alive},
-                "kv_pairs": pairs, "replicated_kv": "pair 0, broadcast among the decode ranks" if self.tp > 1 else None}
+                "kv_pairs": pairs,
+                "replicated_kv": ("each replicated tensor crosses once, on its owner rank's pair; broadcast among the "
+                                  "decode ranks") if self.tp > 1 else None}
 
     def describe(self) -> str:
         state = "" if self.decode_alive else " (decode role gone: serving colocated on the prefill role)"

@@ -12,8 +12,9 @@ sum over the pairs.
 What each pair moves (``kv_part``), per cache tensor (comparing the rank's per-token shape with the full model's):
 
 * sharded (GQA K/V heads split over the ranks): every pair moves its own rank's rows;
-* replicated on every rank (the MLA latent + rope key, DSA indexer keys, V4's rows; a single KV head): pair 0
-  alone moves them, and decode rank 0 broadcasts them to the other decode ranks over the decode role's fan-out
+* replicated on every rank (the MLA latent + rope key, DSA indexer keys, V4's rows; a single KV head): each such
+  tensor has one owner rank (greedy by bytes per token, so the pairs carry about equal shares), only the owner's
+  pair moves it, and decode rank ``owner`` broadcasts it to the other decode ranks over the decode role's fan-out
   group (``FanoutConfig``) -- so the bytes crossing between the roles are exactly the live tokens' KV bytes (the
   broadcast is intra-role traffic, not counted in the transfer bytes);
 * partly replicated (fewer KV heads than ranks, but more than one): every pair moves its rank's copy, so those
@@ -40,26 +41,31 @@ class PairLayout:
     device: str
     backend: str
     moved_bytes_per_token: int  # crosses this pair
-    fanned_bytes_per_token: int  # replicated: crosses pair 0 once, broadcast among the decode ranks
+    fanned_bytes_per_token: int  # replicated tensors this rank owns: they cross here, then are broadcast
     duplicate_bytes_per_token: int  # partly replicated tensors whose copies cross several pairs
 
 
-def kv_part(model, kv, rank: int, world: int) -> tuple[Which, Which, int]:
-    """``(moved, fanned, duplicate bytes/token)`` of TP rank ``rank`` (module docstring). ``kv``: its cache."""
+def kv_part(model, kv, rank: int, world: int) -> tuple[Which, tuple[Which, ...], int]:
+    """``(moved, fanned, duplicate bytes/token)`` of TP rank ``rank`` (module docstring). ``kv``: its cache;
+    ``fanned[o]``: the replicated tensors rank ``o`` owns (the same table on every rank)."""
     full = model.family.kv_spec(getattr(model, "full_config", model.config))
-    moved, fanned, dup = [], [], 0
+    moved, owned, load, dup = [], [[] for _ in range(world)], [0] * world, 0
     for li, (local_layer, full_layer) in enumerate(zip(kv.spec.layers, full.layers)):
         for ti, ((_, shape), (_, full_shape)) in enumerate(zip(local_layer.tensors, full_layer.tensors)):
             local_n, full_n = math.prod(shape), math.prod(full_shape)
-            if world > 1 and local_n == full_n:  # every rank holds all of it
-                fanned.append((li, ti))
-                if rank == 0:
+            nbytes = local_n * kv.tensors[li][ti].element_size()
+            if world > 1 and local_n == full_n:  # every rank holds all of it: one owner moves it
+                owner = load.index(min(load))
+                load[owner] += nbytes
+                owned[owner].append((li, ti))
+                if owner == rank:
                     moved.append((li, ti))
                 continue
             moved.append((li, ti))
             if world * local_n > full_n:  # this rank's share of the copies beyond one
                 dup += (world * local_n - full_n) * kv.tensors[li][ti].element_size() // world
-    return tuple(moved), tuple(fanned), dup
+    fanned = tuple(tuple(o) for o in owned) if any(owned) else ()
+    return tuple(moved), fanned, dup
 
 
 # ------------------------------------------------------------------ worker side (collective_rpc targets)
@@ -71,8 +77,9 @@ def start_pair(worker, rank: int, pairs: tuple[TransportConfig, ...], fanout: Fa
     moved, fanned, dup = kv_part(worker.model, kv, rank, len(pairs))
     fan = FanoutConfig(rank, len(pairs), fanout.host, fanout.port, fanout.timeout_s) if fanout is not None else None
     worker.kv_transport = KVTransport(pairs[rank], kv, KVPart(moved, fanned, fan))
+    mine = fanned[rank] if fanned else ()
     return PairLayout(rank, str(kv.device), pairs[rank].backend, live_kv_bytes(kv, 1, moved),
-                      live_kv_bytes(kv, 1, fanned), dup)
+                      live_kv_bytes(kv, 1, mine), dup)
 
 
 def submit_pair(worker, rank: int, job: tuple) -> None:
@@ -131,11 +138,12 @@ class ShardedTransport:
         return out
 
     def describe(self) -> str:
-        per = sum(p.moved_bytes_per_token for p in self.layouts)
-        fan = self.layouts[0].fanned_bytes_per_token
+        per = [p.moved_bytes_per_token for p in self.layouts]
+        fan = sum(p.fanned_bytes_per_token for p in self.layouts)
         dup = sum(p.duplicate_bytes_per_token for p in self.layouts)
         return (f"KV over {len(self.layouts)} tensor-parallel pairs ({', '.join(p.backend for p in self.layouts)}): "
-                f"{per} bytes/token cross ({fan} of them replicated: pair 0, broadcast on the decode side)"
+                f"{sum(per)} bytes/token cross (per pair {'/'.join(map(str, per))}; {fan} of them replicated tensors, "
+                f"each moved by one pair and broadcast among the decode ranks)"
                 + (f", duplicate bytes/token {dup}" if dup else ""))
 
     def close(self) -> None:

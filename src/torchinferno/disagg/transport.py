@@ -19,9 +19,10 @@ Invariant: each queued transfer produces exactly one ``TransferDone`` (``ok`` or
 failure (peer gone, timeout) the transport is broken and every later transfer fails at once.
 
 Tensor-parallel roles (``disagg.sharding``): one such pair per TP rank, living in the TP worker processes; a
-``KVPart`` says which cache tensors the pair moves (its rank's shards; replicated tensors on pair 0 only) and, on
-the decode side, the fan-out group over which decode rank 0 broadcasts the replicated rows it received to the
-other decode ranks (same transfer order on every rank, so the broadcasts line up).
+``KVPart`` says which cache tensors the pair moves (its rank's shards, plus the replicated tensors this rank
+owns: each replicated tensor crosses on exactly one pair) and, on the decode side, the fan-out group over which
+each decode rank broadcasts the replicated rows it received to the other decode ranks (same transfer order and
+the same owner table on every rank, so the broadcasts line up).
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ class FanoutConfig:
 
 @dataclass(frozen=True)
 class KVPart:
-    """What one tensor-parallel pair moves: ``moved`` over the pair; ``fanned`` (decode side, ``fanout`` set): the
-    replicated tensors decode rank 0 received on pair 0 and broadcasts to the other decode ranks."""
+    """What one tensor-parallel pair moves: ``moved`` over the pair; ``fanned[o]`` (decode side, ``fanout`` set): the
+    replicated tensors pair ``o`` moves, which decode rank ``o`` then broadcasts to the other decode ranks (every
+    rank holds the same table)."""
 
     moved: Which
-    fanned: Which = ()
+    fanned: tuple[Which, ...] = ()
     fanout: FanoutConfig | None = None
 
 
@@ -115,7 +117,7 @@ class KVTransport:
         self.kv = kv
         self.moved = part.moved if part is not None else None
         self.fanned = part.fanned if part is not None else ()
-        self.fanout = part.fanout if part is not None and part.fanned else None
+        self.fanout = part.fanout if part is not None and any(part.fanned) else None
         self._fan_pg = None
         self.broken: str | None = None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -302,15 +304,16 @@ class KVTransport:
         return TransferDone(job.request_id, job.transfer_id, True, nbytes, None, t2 - t1, t1 - t0 + clock() - t2)
 
     def _fan_out(self, job: _Job) -> None:
-        """Decode rank 0 broadcasts the replicated rows it just received; the other decode ranks store them."""
-        n = live_kv_bytes(self.kv, job.stop - job.start, self.fanned)
-        if n == 0:
-            return
+        """Each decode rank broadcasts the replicated rows it owns and just received; the others store them."""
         dev = self.kv.device if self.kv.device.type == "cuda" else torch.device("cpu")
-        if self.fanout.rank == 0:
-            buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, self.fanned).to(dev)
-        else:
-            buf = torch.empty(n, dtype=torch.uint8, device=dev)
-        self._fan_pg.broadcast(buf, 0).wait()
-        if self.fanout.rank != 0:
-            unpack_kv(self.kv, job.block_ids, job.start, job.stop, buf, self.fanned)
+        for owner, which in enumerate(self.fanned):
+            n = live_kv_bytes(self.kv, job.stop - job.start, which)
+            if n == 0:
+                continue
+            if self.fanout.rank == owner:
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, which).to(dev)
+            else:
+                buf = torch.empty(n, dtype=torch.uint8, device=dev)
+            self._fan_pg.broadcast(buf, owner).wait()
+            if self.fanout.rank != owner:
+                unpack_kv(self.kv, job.block_ids, job.start, job.stop, buf, which)
