@@ -56,7 +56,8 @@ async def _settled(llm, timeout_s: float = 20.0):
     return llm.role_stats()
 
 
-@pytest.mark.parametrize("kind", ["llama3", "deepseek-v3.2"])
+@pytest.mark.parametrize("kind", ["llama3", "deepseek-v3.2", pytest.param("deepseek-v4", marks=pytest.mark.slow),
+                                  pytest.param("dsv4", marks=pytest.mark.slow)])
 def test_tp2_per_role_equals_colocated_and_moves_live_bytes_once(kind, tmp_path):
     spec = ModelSpec(model_kind=kind, dtype="float32")
     model = build_model(spec)
