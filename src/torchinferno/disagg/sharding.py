@@ -7,7 +7,10 @@ transport lives in its TP worker process (``engine.multiproc_executor``) and pac
 cores keep the control messages and reach their workers through the executor's ``collective_rpc`` (ordered with the
 steps on each worker's pipe). ``ShardedTransport`` is the core-side stand-in with ``KVTransport``'s interface: a
 transfer is done when every pair has finished it (they run in the same order everywhere), and its bytes are the
-sum over the pairs.
+sum over the pairs. Cost: while transfers are pending the core polls its workers once per loop turn (one pipe round
+trip per rank; a step in flight is collected first, so async scheduling does not overlap those turns).
+Both roles must have the same TP size (one ``--tensor-parallel-size``); different sizes per role would need
+re-sharding on the wire and are not supported.
 
 What each pair moves (``kv_part``), per cache tensor (comparing the rank's per-token shape with the full model's):
 
