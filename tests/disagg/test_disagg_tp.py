@@ -45,11 +45,11 @@ async def _collect(llm, rid, prompt, params):
     return toks
 
 
-async def _settled(llm, timeout_s: float = 20.0):
+async def _settled(llm, timeout_s: float = 20.0, roles=("prefill", "decode")):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:  # stats arrive with each core's next message
         s = llm.role_stats()
-        if all(x.num_free_blocks == x.num_blocks and x.num_running == 0 for x in s.values()):
+        if all(s[r].num_free_blocks == s[r].num_blocks and s[r].num_running == 0 for r in roles):
             break
         await asyncio.sleep(0.05)
         await llm.call("load")
@@ -157,3 +157,53 @@ def test_serve_tp2_per_role_answers_like_colocated(tmp_path):
     topo = json.loads(record.read_text().splitlines()[-1])["topology"]
     assert topo["prefill"]["tensor_parallel_size"] == topo["decode"]["tensor_parallel_size"] == 2
     assert len(topo["kv_pairs"]) == 2
+
+
+def test_role_devices_one_per_rank():
+    from torchinferno.disagg.topology import distinct_ports, role_devices
+    from torchinferno.errors import ConfigError
+
+    assert role_devices("cpu", 3, "--decode-devices") == ["cpu"] * 3
+    assert role_devices("cuda:4, cuda:5", 2, "--decode-devices") == ["cuda:4", "cuda:5"]
+    assert role_devices("cuda", 1, "--decode-devices") == ["cuda"]
+    for bad in ("cuda:0", "cuda:0,cuda:0", "cuda:0,cpu", "cuda:0,cuda:1,cuda:2"):
+        with pytest.raises(ConfigError, match="comma list of 2 distinct CUDA devices"):
+            role_devices(bad, 2, "--prefill-devices")
+    assert distinct_ports(3, 9000) == [9000, 9001, 9002] and len(set(distinct_ports(5, 0))) == 5
+
+
+@pytest.mark.slow
+def test_tp2_decode_role_killed_mid_stream_then_colocated():
+    """The decode core (and with it its TP workers) dies mid-stream: that request fails with a clear error, the
+    prefill role frees its blocks, later requests are served colocated on the prefill role (same tokens)."""
+    import os
+    import signal
+
+    from torchinferno.errors import EngineDeadError
+
+    spec = ModelSpec(model_kind="llama3", dtype="float32")
+    model = build_model(spec)
+    colo = LLMEngine(model, config=dataclasses.replace(CFG))
+    colo.add_request("c", prompts()[1], PARAMS[1])
+    want = colo.run_to_completion()["c"].token_ids
+    llm = DisaggLLM(spec, dataclasses.replace(CFG, tensor_parallel_size=2),
+                    wide_byte_tokenizer(model.config.vocab_size), DisaggConfig(timeout_s=30))
+    try:
+        async def main():
+            toks, err = [], None
+            try:
+                async for o in llm.generate("k", prompts()[0], SamplingParams(max_tokens=40, ignore_eos=True)):
+                    toks = o.token_ids
+                    if len(toks) == 3:
+                        os.kill(llm.decode.pid, signal.SIGKILL)
+            except EngineDeadError as e:
+                err = str(e)
+            stats = await _settled(llm, roles=("prefill",))
+            return err, stats, await _collect(llm, "after", prompts()[1], PARAMS[1])
+
+        err, stats, after = asyncio.run(main())
+    finally:
+        llm.shutdown()
+    assert err is not None and "decode engine core" in err
+    assert stats["prefill"].num_free_blocks == stats["prefill"].num_blocks and not llm.decode_alive
+    assert after == want
