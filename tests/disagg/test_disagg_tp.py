@@ -96,7 +96,8 @@ def test_tp2_per_role_equals_colocated_and_moves_live_bytes_once(kind, tmp_path)
     assert any(t < r["kv_transfer"]["prompt_tokens"] for r, t in zip(recs, tokens))  # a prefix hit on decode
     topo = recs[-1]["topology"]
     assert topo["tensor_parallel_size"] == 2 and topo["decode"]["devices"] == ["cpu", "cpu"]
-    assert [(p["prefill_rank"], p["decode_rank"]) for p in topo["kv_pairs"]] == [(0, 0), (1, 1)]
+    assert [(p["prefill_rank"], p["decode_rank"], p["backend"]) for p in topo["kv_pairs"]] == [(0, 0, "gloo"),
+                                                                                               (1, 1, "gloo")]
 
 
 def _fake(local_shapes, full_shapes):

@@ -114,6 +114,7 @@ class DisaggLLM(CoreStreams):
         for backend in backends:
             if backend not in BACKENDS:
                 raise ConfigError(f"disaggregation transport {backend!r}: valid are auto, {', '.join(BACKENDS)}")
+        self.backends = backends  # per KV pair
         self.backend = backends[0] if len(set(backends)) == 1 else ",".join(backends)
         self.cfg = disagg
         ports = distinct_ports(tp + (1 if tp > 1 else 0), disagg.port)
@@ -184,8 +185,8 @@ class DisaggLLM(CoreStreams):
 
     def topology(self) -> dict:
         """Roles, their TP size and per-rank devices, and the KV pairs (prefill rank i -> decode rank i)."""
-        pairs = [{"prefill_rank": i, "decode_rank": i, "prefill_device": p, "decode_device": d}
-                 for i, (p, d) in enumerate(zip(self.devices["prefill"], self.devices["decode"]))]
+        pairs = [{"prefill_rank": i, "decode_rank": i, "prefill_device": p, "decode_device": d, "backend": b}
+                 for i, (p, d, b) in enumerate(zip(self.devices["prefill"], self.devices["decode"], self.backends))]
         return {"mode": "prefill-decode", "tensor_parallel_size": self.tp,
                 "prefill": {"device": self.cfg.prefill_device, "devices": self.devices["prefill"],
                             "pid": self.prefill.pid, "tensor_parallel_size": self.tp},
