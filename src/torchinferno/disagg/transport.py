@@ -22,7 +22,9 @@ Tensor-parallel roles (``disagg.sharding``): one such pair per TP rank, living i
 ``KVPart`` says which cache tensors the pair moves (its rank's shards, plus the replicated tensors this rank
 owns: each replicated tensor crosses on exactly one pair) and, on the decode side, the fan-out group over which
 each decode rank broadcasts the replicated rows it received to the other decode ranks (same transfer order and
-the same owner table on every rank, so the broadcasts line up).
+the same owner table on every rank, so the broadcasts line up). A pair that breaks on one decode rank leaves the
+other decode ranks waiting in that transfer's broadcast until ``timeout_s``; then they break too (every later
+transfer fails, as above).
 """
 
 from __future__ import annotations
