@@ -173,6 +173,15 @@ def test_role_devices_one_per_rank():
     assert distinct_ports(3, 9000) == [9000, 9001, 9002] and len(set(distinct_ports(5, 0))) == 5
 
 
+def test_rank_device_takes_its_entry_of_a_device_list():
+    from torchinferno.errors import ConfigError
+    from torchinferno.parallel.load import _rank_device
+
+    assert _rank_device("cpu", SimpleNamespace(rank=1, world_size=2)) == "cpu"
+    with pytest.raises(ConfigError, match="has 2 entries for 3 ranks"):
+        _rank_device("cuda:4,cuda:5", SimpleNamespace(rank=0, world_size=3))
+
+
 @pytest.mark.slow
 def test_tp2_decode_role_killed_mid_stream_then_colocated():
     """The decode core (and with it its TP workers) dies mid-stream: that request fails with a clear error, the
