@@ -129,7 +129,13 @@ def test_bad_mode_lists_choices(capsys):
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["--disaggregation-mode", "prefill-decode", "--tensor-parallel-size", "2"], "--tensor-parallel-size per role"),
+    (["--disaggregation-mode", "prefill-decode", "--pipeline-parallel-size", "2"], "--pipeline-parallel-size is not "
+                                                                                   "supported per role"),
+    (["--disaggregation-mode", "prefill-decode", "--tensor-parallel-size", "2", "--prefill-devices", "cuda:0",
+      "--decode-devices", "cuda:1"], "--prefill-devices 'cuda:0': --tensor-parallel-size 2 per role needs cpu or a "
+                                     "comma list of 2 distinct CUDA devices"),
+    (["--disaggregation-mode", "prefill-decode", "--tensor-parallel-size", "2", "--prefill-devices", "cuda:0,cuda:1",
+      "--decode-devices", "cuda:2,cuda:2"], "--decode-devices 'cuda:2,cuda:2'"),
     (["--disaggregation-mode", "prefill-decode", "--engine-in-process"], "needs engine-core processes"),
     (["--decode-devices", "cuda:1"], "--decode-devices needs --disaggregation-mode prefill-decode"),
 ])
@@ -143,3 +149,25 @@ def test_flag_combinations_refused_in_one_line(argv, msg):
     add_server_args(p)
     with pytest.raises(ConfigError, match=msg):
         disagg_config_from_args(p.parse_args(argv))
+
+
+@pytest.mark.parametrize("argv,prefill,decode", [
+    (["--tensor-parallel-size", "2"], "cpu", "cpu"),  # CPU: every rank of both roles on the host
+    (["--tensor-parallel-size", "2", "--prefill-devices", "cuda:0,cuda:1", "--decode-devices", "cuda:2,cuda:3"],
+     "cuda:0,cuda:1", "cuda:2,cuda:3"),
+    (["--tensor-parallel-size", "4", "--device", "cuda"],  # the README's eight-GPU topology: 4 + 4
+     "cuda:0,cuda:1,cuda:2,cuda:3", "cuda:4,cuda:5,cuda:6,cuda:7"),
+])
+def test_tensor_parallel_per_role_devices(argv, prefill, decode):
+    import argparse
+
+    import torch
+
+    from torchinferno.server.args import add_server_args, disagg_config_from_args
+
+    if "--device" in argv and torch.cuda.is_available() and torch.cuda.device_count() < 8:
+        pytest.skip("needs 8 GPUs or none (the CPU check only parses)")
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    cfg = disagg_config_from_args(p.parse_args(["--disaggregation-mode", "prefill-decode", *argv]))
+    assert (cfg.prefill_device, cfg.decode_device) == (prefill, decode)

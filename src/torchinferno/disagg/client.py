@@ -12,6 +12,12 @@ control messages between them (``disagg.messages``) and owns text and streams, a
   comes from there. The prefill core meanwhile prefills the next requests (overlap);
 * one abort path: the request is finished wherever it is (prefill core, decode queue, in transfer, decoding).
 
+Tensor parallelism: with ``engine_config.tensor_parallel_size = N`` each role is an N-rank TP engine (its workers
+spawned by the core's ``MultiprocExecutor``); both roles use the same N, and prefill TP rank ``i`` hands its KV
+shard to decode TP rank ``i`` over pair ``i`` (``disagg.sharding``: a replicated MLA tensor crosses once, on its
+owner rank's pair, and is broadcast among the decode ranks). A role's devices: ``cpu`` (all ranks), or a comma list of N CUDA
+devices (``cuda:0,cuda:1``).
+
 Faults: the prefill core dying is fatal (``on_dead``; streams fail with ``EngineDeadError``). The decode core dying
 fails the requests it owned (or was about to receive) with a clear ``EngineDeadError``, releases their held KV on
 the prefill side, and the server keeps serving: later requests run colocated on the prefill core
@@ -49,7 +55,8 @@ from torchinferno.disagg.messages import (
     KVSent,
 )
 from torchinferno.disagg.roles import RoleConfig
-from torchinferno.disagg.transport import BACKENDS, TransportConfig, pick_backend
+from torchinferno.disagg.topology import distinct_ports, role_devices
+from torchinferno.disagg.transport import BACKENDS, FanoutConfig, TransportConfig, pick_backend
 from torchinferno.engine.core import EngineStats, RequestLimits, validate_request
 from torchinferno.engine.core_client import EngineCoreProcess
 from torchinferno.engine.core_proc import CoreProcessConfig
@@ -73,7 +80,7 @@ class DisaggConfig:
     prefill_device: str = "cpu"
     decode_device: str = "cpu"
     host: str = "127.0.0.1"
-    port: int = 0  # the transport's store; 0 = a free port
+    port: int = 0  # the transport's store (TP: pair i on port + i, the decode fan-out on port + N); 0 = free ports
     backend: str = "auto"  # auto | gloo | nccl | cuda-ipc
     timeout_s: float = 60.0
     profile: bool = False  # synchronized pack / wire / unpack timings
@@ -95,32 +102,41 @@ class DisaggLLM(CoreStreams):
 
     def __init__(self, model, engine_config, tokenizer, disagg: DisaggConfig, warmup: bool | None = None,
                  start_timeout_s: float = 1800.0, step_log: str | None = None):
-        from torchinferno.ports import free_port
-
-        if engine_config.tensor_parallel_size > 1 or engine_config.pipeline_parallel_size > 1:
-            raise ConfigError("--disaggregation-mode prefill-decode runs each role on one device for now "
-                              "(--tensor-parallel-size / --pipeline-parallel-size 1)")
-        backend = pick_backend(disagg.prefill_device, disagg.decode_device) if disagg.backend == "auto" else disagg.backend
-        if backend not in BACKENDS:
-            raise ConfigError(f"disaggregation transport {backend!r}: valid are auto, {', '.join(BACKENDS)}")
-        self.backend = backend
+        if engine_config.pipeline_parallel_size > 1:
+            raise ConfigError("--disaggregation-mode prefill-decode: --pipeline-parallel-size is not supported per "
+                              "role (use --tensor-parallel-size N: N ranks per role)")
+        tp = engine_config.tensor_parallel_size
+        self.tp = tp
+        self.devices = {"prefill": role_devices(disagg.prefill_device, tp, "--prefill-devices"),
+                        "decode": role_devices(disagg.decode_device, tp, "--decode-devices")}
+        pdevs, ddevs = self.devices["prefill"], self.devices["decode"]
+        backends = [pick_backend(p, d) if disagg.backend == "auto" else disagg.backend for p, d in zip(pdevs, ddevs)]
+        for backend in backends:
+            if backend not in BACKENDS:
+                raise ConfigError(f"disaggregation transport {backend!r}: valid are auto, {', '.join(BACKENDS)}")
+        self.backends = backends  # per KV pair
+        self.backend = backends[0] if len(set(backends)) == 1 else ",".join(backends)
         self.cfg = disagg
-        port = disagg.port or free_port()
+        ports = distinct_ports(tp + (1 if tp > 1 else 0), disagg.port)
+        fanout = FanoutConfig(0, tp, disagg.host, ports[tp], disagg.timeout_s) if tp > 1 else None
         eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.cores: dict[str, EngineCoreProcess] = {}
         utilization = {"prefill": engine_config.gpu_memory_utilization, "decode": engine_config.gpu_memory_utilization}
-        if (disagg.prefill_device == disagg.decode_device and disagg.prefill_device.startswith("cuda")
+        if (set(pdevs) & set(ddevs) and pdevs[0].startswith("cuda")
                 and engine_config.kv_cache_memory is None and engine_config.num_gpu_blocks is None):
-            # One GPU, two roles, started in order: the prefill role sizes its pool to half the share; the decode
+            # Shared GPUs, two roles, started in order: the prefill role sizes its pool to half the share; the decode
             # role's sizing counts the prefill process as used memory, so it takes the rest of the share.
             utilization["prefill"] /= 2
         try:
-            for rank, (role, device) in enumerate((("prefill", disagg.prefill_device), ("decode", disagg.decode_device))):
-                tcfg = TransportConfig(rank, disagg.host, port, backend, disagg.timeout_s, disagg.profile)
+            for rank, role in enumerate(("prefill", "decode")):
+                pairs = tuple(TransportConfig(rank, disagg.host, port, b, disagg.timeout_s, disagg.profile)
+                              for port, b in zip(ports[:tp], backends))
                 ecfg = dataclasses.replace(engine_config, gpu_memory_utilization=utilization[role])
+                devices = self.devices[role]
+                device = devices[0] if tp == 1 or devices[0] == "cpu" else ",".join(devices)
+                role_cfg = RoleConfig(role, pairs[0], pairs if tp > 1 else (), fanout if role == "decode" else None)
                 cfg = CoreProcessConfig(dataclasses.replace(model, device=device), ecfg,
-                                        eos, warmup, f"{step_log}.{role}" if step_log else None,
-                                        disagg=RoleConfig(role, tcfg))
+                                        eos, warmup, f"{step_log}.{role}" if step_log else None, disagg=role_cfg)
                 self.cores[role] = EngineCoreProcess(cfg, start_timeout_s)
         except BaseException:
             for c in self.cores.values():
@@ -168,14 +184,22 @@ class DisaggLLM(CoreStreams):
         return dict(self._stats)
 
     def topology(self) -> dict:
-        return {"mode": "prefill-decode", "prefill": {"device": self.cfg.prefill_device, "pid": self.prefill.pid,
-                                                      "tensor_parallel_size": 1},
-                "decode": {"device": self.cfg.decode_device, "pid": self.decode.pid, "tensor_parallel_size": 1,
-                           "alive": self.decode_alive}}
+        """Roles, their TP size and per-rank devices, and the KV pairs (prefill rank i -> decode rank i)."""
+        pairs = [{"prefill_rank": i, "decode_rank": i, "prefill_device": p, "decode_device": d, "backend": b}
+                 for i, (p, d, b) in enumerate(zip(self.devices["prefill"], self.devices["decode"], self.backends))]
+        return {"mode": "prefill-decode", "tensor_parallel_size": self.tp,
+                "prefill": {"device": self.cfg.prefill_device, "devices": self.devices["prefill"],
+                            "pid": self.prefill.pid, "tensor_parallel_size": self.tp},
+                "decode": {"device": self.cfg.decode_device, "devices": self.devices["decode"], "pid": self.decode.pid,
+                           "tensor_parallel_size": self.tp, "alive": self.decode_alive},
+                "kv_pairs": pairs,
+                "replicated_kv": ("each replicated tensor crosses once, on its owner rank's pair; broadcast among the "
+                                  "decode ranks") if self.tp > 1 else None}
 
     def describe(self) -> str:
         state = "" if self.decode_alive else " (decode role gone: serving colocated on the prefill role)"
-        return (f"prefill/decode disaggregation over {self.backend}{state}; prefill core pid {self.prefill.pid} on "
+        tp = f", tensor-parallel {self.tp} + {self.tp} ranks ({self.tp} KV pairs)" if self.tp > 1 else ""
+        return (f"prefill/decode disaggregation over {self.backend}{tp}{state}; prefill core pid {self.prefill.pid} on "
                 f"{self.cfg.prefill_device}: {self.prefill.info.description}; decode core pid {self.decode.pid} on "
                 f"{self.cfg.decode_device}: {self.decode.info.description}")
 

@@ -7,6 +7,9 @@ window entries at their closing slot; FP8 caches as stored). Token ``p`` of a re
 ``[start, stop)`` of every tensor of every layer, in ``(layer, tensor)`` order, as raw bytes in one contiguous
 ``uint8`` buffer; nothing else (no padding, no unused slots): ``len(buffer) == (stop - start) * bytes_per_token``.
 Both sides hold the same model, so the layout is implied by the ``KVSpec`` and only the byte count travels.
+
+``which``: the ``(layer, tensor)`` indices a call covers (default: all, in that order) -- a tensor-parallel pair moves
+only its rank's part (``disagg.sharding``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import torch
 
 from torchinferno.cache.kv_cache import PagedKVCache
 
-__all__ = ["live_kv_bytes", "pack_kv", "token_slots", "unpack_kv"]
+__all__ = ["all_tensors", "live_kv_bytes", "pack_kv", "token_slots", "unpack_kv"]
+
+Which = tuple[tuple[int, int], ...]  # (layer, tensor index) pairs, in pack order
 
 
 def token_slots(block_ids: list[int], block_size: int, start: int, stop: int, device) -> torch.Tensor:
@@ -25,9 +30,18 @@ def token_slots(block_ids: list[int], block_size: int, start: int, stop: int, de
     return (blocks * block_size + pos % block_size).to(device)
 
 
-def live_kv_bytes(kv: PagedKVCache, num_tokens: int) -> int:
-    """Bytes of ``num_tokens`` tokens' KV over every layer and tensor (what one handoff moves)."""
-    return num_tokens * sum(t[0, 0].numel() * t.element_size() for layer in kv.tensors for t in layer)
+def all_tensors(kv: PagedKVCache) -> Which:
+    """Every cache tensor's ``(layer, index)``, in pack order."""
+    return tuple((li, ti) for li, layer in enumerate(kv.tensors) for ti in range(len(layer)))
+
+
+def _selected(kv: PagedKVCache, which: Which | None) -> list[torch.Tensor]:
+    return [kv.tensors[li][ti] for li, ti in (all_tensors(kv) if which is None else which)]
+
+
+def live_kv_bytes(kv: PagedKVCache, num_tokens: int, which: Which | None = None) -> int:
+    """Bytes of ``num_tokens`` tokens' KV over every layer and tensor (or ``which``): what one handoff moves."""
+    return num_tokens * sum(t[0, 0].numel() * t.element_size() for t in _selected(kv, which))
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -36,26 +50,28 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.view(t.shape[0] * t.shape[1], -1).view(torch.uint8)
 
 
-def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int) -> torch.Tensor:
-    """Gather rows ``[start, stop)`` of every cache tensor -> one ``uint8 [bytes]`` buffer on the cache's device."""
+def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, which: Which | None = None) -> torch.Tensor:
+    """Gather rows ``[start, stop)`` of every cache tensor (or ``which``) -> one ``uint8 [bytes]`` buffer on the
+    cache's device."""
     slots = token_slots(block_ids, kv.block_size, start, stop, kv.device)
-    parts = [_rows(t).index_select(0, slots).reshape(-1) for layer in kv.tensors for t in layer]  # [n * row bytes]
+    parts = [_rows(t).index_select(0, slots).reshape(-1) for t in _selected(kv, which)]  # [n * row bytes]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=kv.device)
 
 
-def unpack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, buf: torch.Tensor) -> None:
-    """Scatter a ``pack_kv`` buffer (any device) into rows ``[start, stop)`` of ``block_ids``; checks its size."""
+def unpack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, buf: torch.Tensor,
+              which: Which | None = None) -> None:
+    """Scatter a ``pack_kv`` buffer (any device; same ``which``) into rows ``[start, stop)`` of ``block_ids``;
+    checks its size."""
     n = stop - start
-    want = live_kv_bytes(kv, n)
+    want = live_kv_bytes(kv, n, which)
     if buf.dtype != torch.uint8 or buf.numel() != want:
         raise ValueError(f"KV payload has {buf.numel()} {buf.dtype} values, expected {want} uint8 "
                          f"({n} tokens of this cache's layout)")
     buf = buf.to(kv.device, non_blocking=True)
     slots = token_slots(block_ids, kv.block_size, start, stop, kv.device)
     off = 0
-    for layer in kv.tensors:
-        for t in layer:
-            rows = _rows(t)  # [slots, row bytes]
-            size = n * rows.shape[1]
-            rows.index_copy_(0, slots, buf[off:off + size].view(n, rows.shape[1]))
-            off += size
+    for t in _selected(kv, which):
+        rows = _rows(t)  # [slots, row bytes]
+        size = n * rows.shape[1]
+        rows.index_copy_(0, slots, buf[off:off + size].view(n, rows.shape[1]))
+        off += size

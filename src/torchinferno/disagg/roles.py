@@ -33,7 +33,7 @@ from torchinferno.disagg.messages import (
     KVSend,
     KVSent,
 )
-from torchinferno.disagg.transport import KVTransport, TransportConfig
+from torchinferno.disagg.transport import FanoutConfig, KVTransport, TransportConfig
 from torchinferno.engine.core_types import FinishRequests
 
 __all__ = ["DecodeRole", "PrefillRole", "RoleConfig"]
@@ -41,19 +41,33 @@ __all__ = ["DecodeRole", "PrefillRole", "RoleConfig"]
 
 @dataclass(frozen=True)
 class RoleConfig:
-    """What an engine-core process needs to play one role (picklable)."""
+    """What an engine-core process needs to play one role (picklable). ``pairs``: with tensor parallelism, pair
+    ``i``'s transport config for TP rank ``i`` (``disagg.sharding``; ``transport`` is then pair 0's); ``fanout``:
+    the decode role's broadcast group over its ranks (rank field ignored: each worker uses its own)."""
 
     role: str  # "prefill" | "decode"
     transport: TransportConfig
+    pairs: tuple[TransportConfig, ...] = ()
+    fanout: FanoutConfig | None = None
 
     @property
     def message_types(self) -> tuple:
         return TO_PREFILL if self.role == "prefill" else TO_DECODE
 
     def make(self, core):
-        kv = core.executor.kv_cache
-        transport = KVTransport(self.transport, kv)
+        if len(self.pairs) > 1:
+            from torchinferno.disagg.sharding import ShardedTransport
+
+            transport = ShardedTransport(core.executor, self.pairs, self.fanout)
+        else:
+            transport = KVTransport(self.transport, core.executor.kv_cache)
         return PrefillRole(core, transport) if self.role == "prefill" else DecodeRole(core, transport)
+
+
+def describe_transport(transport) -> str:
+    if hasattr(transport, "describe"):
+        return transport.describe()
+    return f"KV over one pair ({transport.cfg.backend})"
 
 
 class PrefillRole:
@@ -65,6 +79,9 @@ class PrefillRole:
 
     def busy(self) -> bool:
         return self.transport.pending > 0
+
+    def describe(self) -> str:
+        return describe_transport(self.transport)
 
     def handle(self, msg) -> bool:
         sched = self.core.scheduler
@@ -110,6 +127,9 @@ class DecodeRole:
 
     def busy(self) -> bool:
         return bool(self._queue) or self.transport.pending > 0
+
+    def describe(self) -> str:
+        return describe_transport(self.transport)
 
     def handle(self, msg) -> bool:
         if isinstance(msg, KVDecode):

@@ -17,6 +17,14 @@ Both sides queue transfers in the same order (the decode side's ``ready`` order,
 header whose transfer id is not the expected one is a protocol error that breaks the transport.
 Invariant: each queued transfer produces exactly one ``TransferDone`` (``ok`` or not), from ``poll()``; after a
 failure (peer gone, timeout) the transport is broken and every later transfer fails at once.
+
+Tensor-parallel roles (``disagg.sharding``): one such pair per TP rank, living in the TP worker processes; a
+``KVPart`` says which cache tensors the pair moves (its rank's shards, plus the replicated tensors this rank
+owns: each replicated tensor crosses on exactly one pair) and, on the decode side, the fan-out group over which
+each decode rank broadcasts the replicated rows it received to the other decode ranks (same transfer order and
+the same owner table on every rank, so the broadcasts line up). A pair that breaks on one decode rank leaves the
+other decode ranks waiting in that transfer's broadcast until ``timeout_s``; then they break too (every later
+transfer fails, as above).
 """
 
 from __future__ import annotations
@@ -29,9 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from torchinferno.disagg.kv_io import live_kv_bytes, pack_kv, unpack_kv
+from torchinferno.disagg.kv_io import Which, live_kv_bytes, pack_kv, unpack_kv
 
-__all__ = ["BACKENDS", "KVTransport", "TransferDone", "TransportConfig", "pick_backend"]
+__all__ = ["BACKENDS", "FanoutConfig", "KVPart", "KVTransport", "TransferDone", "TransportConfig", "pick_backend"]
 
 
 BACKENDS = ("gloo", "nccl", "cuda-ipc")
@@ -59,6 +67,28 @@ class TransportConfig:
     profile: bool = False
 
 
+@dataclass(frozen=True)
+class FanoutConfig:
+    """The decode role's own group over its TP ranks (rank 0 hosts its store): replicated rows are broadcast here."""
+
+    rank: int
+    world: int
+    host: str
+    port: int
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class KVPart:
+    """What one tensor-parallel pair moves: ``moved`` over the pair; ``fanned[o]`` (decode side, ``fanout`` set): the
+    replicated tensors pair ``o`` moves, which decode rank ``o`` then broadcasts to the other decode ranks (every
+    rank holds the same table)."""
+
+    moved: Which
+    fanned: tuple[Which, ...] = ()
+    fanout: FanoutConfig | None = None
+
+
 @dataclass
 class TransferDone:
     request_id: str
@@ -81,17 +111,23 @@ class _Job:
 
 
 class KVTransport:
-    """One side of the pair (module docstring). ``kv`` is this role's ``PagedKVCache``."""
+    """One side of the pair (module docstring). ``kv`` is this role's ``PagedKVCache`` (or its TP rank's, with
+    ``part``: what this pair moves; default every tensor)."""
 
-    def __init__(self, cfg: TransportConfig, kv):
+    def __init__(self, cfg: TransportConfig, kv, part: KVPart | None = None):
         self.cfg = cfg
         self.kv = kv
+        self.moved = part.moved if part is not None else None
+        self.fanned = part.fanned if part is not None else ()
+        self.fanout = part.fanout if part is not None and any(part.fanned) else None
+        self._fan_pg = None
         self.broken: str | None = None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._done: queue.Queue[TransferDone] = queue.Queue()
         self._pending = 0
         self._pg = None
         self._store = None
+        self._fan_store = None
         self._staging: torch.Tensor | None = None  # cuda-ipc: the shared buffer (owned by rank 0, mapped by rank 1)
         self._thread = threading.Thread(target=self._run, name=f"kv-transport-{cfg.rank}", daemon=True)
         self._thread.start()
@@ -135,6 +171,13 @@ class KVTransport:
             self._pg = dist.ProcessGroupGloo(self._store, cfg.rank, 2, timeout)
         if cfg.backend == "cuda-ipc":
             self._share_staging()
+        if self.fanout is not None:
+            f = self.fanout
+            t = datetime.timedelta(seconds=f.timeout_s)
+            store = dist.TCPStore(f.host, f.port, f.world, f.rank == 0, timeout=t, wait_for_workers=False)
+            self._fan_store = store
+            self._fan_pg = (dist.ProcessGroupNCCL(store, f.rank, f.world) if self.kv.device.type == "cuda"
+                            else dist.ProcessGroupGloo(store, f.rank, f.world, t))
 
     def _share_staging(self) -> None:
         """Rank 0 allocates the staging buffer and publishes its CUDA IPC handle in the pair's own store (a local
@@ -223,7 +266,7 @@ class KVTransport:
                 buf = None
                 nbytes = -1
             else:
-                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop).to(self._payload_device())
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, self.moved).to(self._payload_device())
                 self._sync(stream)
                 nbytes = buf.numel()
             t1 = clock()
@@ -245,14 +288,34 @@ class KVTransport:
             raise RuntimeError(f"expected KV transfer {job.transfer_id}, got {tid}")
         if nbytes < 0:
             return TransferDone(job.request_id, job.transfer_id, False, error="the prefill role had no KV for it")
-        if (start, stop) != (job.start, job.stop) or nbytes != live_kv_bytes(self.kv, stop - start):
+        want = live_kv_bytes(self.kv, job.stop - job.start, self.moved)
+        if (start, stop) != (job.start, job.stop) or nbytes != want:
             raise RuntimeError(f"KV transfer {tid}: rows {start}..{stop} / {nbytes} bytes, expected "
-                               f"{job.start}..{job.stop} / {live_kv_bytes(self.kv, job.stop - job.start)}")
+                               f"{job.start}..{job.stop} / {want}")
         buf = torch.empty(nbytes, dtype=torch.uint8, device=self._payload_device())
         if nbytes:
             self._recv_payload(buf, stream)
         self._sync(stream)
         t1 = clock()
-        unpack_kv(self.kv, job.block_ids, start, stop, buf)
+        unpack_kv(self.kv, job.block_ids, start, stop, buf, self.moved)
         self._sync(stream)
-        return TransferDone(job.request_id, job.transfer_id, True, nbytes, None, clock() - t1, t1 - t0)
+        t2 = clock()
+        if self._fan_pg is not None:
+            self._fan_out(job)
+            self._sync(stream)
+        return TransferDone(job.request_id, job.transfer_id, True, nbytes, None, t2 - t1, t1 - t0 + clock() - t2)
+
+    def _fan_out(self, job: _Job) -> None:
+        """Each decode rank broadcasts the replicated rows it owns and just received; the others store them."""
+        dev = self.kv.device if self.kv.device.type == "cuda" else torch.device("cpu")
+        for owner, which in enumerate(self.fanned):
+            n = live_kv_bytes(self.kv, job.stop - job.start, which)
+            if n == 0:
+                continue
+            if self.fanout.rank == owner:
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, which).to(dev)
+            else:
+                buf = torch.empty(n, dtype=torch.uint8, device=dev)
+            self._fan_pg.broadcast(buf, owner).wait()
+            if self.fanout.rank != owner:
+                unpack_kv(self.kv, job.block_ids, job.start, job.stop, buf, which)

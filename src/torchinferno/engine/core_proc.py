@@ -100,10 +100,15 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
     # batch 64-256 in an H200 step log.
     gc.collect()
     gc.freeze()
+    try:
+        role = cfg.disagg.make(core) if cfg.disagg is not None else None  # its transport connects on its own thread
+    except BaseException as e:
+        ready_conn.send(("error", f"disaggregation role: {type(e).__name__}: {e}"))
+        ready_conn.close()
+        raise SystemExit(1) from None
+    described = core.describe() + (f"; {role.describe()}" if role is not None else "")
     info = CoreInfo(core.max_model_len, core.vocab_size, sorted(core.eos_token_ids), core.pool.num_blocks,
-                    core.pool.block_size, core.config.max_logprobs, core.describe(), os.getpid())
-
-    role = cfg.disagg.make(core) if cfg.disagg is not None else None  # its transport connects on its own thread
+                    core.pool.block_size, core.config.max_logprobs, described, os.getpid())
     ctx = zmq.Context(io_threads=1)
     inbox = ctx.socket(zmq.PULL)
     inbox.bind(cfg.addresses.to_core)
@@ -213,6 +218,10 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
     finally:
         if role is not None:
             role.close()
+        # Stop tensor-parallel workers now: a spawned process's multiprocessing exit hook joins its non-daemon
+        # children (with no timeout) before atexit finalizers could tell them to stop (the API side then killed
+        # this process after its shutdown timeout).
+        core.executor.shutdown()
         if log is not None:
             log.close()
         inbox.close(0)

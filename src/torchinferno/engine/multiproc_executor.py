@@ -7,6 +7,10 @@ cache and runner (an ordinary ``Worker``), then runs every ``SchedulerOutput`` i
 ranks sample the same tokens (the logits are all-gathered; seeded generators match); rank 0's tokens are
 returned. Messages are pickled bytes over one pipe per worker.
 
+``collective_rpc(fn, *args)`` runs ``fn(worker, rank, *args)`` on every rank (an importable function), in order
+with the steps, and returns each rank's result: how a role of a prefill/decode pair drives the KV transport that
+lives in each worker (``disagg.sharding``).
+
 Invariants: steps reach every rank in the engine's order and their results are taken in that order;
 the scheduler's block count is the smallest any rank allocated (every rank can hold every block table);
 a worker that dies or fails is noticed while waiting (poll with a deadline, liveness check) and raises
@@ -68,6 +72,15 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
             break
         if kind == "stop":
             break
+        if kind == "rpc":
+            fn, args = payload
+            try:
+                res = fn(worker, rank, *args)
+            except BaseException as e:  # noqa: BLE001  (reported to the engine, then exit)
+                conn.send_bytes(pickle.dumps(("error", _one_line(e))))
+                raise SystemExit(1) from None
+            conn.send_bytes(pickle.dumps(("ok", res)))
+            continue
         try:
             out = worker.runner.execute_async(payload).result()
         except BaseException as e:  # noqa: BLE001  (reported to the engine, then exit)
@@ -126,7 +139,7 @@ class MultiprocExecutor(Executor):
         world = world or ranks
         check_spec(spec, world, self.mode)  # one line before any process starts: devices, heads / experts divisible
         self.world = world
-        self.device = torch.device(spec.device)
+        self.device = torch.device(spec.device.split(",")[0])  # a comma list: rank r on its r-th entry
         self.backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         self.step_timeout_s = timeout_s
         ctx = mp.get_context("spawn")
@@ -197,6 +210,21 @@ class MultiprocExecutor(Executor):
         handle = _Handle(self)
         self._pending.append(handle)
         return handle
+
+    def collective_rpc(self, fn, *args, timeout_s: float | None = None) -> list:
+        """``[fn(worker, rank, *args) for each rank]``, run in the workers after every step already sent (their
+        results are collected first, so each pipe's next answer is this call's)."""
+        while self._pending:
+            self._collect_next()
+        msg = pickle.dumps(("rpc", (fn, args)))
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send_bytes(msg)
+            except (OSError, ValueError):
+                raise WorkerDiedError(f"tensor-parallel worker rank {rank} is gone (exit code "
+                                      f"{self._procs[rank].exitcode})") from None
+        name = getattr(fn, "__name__", "a call")
+        return [self._recv(rank, timeout_s or self.step_timeout_s, f"running {name}") for rank in range(self.world)]
 
     @property
     def num_forward_calls(self) -> int:

@@ -87,7 +87,18 @@ def build_rank(family: ModelFamily, config, comm: Comm, tensors: Callable[[Rule]
 
 
 def _rank_device(device: str, comm: Comm) -> str:
-    """CUDA ranks run one per device (rank r on cuda:r, made current); CPU ranks share the host."""
+    """CUDA ranks run one per device (rank r on cuda:r, made current; or on the r-th entry of a comma list such as
+    ``cuda:4,cuda:5``: a disaggregated role's devices); CPU ranks share the host."""
+    if "," in device:
+        devices = device.split(",")
+        if len(devices) != comm.world_size:
+            from torchinferno.errors import ConfigError
+
+            raise ConfigError(f"device list {device!r} has {len(devices)} entries for {comm.world_size} ranks")
+        device = devices[comm.rank]
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)
+        return device
     if device.startswith("cuda") and comm.world_size > 1:
         device = f"cuda:{comm.rank}"
         torch.cuda.set_device(device)

@@ -104,11 +104,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                         "diagnosing a server and calibrating the simulator")
     p.add_argument("--disaggregation-mode", default="none", choices=["none", "prefill-decode"],
                    help="prefill-decode: a prefill engine core and a decode engine core in two processes; each prompt's "
-                        "live KV moves from one to the other over torch.distributed (gloo on CPU, NCCL across GPUs)")
+                        "live KV moves from one to the other over torch.distributed (gloo on CPU, NCCL across GPUs); "
+                        "--tensor-parallel-size N runs N ranks per role (rank i's KV shard goes to decode rank i)")
     p.add_argument("--prefill-devices", default=None, metavar="DEV",
-                   help="device of the prefill role (default: --device), e.g. cpu or cuda:0")
+                   help="device(s) of the prefill role (default: --device), e.g. cpu, cuda:0, or with "
+                        "--tensor-parallel-size N a comma list of N GPUs such as cuda:0,cuda:1,cuda:2,cuda:3")
     p.add_argument("--decode-devices", default=None, metavar="DEV",
-                   help="device of the decode role (default: --device); both roles may share one GPU")
+                   help="device(s) of the decode role (default: --device), as --prefill-devices; both roles may "
+                        "share one GPU")
     p.add_argument("--disaggregation-profile", action="store_true",
                    help="synchronize the device around KV pack / transfer / unpack to time them exactly (profiling "
                         "only: it adds synchronization); the timings go to --disaggregation-record")
@@ -225,11 +228,25 @@ def disagg_config_from_args(args: argparse.Namespace):
         return None
     if args.engine_in_process:
         raise ConfigError("--disaggregation-mode prefill-decode needs engine-core processes (leave out --engine-in-process)")
-    if args.tensor_parallel_size > 1 or args.pipeline_parallel_size > 1:
-        raise ConfigError("--disaggregation-mode prefill-decode: each role runs on one device for now "
-                          "(--tensor-parallel-size per role > 1 is not supported yet)")
+    if args.pipeline_parallel_size > 1:
+        raise ConfigError("--disaggregation-mode prefill-decode: --pipeline-parallel-size is not supported per role "
+                          "(--tensor-parallel-size N runs N ranks per role)")
     from torchinferno.disagg.client import DisaggConfig
+    from torchinferno.disagg.topology import role_devices
 
-    return DisaggConfig(prefill_device=args.prefill_devices or args.device, decode_device=args.decode_devices or args.device,
+    prefill, decode = args.prefill_devices or args.device, args.decode_devices or args.device
+    tp = args.tensor_parallel_size
+    if tp > 1 and args.device in ("cuda", "cuda:0") and not (args.prefill_devices or args.decode_devices):
+        # The README's eight-GPU topology: --tensor-parallel-size 4 -> prefill on cuda:0-3, decode on cuda:4-7.
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() < 2 * tp:
+            raise ConfigError(f"--disaggregation-mode prefill-decode --tensor-parallel-size {tp} needs {2 * tp} GPUs "
+                              f"(this host has {torch.cuda.device_count()}; or give --prefill-devices/--decode-devices)")
+        prefill = ",".join(f"cuda:{i}" for i in range(tp))
+        decode = ",".join(f"cuda:{i}" for i in range(tp, 2 * tp))
+    role_devices(prefill, tp, "--prefill-devices")  # one line now, before any process
+    role_devices(decode, tp, "--decode-devices")
+    return DisaggConfig(prefill_device=prefill, decode_device=decode,
                         timeout_s=args.disaggregation_timeout, profile=args.disaggregation_profile,
                         record_path=args.disaggregation_record)
