@@ -40,10 +40,23 @@ class KVLayerSpec:
 
     kind: str
     tensors: tuple[tuple[str, tuple[int, ...]], ...]
+    # Sliding group (``window > 0``): every tensor NOT named in ``whole`` is read only for the trailing ``window``
+    # tokens before a step's first query (positions >= num_computed_tokens - window); the pool may free its rows
+    # before that. ``whole`` tensors (and every tensor of a layer with ``window == 0``) are kept for the whole
+    # sequence. Default: one group, everything whole (every family but deepseek-v4).
+    window: int = 0
+    whole: tuple[str, ...] = ()
 
     @property
     def values_per_token(self) -> int:
         return sum(math.prod(shape) for _, shape in self.tensors)
+
+    def is_sliding(self, name: str) -> bool:
+        """Whether tensor ``name`` belongs to the sliding group."""
+        return self.window > 0 and name not in self.whole
+
+    def group_values_per_token(self, sliding: bool) -> int:
+        return sum(math.prod(shape) for name, shape in self.tensors if self.is_sliding(name) == sliding)
 
 
 @dataclass(frozen=True)
@@ -67,10 +80,29 @@ class KVSpec:
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         return self.values_per_token() * torch.empty((), dtype=dtype).element_size()
 
-    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: str | torch.device) -> list[tuple[torch.Tensor, ...]]:
-        """Zero-filled cache tensors, one tuple per layer (allocated once; never resized)."""
+    @property
+    def sliding_window(self) -> int:
+        """W of the sliding group (the largest layer window; 0: no sliding group, one block table)."""
+        return max((layer.window for layer in self.layers), default=0)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Two KV cache groups with their own block tables and pools: sliding (freed behind the window) and whole."""
+        return self.sliding_window > 0
+
+    def group_bytes_per_token(self, dtype: torch.dtype, sliding: bool) -> int:
+        """Bytes per token of one group (``sliding`` or whole); their sum is ``bytes_per_token``."""
+        vals = sum(layer.group_values_per_token(sliding) for layer in self.layers)
+        return vals * torch.empty((), dtype=dtype).element_size()
+
+    def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: str | torch.device,
+                 num_sliding_blocks: int | None = None) -> list[tuple[torch.Tensor, ...]]:
+        """Zero-filled cache tensors, one tuple per layer (allocated once; never resized). Sliding-group tensors
+        get ``num_sliding_blocks`` blocks (default ``num_blocks``): they are addressed by their own block table."""
+        ns = num_blocks if num_sliding_blocks is None else num_sliding_blocks
         return [
-            tuple(torch.zeros((num_blocks, block_size, *shape), dtype=dtype, device=device) for _, shape in layer.tensors)
+            tuple(torch.zeros((ns if layer.is_sliding(name) else num_blocks, block_size, *shape), dtype=dtype,
+                              device=device) for name, shape in layer.tensors)
             for layer in self.layers
         ]
 

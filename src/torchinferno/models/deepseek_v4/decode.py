@@ -95,13 +95,15 @@ def decode_attention(attn, q: torch.Tensor, q_res: torch.Tensor, h: torch.Tensor
         cos_c, sin_c = rope["compress"]
         m = comp.rate
         closes = (t + 1) % m == 0
-        entry_slots = torch.where(closes, meta.slot_mapping.long(), -1)
+        ebt = meta.entry_block_tables  # entries: the whole-sequence table (the same as bt unless hybrid)
+        # a padded row (slot -1) writes nothing
+        entry_slots = torch.where(closes & (meta.slot_mapping >= 0), slots_of(ebt, bs, t[:, None])[:, 0], -1)
         new = closing_entry(comp, caches["ckv"], caches["cgate"], t, bt, bs, cos_c, sin_c, q.dtype)
         write_rows(caches["centry"], new, entry_slots)
-        n = bt.shape[1] * bs // m  # every window the table can hold
+        n = ebt.shape[1] * bs // m  # every window the table can hold
         w = torch.arange(n, device=t.device)
         visible = w[None, :] < ((t + 1) // m)[:, None]  # [B, n]
-        ent = torch.where(visible, slots_of(bt, bs, ((w + 1) * m - 1)[None, :].expand(t.shape[0], -1)), -1)
+        ent = torch.where(visible, slots_of(ebt, bs, ((w + 1) * m - 1)[None, :].expand(t.shape[0], -1)), -1)
         ent_cache = caches["centry"]
         idx = comp.indexer
         if idx is not None and n > 0:

@@ -1,0 +1,199 @@
+"""Hybrid KV cache groups (deepseek-v4): the sliding group's blocks are given back once they slide out of the
+window, the whole-sequence group (compressed entries) is kept; engine tokens still equal the full pass (model.generate)
+with chunked prefill, prefix hits, preemption and long sequences; other families keep one group."""
+
+import pytest
+import torch
+
+from torchinferno.cache.block_pool import BlockPool
+from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.engine.config import EngineConfig
+from torchinferno.engine.input_batch import InputBatch
+from torchinferno.engine.kv_sizing import hybrid_split, plan_kv_cache, sliding_blocks_needed
+from torchinferno.engine.llm_engine import LLMEngine
+from torchinferno.engine.outputs import ScheduledRequest
+from torchinferno.engine.request import Request
+from torchinferno.engine.scheduler import Scheduler
+from torchinferno.models.deepseek_v4.config import tiny_deepseek_v4_config
+from torchinferno.models.deepseek_v4.family import kv_spec, kv_window
+from torchinferno.models.deepseek_v4.model import randomize_untrained_
+from torchinferno.models.deepseek_v4.v1 import DeepSeekV4V1
+
+BS = 4
+
+
+def greedy(n):
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return randomize_untrained_(DeepSeekV4V1(tiny_deepseek_v4_config()).eval(), seed=7)
+
+
+def reference(model, prompts, n):
+    return [model.generate(torch.tensor(p), max_new_tokens=n, ignore_eos=True)[len(p):].tolist() for p in prompts]
+
+
+def rand_tokens(n, seed):
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+# ---------------------------------------------------------------------------------------------------- the spec
+def test_v4_spec_declares_a_sliding_group_and_other_families_one_group():
+    from torchinferno.models.registry import get_family
+    from torchinferno.testing import tiny_model
+
+    cfg = tiny_deepseek_v4_config()
+    spec = kv_spec(cfg)
+    # tiny: sliding_window 6, CSA rate 4 (overlap: 2*4 back), HCA rate 8 -> W = 8
+    assert spec.is_hybrid and spec.sliding_window == kv_window(cfg) == 8
+    for layer in spec.layers:
+        names = [n for n, _ in layer.tensors]
+        assert set(layer.whole) == {n for n in names if n in ("centry", "ientry")}
+        assert layer.is_sliding("kv") and not any(layer.is_sliding(n) for n in layer.whole)
+    dt = torch.float32
+    assert (spec.group_bytes_per_token(dt, sliding=True) + spec.group_bytes_per_token(dt, sliding=False)
+            == spec.bytes_per_token(dt))
+    cache = spec.allocate(5, BS, dt, "cpu", num_sliding_blocks=3)
+    for layer, tensors in zip(spec.layers, cache):
+        for (name, _), t in zip(layer.tensors, tensors):
+            assert t.shape[0] == (3 if layer.is_sliding(name) else 5)
+    llama = tiny_model("llama3")
+    lspec = get_family("llama3").kv_spec(llama.config)
+    assert not lspec.is_hybrid and lspec.sliding_window == 0
+    assert lspec.group_bytes_per_token(dt, sliding=False) == lspec.bytes_per_token(dt)
+
+
+# ---------------------------------------------------------------------------------------------------- equality
+def test_long_sequences_chunked_prefill_and_prefix_hits_equal_the_full_pass(model):
+    shared = rand_tokens(22, 3)  # hits of 5 blocks: the window's blocks (8 tokens back) must still be cached
+    prompts = [shared + rand_tokens(3, 4), rand_tokens(41, 5), shared + rand_tokens(9, 6), shared[:14],
+               shared + rand_tokens(1, 7), rand_tokens(2, 8)]
+    ref = reference(model, prompts, 30)
+    eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=7, max_num_seqs=3, num_gpu_blocks=200)
+    assert eng.core.sliding_pool is not None
+    for i, p in enumerate(prompts):
+        eng.add_request(f"r{i}", p, greedy(30))
+    final = eng.run_to_completion()
+    assert [final[f"r{i}"].token_ids for i in range(len(prompts))] == ref
+    s = eng.stats()
+    assert s.prefix_hits > 0 and s.num_sliding_blocks == eng.core.sliding_pool.num_blocks
+
+
+def test_prefix_hits_at_every_token_boundary_equal_the_miss(model):
+    base = rand_tokens(30, 11)
+    eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=64, num_gpu_blocks=200)
+    eng.add_request("warm", base, greedy(1))
+    eng.run_to_completion()
+    prompts = [base[:n] + rand_tokens(2, 100 + n) for n in range(5, 31)]  # hits end inside and at block ends
+    ref = reference(model, prompts, 4)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"h{i}", p, greedy(4))
+    final = eng.run_to_completion()
+    assert [final[f"h{i}"].token_ids for i in range(len(prompts))] == ref
+    assert eng.stats().prefix_hits >= 4 * len(prompts)
+
+
+def test_preemption_with_few_blocks_equals_the_full_pass(model):
+    prompts = [rand_tokens(n, 20 + n) for n in (19, 27, 11, 33)]
+    ref = reference(model, prompts, 20)
+    eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=16, max_model_len=64, num_gpu_blocks=24)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"p{i}", p, greedy(20))
+        eng.step()
+    final = eng.run_to_completion()
+    assert [final[f"p{i}"].token_ids for i in range(len(prompts))] == ref
+    assert eng.stats().num_preemptions > 0
+
+
+def test_async_scheduling_equals_the_full_pass(model):
+    prompts = [rand_tokens(n, 40 + n) for n in (17, 26, 5)]
+    ref = reference(model, prompts, 18)
+    eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=8, num_gpu_blocks=64, async_scheduling=True)
+    for i, p in enumerate(prompts):
+        eng.add_request(f"a{i}", p, greedy(18))
+    final = eng.run_to_completion()
+    assert [final[f"a{i}"].token_ids for i in range(len(prompts))] == ref
+
+
+# ---------------------------------------------------------------------------------------------------- blocks freed
+def test_sliding_blocks_are_given_back_behind_the_window(model):
+    W = kv_window(model.config)
+    eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=6, num_gpu_blocks=100)
+    sp, pool = eng.core.sliding_pool, eng.core.pool
+    prompt = rand_tokens(37, 9)
+    eng.add_request("long", prompt, greedy(40))
+    bound = -(-W // BS) + 1 + -(-6 // BS) + 1  # the window's blocks + this step's chunk (+ a partial block)
+    most = 0
+    while eng.has_unfinished():
+        eng.step()
+        req = eng.core.scheduler.requests.get("long")
+        if req is None:
+            break
+        held = sum(1 for b in req.sliding_block_ids if b >= 0)
+        most = max(most, held)
+        assert held <= bound
+        assert sp.num_blocks - sp.num_free == held  # nothing else holds sliding blocks
+        assert len(req.block_ids) == -(-req.num_computed_tokens // BS)  # the whole group keeps every block
+        # given back when the step was scheduled: before its context (at most 6 tokens ago) minus W
+        assert all(b < 0 for b in req.sliding_block_ids[: max(0, (req.num_computed_tokens - 6 - W) // BS)])
+    assert most >= -(-W // BS)  # a window's worth really was held
+    assert pool.num_blocks - pool.num_free == 0 and sp.num_blocks - sp.num_free == 0
+
+
+def test_a_prefix_hit_needs_the_window_blocks_cached():
+    """Scheduler only: whole-group blocks cached but the sliding window's evicted -> the hit shrinks to the longest
+    prefix whose window is still cached."""
+    W = 8
+    cfg = EngineConfig(block_size=BS, max_num_batched_tokens=64, max_num_seqs=4)
+    pool, sp = BlockPool(64, BS), BlockPool(64, BS)
+    sched = Scheduler(cfg, pool, 256, sp, W)
+    toks = list(range(100, 130))
+    first = Request("a", toks, greedy(1))
+    sched.add_request(first)
+    sched.schedule()
+    first.num_computed_tokens = len(toks)
+    sched._register_full_blocks(first)
+    hashes = first.block_hashes
+    # evict the sliding copy of block 5 (tokens 20..23): hits of 6 or 7 blocks need it, a hit of 5 does not
+    sched.finish_request("a", first.status.FINISHED_ABORTED)
+    sp._cached.pop(hashes[5])
+    req = Request("b", toks + [1, 2], greedy(1))
+    sched._ensure_hashes(req, len(req.prompt_token_ids))
+    hit, shit, j0 = sched._sliding_hit(req, pool.lookup(req.block_hashes[:7]))
+    assert len(hit) == 5 and j0 == (5 * BS - W) // BS and len(shit) == 5 - j0
+    sched.add_request(req)
+    out = sched.schedule()
+    assert out.scheduled[0].num_computed_tokens == 5 * BS
+    assert req.sliding_block_ids[:j0] == [-1] * j0 and all(b >= 0 for b in req.sliding_block_ids[j0:])
+
+
+# ---------------------------------------------------------------------------------------------------- plumbing
+def test_input_batch_hybrid_tables():
+    ib = InputBatch(BS, "cpu", hybrid=True)
+    s = ScheduledRequest("x", [5, 6], 9, [10, 11, 12], [12], True, greedy(1), sliding_block_ids=[-1, 3, 4])
+    step = ib.prepare([s])
+    meta = step.attention_metadata()
+    assert meta.block_tables.tolist() == [[-1, 3, 4]] and meta.whole_block_tables.tolist() == [[10, 11, 12]]
+    assert meta.entry_block_tables is meta.whole_block_tables
+    assert step.slot_mapping.tolist() == [4 * BS + 1, 4 * BS + 2]  # per-token rows go to the sliding group
+    plain = InputBatch(BS, "cpu").prepare([ScheduledRequest("y", [5], 0, [7], [7], True, greedy(1))])
+    assert plain.whole_block_tables is None and plain.attention_metadata().whole_block_tables is None
+
+
+def test_sizing_counts_the_real_per_sequence_need(model):
+    spec, dt = kv_spec(model.config), torch.float32
+    W, budget = spec.sliding_window, 4 * 2**20
+    need = sliding_blocks_needed(W, BS, 8, 64)
+    n, s = hybrid_split(spec, dt, BS, budget, need, 1000)
+    assert s == need and n * spec.group_bytes_per_token(dt, False) * BS + s * spec.group_bytes_per_token(dt, True) * BS <= budget
+    single = budget // (spec.bytes_per_token(dt) * BS)
+    assert n > 2 * single  # far more tokens fit than with one row of everything per token
+    cfg = EngineConfig(block_size=BS, max_num_batched_tokens=64, max_num_seqs=8, kv_cache_memory=budget)
+    plan = plan_kv_cache(model, spec, dt, cfg, 128, torch.device("cpu"))
+    assert (plan.num_blocks, plan.num_sliding_blocks) == (n, s) and "sliding pool" in plan.reason
+    eng = LLMEngine(model, block_size=BS, kv_cache_memory=budget, max_num_seqs=8, max_num_batched_tokens=64)
+    assert "sliding-window blocks" in eng.describe()
+    assert eng.stats().num_sliding_blocks == s
