@@ -82,6 +82,32 @@ def test_long_sequences_chunked_prefill_and_prefix_hits_equal_the_full_pass(mode
     assert s.prefix_hits > 0 and s.num_sliding_blocks == eng.core.sliding_pool.num_blocks
 
 
+@pytest.mark.parametrize("bs", [1, 2, 4])
+def test_no_forward_reads_a_given_back_block(model, bs):
+    """Every sliding block given back is filled with NaN (prefix caching off: nothing may legitimately read it
+    again): any read behind the window would turn the tokens into garbage. Block size 1 makes the window exact."""
+    prompts = [rand_tokens(n, 60 + n) for n in (35, 22, 9)]
+    ref = reference(model, prompts, 24)
+    eng = LLMEngine(model, block_size=bs, max_num_batched_tokens=5, max_num_seqs=3, num_gpu_blocks=400 // bs,
+                    enable_prefix_caching=False)
+    sp, kv = eng.core.sliding_pool, eng.executor.kv_cache
+    free = sp.free
+
+    def poisoned_free(ids):
+        ids = list(ids)
+        free(ids)
+        for layer, tensors in zip(kv.spec.layers, kv.tensors):
+            for (name, _), t in zip(layer.tensors, tensors):
+                if layer.is_sliding(name):
+                    t[[b for b in ids if sp.ref_counts[b] == 0]] = float("nan")
+
+    sp.free = poisoned_free
+    for i, p in enumerate(prompts):
+        eng.add_request(f"n{i}", p, greedy(24))
+    final = eng.run_to_completion()
+    assert [final[f"n{i}"].token_ids for i in range(len(prompts))] == ref
+
+
 def test_prefix_hits_at_every_token_boundary_equal_the_miss(model):
     base = rand_tokens(30, 11)
     eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=64, num_gpu_blocks=200)
