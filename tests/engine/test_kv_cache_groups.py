@@ -223,3 +223,32 @@ def test_sizing_counts_the_real_per_sequence_need(model):
     eng = LLMEngine(model, block_size=BS, kv_cache_memory=budget, max_num_seqs=8, max_num_batched_tokens=64)
     assert "sliding-window blocks" in eng.describe()
     assert eng.stats().num_sliding_blocks == s
+
+
+def test_graph_decode_runner_carries_the_whole_table(model):
+    """The CUDA-graph decode runner's static buffers include the whole group's table (run eagerly on CPU, padded
+    to a bucket): its logits equal a plain forward with the same two tables."""
+    from torchinferno.cache.kv_cache import allocate_kv_cache
+    from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
+    from torchinferno.models.common.attention_metadata import build_attention_metadata
+
+    spec = kv_spec(model.config)
+    kv = allocate_kv_cache(spec, BS, torch.float32, "cpu", num_blocks=16, num_sliding_blocks=12)
+    prompt = rand_tokens(15, 5)
+    sliding, whole = [7, 8, 9, 10], [3, 4, 5, 6]
+    meta = build_attention_metadata([15], [0], [sliding], BS)
+    meta.whole_block_tables = torch.tensor([whole], dtype=torch.int32)
+    with torch.inference_mode():
+        model(torch.tensor(prompt), torch.arange(15), kv.tensors, meta)
+        saved = [tuple(t.clone() for t in layer) for layer in kv.tensors]
+        step = build_attention_metadata([1], [15], [sliding], BS)
+        ids, pos = torch.tensor([77]), torch.tensor([15])
+        step.whole_block_tables = torch.tensor([whole], dtype=torch.int32)
+        want = model.compute_logits(model(ids, pos, kv.tensors, step))
+        for layer, orig in zip(kv.tensors, saved):
+            for t, o in zip(layer, orig):
+                t.copy_(o)
+        runner = CudaGraphDecodeRunner(model, kv.tensors, BS, 8, batch_sizes=(2,), use_graphs=False, hybrid=True)
+        got = runner.run(ids, pos, step.slot_mapping, step.block_tables, step.seq_lens,
+                         whole_block_tables=step.whole_block_tables)
+    torch.testing.assert_close(got, want)
