@@ -44,6 +44,8 @@ def _kv(core):
         raise ConfigError("a prefix snapshot needs an in-process single-device engine (no tensor/pipeline parallel)")
     if not core.pool.enable_prefix_caching:
         raise ConfigError("a prefix snapshot needs prefix caching on")
+    if kv.spec.is_hybrid:
+        raise ConfigError("a prefix snapshot does not support hybrid (sliding-window) KV caches yet")
     if core.has_unfinished():
         raise ConfigError("a prefix snapshot is taken or restored between requests (requests are in flight)")
     return kv

@@ -52,6 +52,10 @@ class RoleConfig:
 
     def make(self, core):
         kv = core.executor.kv_cache
+        if kv.spec.is_hybrid:  # kv_io moves every token's rows of one block table
+            from torchinferno.errors import ConfigError
+
+            raise ConfigError("prefill/decode disaggregation does not support hybrid (sliding-window) KV caches yet")
         transport = KVTransport(self.transport, kv)
         return PrefillRole(core, transport) if self.role == "prefill" else DecodeRole(core, transport)
 
