@@ -252,3 +252,16 @@ def test_graph_decode_runner_carries_the_whole_table(model):
         got = runner.run(ids, pos, step.slot_mapping, step.block_tables, step.seq_lens,
                          whole_block_tables=step.whole_block_tables)
     torch.testing.assert_close(got, want)
+
+
+def test_metrics_report_the_sliding_pool(model):
+    from torchinferno.server.metrics import ServerMetrics
+
+    eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=8, num_gpu_blocks=40)
+    eng.add_request("m", rand_tokens(20, 2), greedy(3))
+    eng.step()
+    m = ServerMetrics("v4")
+    m.refresh(eng.stats())
+    sp = eng.core.sliding_pool
+    got = m.registry.get_sample_value("torchinferno_kv_cache_sliding_usage_perc", {"model_name": "v4"})
+    assert got == pytest.approx(sp.num_used / sp.num_blocks) and got > 0
