@@ -7,6 +7,10 @@ window entries at their closing slot; FP8 caches as stored). Token ``p`` of a re
 ``[start, stop)`` of every tensor of every layer, in ``(layer, tensor)`` order, as raw bytes in one contiguous
 ``uint8`` buffer; nothing else (no padding, no unused slots): ``len(buffer) == (stop - start) * bytes_per_token``.
 Both sides hold the same model, so the layout is implied by the ``KVSpec`` and only the byte count travels.
+
+Hybrid specs (``KVSpec.is_hybrid``): the whole group's tensors move rows ``[start, stop)`` through ``block_ids``, the
+sliding group's only the blocks a later step can read: rows ``[max(start, s), stop)`` with ``s = stop - W`` rounded
+down to a block start (``W = spec.sliding_window``), through ``sliding_block_ids`` (``payload_bytes`` is the size).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import torch
 
 from torchinferno.cache.kv_cache import PagedKVCache
 
-__all__ = ["live_kv_bytes", "pack_kv", "token_slots", "unpack_kv"]
+__all__ = ["live_kv_bytes", "pack_kv", "payload_bytes", "token_slots", "unpack_kv"]
 
 
 def token_slots(block_ids: list[int], block_size: int, start: int, stop: int, device) -> torch.Tensor:
@@ -30,32 +34,60 @@ def live_kv_bytes(kv: PagedKVCache, num_tokens: int) -> int:
     return num_tokens * sum(t[0, 0].numel() * t.element_size() for layer in kv.tensors for t in layer)
 
 
+def _sliding_start(kv: PagedKVCache, start: int, stop: int) -> int:
+    """First sliding row moved: the window's, rounded down to its block (every sliding block the receiver holds is
+    then complete: it may go into its prefix cache)."""
+    return max(start, (stop - kv.spec.sliding_window) // kv.block_size * kv.block_size)
+
+
+def _tensors(kv: PagedKVCache, block_ids, sliding_block_ids, start: int, stop: int):
+    """(tensor, its row range, its slots) of every cache tensor, in (layer, tensor) order."""
+    whole = token_slots(block_ids, kv.block_size, start, stop, kv.device)
+    if not kv.spec.is_hybrid:
+        return [(t, start, stop, whole) for layer in kv.tensors for t in layer]
+    if sliding_block_ids is None or len(sliding_block_ids) != len(block_ids):
+        raise ValueError("a hybrid KV cache moves the sliding group through sliding_block_ids (one per block)")
+    s0 = _sliding_start(kv, start, stop)
+    sliding = token_slots(sliding_block_ids, kv.block_size, s0, stop, kv.device)
+    return [(t, s0, stop, sliding) if spec.is_sliding(name) else (t, start, stop, whole)
+            for spec, layer in zip(kv.spec.layers, kv.tensors) for (name, _), t in zip(spec.tensors, layer)]
+
+
+def payload_bytes(kv: PagedKVCache, start: int, stop: int) -> int:
+    """Bytes one handoff of rows ``[start, stop)`` moves (``live_kv_bytes`` unless the spec is hybrid)."""
+    if not kv.spec.is_hybrid:
+        return live_kv_bytes(kv, stop - start)
+    s0 = _sliding_start(kv, start, stop)
+    return sum((stop - (s0 if spec.is_sliding(name) else start)) * t[0, 0].numel() * t.element_size()
+               for spec, layer in zip(kv.spec.layers, kv.tensors) for (name, _), t in zip(spec.tensors, layer))
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """The cache tensor as raw bytes, one row per token slot: ``[num_blocks * block_size, values * itemsize]``
     ``uint8``, a view (writes land in the cache). Byte rows make every dtype (FP8 included) move the same way."""
     return t.view(t.shape[0] * t.shape[1], -1).view(torch.uint8)
 
 
-def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int) -> torch.Tensor:
+def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int,
+            sliding_block_ids: list[int] | None = None) -> torch.Tensor:
     """Gather rows ``[start, stop)`` of every cache tensor -> one ``uint8 [bytes]`` buffer on the cache's device."""
-    slots = token_slots(block_ids, kv.block_size, start, stop, kv.device)
-    parts = [_rows(t).index_select(0, slots).reshape(-1) for layer in kv.tensors for t in layer]  # [n * row bytes]
+    parts = [_rows(t).index_select(0, slots).reshape(-1)  # [n * row bytes]
+             for t, _, _, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop)]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=kv.device)
 
 
-def unpack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, buf: torch.Tensor) -> None:
+def unpack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, buf: torch.Tensor,
+              sliding_block_ids: list[int] | None = None) -> None:
     """Scatter a ``pack_kv`` buffer (any device) into rows ``[start, stop)`` of ``block_ids``; checks its size."""
-    n = stop - start
-    want = live_kv_bytes(kv, n)
+    want = payload_bytes(kv, start, stop)
     if buf.dtype != torch.uint8 or buf.numel() != want:
         raise ValueError(f"KV payload has {buf.numel()} {buf.dtype} values, expected {want} uint8 "
-                         f"({n} tokens of this cache's layout)")
+                         f"({stop - start} tokens of this cache's layout)")
     buf = buf.to(kv.device, non_blocking=True)
-    slots = token_slots(block_ids, kv.block_size, start, stop, kv.device)
     off = 0
-    for layer in kv.tensors:
-        for t in layer:
-            rows = _rows(t)  # [slots, row bytes]
-            size = n * rows.shape[1]
-            rows.index_copy_(0, slots, buf[off:off + size].view(n, rows.shape[1]))
-            off += size
+    for t, a, b, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop):
+        rows = _rows(t)  # [slots, row bytes]
+        n = b - a
+        size = n * rows.shape[1]
+        rows.index_copy_(0, slots, buf[off:off + size].view(n, rows.shape[1]))
+        off += size

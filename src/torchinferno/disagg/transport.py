@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchinferno.disagg.kv_io import live_kv_bytes, pack_kv, unpack_kv
+from torchinferno.disagg.kv_io import pack_kv, payload_bytes, unpack_kv
 
 __all__ = ["BACKENDS", "KVTransport", "TransferDone", "TransportConfig", "pick_backend"]
 
@@ -78,6 +78,7 @@ class _Job:
     start: int
     stop: int
     missing: bool = False  # sender: no KV held for it (send a -1 header)
+    sliding_block_ids: list[int] | None = None  # hybrid KV caches: the sliding group's blocks (kv_io)
 
 
 class KVTransport:
@@ -98,10 +99,11 @@ class KVTransport:
 
     # ------------------------------------------------------------------ engine-loop side
     def submit(self, request_id: str, transfer_id: int, block_ids: list[int], start: int, stop: int,
-               missing: bool = False) -> None:
+               missing: bool = False, sliding_block_ids: list[int] | None = None) -> None:
         """Queue one transfer (a send on rank 0, a receive into ``block_ids`` on rank 1); never blocks."""
         self._pending += 1
-        self._jobs.put(_Job(request_id, transfer_id, list(block_ids), start, stop, missing))
+        self._jobs.put(_Job(request_id, transfer_id, list(block_ids), start, stop, missing,
+                            None if sliding_block_ids is None else list(sliding_block_ids)))
 
     @property
     def pending(self) -> int:
@@ -223,7 +225,8 @@ class KVTransport:
                 buf = None
                 nbytes = -1
             else:
-                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop).to(self._payload_device())
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, job.sliding_block_ids).to(
+                    self._payload_device())
                 self._sync(stream)
                 nbytes = buf.numel()
             t1 = clock()
@@ -245,14 +248,14 @@ class KVTransport:
             raise RuntimeError(f"expected KV transfer {job.transfer_id}, got {tid}")
         if nbytes < 0:
             return TransferDone(job.request_id, job.transfer_id, False, error="the prefill role had no KV for it")
-        if (start, stop) != (job.start, job.stop) or nbytes != live_kv_bytes(self.kv, stop - start):
+        if (start, stop) != (job.start, job.stop) or nbytes != payload_bytes(self.kv, start, stop):
             raise RuntimeError(f"KV transfer {tid}: rows {start}..{stop} / {nbytes} bytes, expected "
-                               f"{job.start}..{job.stop} / {live_kv_bytes(self.kv, job.stop - job.start)}")
+                               f"{job.start}..{job.stop} / {payload_bytes(self.kv, job.start, job.stop)}")
         buf = torch.empty(nbytes, dtype=torch.uint8, device=self._payload_device())
         if nbytes:
             self._recv_payload(buf, stream)
         self._sync(stream)
         t1 = clock()
-        unpack_kv(self.kv, job.block_ids, start, stop, buf)
+        unpack_kv(self.kv, job.block_ids, start, stop, buf, job.sliding_block_ids)
         self._sync(stream)
         return TransferDone(job.request_id, job.transfer_id, True, nbytes, None, clock() - t1, t1 - t0)

@@ -140,8 +140,6 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest, hold_kv: bool = False) -> None:
         """Queue a request (validated by the caller with ``validate_request``). ``hold_kv`` (prefill role of a
         disaggregated pair): when it finishes, its blocks stay held until ``scheduler.release_held``."""
-        if hold_kv and self.sliding_pool is not None:
-            raise ConfigError("prefill/decode disaggregation does not support hybrid (sliding-window) KV caches")
         req = self.make_request(request)
         req.hold_kv = hold_kv
         self.scheduler.add_request(req)

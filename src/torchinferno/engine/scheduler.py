@@ -229,15 +229,25 @@ class Scheduler:
         if self.pool.enable_prefix_caching:
             self._ensure_hashes(req, (n // self.block_size) * self.block_size)
             hit = self.pool.lookup(req.block_hashes[: n // self.block_size])
+        sp, shit, j0 = self.sliding_pool, [], 0
+        if hit and sp is not None:
+            hit, shit, j0 = self._sliding_hit(req, hit)
         need = _cdiv(n, self.block_size) - len(hit)
         # Leave one free block per running request (its next decode block), so a handoff does not simply
         # preempt a running request to make room: it waits instead (back-pressure).
-        if self.sliding_pool is not None:
-            raise ValueError("prefill/decode disaggregation does not support hybrid (sliding-window) KV caches")
         if need + self.pool.num_reclaimed_by(hit) + len(self.running) > self.pool.num_free:
+            return None
+        # Hybrid: sliding blocks only from the first one the received rows [n - W, n) touch (-1 before it)
+        js = max(len(hit), (n - self.window) // self.block_size) if sp is not None else 0
+        s_need = _cdiv(n, self.block_size) - js
+        if sp is not None and s_need + sp.num_reclaimed_by(shit) + len(self.running) > sp.num_free:
             return None
         self.pool.touch(hit)
         req.block_ids = hit + self.pool.allocate(need)
+        if sp is not None:
+            sp.touch(shit)
+            req.sliding_block_ids = [-1] * j0 + shit + [-1] * (js - len(hit)) + sp.allocate(s_need)
+            req.num_slid_blocks = j0
         req.num_registered_blocks = len(hit)
         req.num_cached_tokens = len(hit) * self.block_size
         self.pool.record_prefix_query(n, req.num_cached_tokens)
