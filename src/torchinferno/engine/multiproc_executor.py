@@ -83,7 +83,8 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
 
 def _describe(worker) -> str:
     kv = worker.kv_cache
-    return (f"{kv.num_blocks} blocks x {kv.block_size} tokens per rank ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}; "
+    sliding = "" if kv.num_sliding_blocks is None else f" + {kv.num_sliding_blocks} sliding-window blocks"
+    return (f"{kv.num_blocks}{sliding} blocks x {kv.block_size} tokens per rank ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}; "
             f"{worker.kv_plan.reason}), max_model_len={worker.max_model_len}, device={worker.device}, "
             f"max_num_seqs={worker.config.max_num_seqs}, max_num_batched_tokens={worker.config.max_num_batched_tokens}")
 
