@@ -4,6 +4,7 @@ reserved (``reserve_prefilled`` / ``add_prefilled``), decodes to the same tokens
 every family, greedy and seeded, with decode-side prefix hits; the payload is exactly the live tokens' bytes."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -60,11 +61,17 @@ def disaggregated(pre, dec, params):
         buf = pack_kv(pre.executor.kv_cache, held.block_ids, start, stop, sliding_ids(pre, held))
         kv = dec.executor.kv_cache
         assert buf.numel() == payload_bytes(kv, start, stop)
-        if kv.spec.is_hybrid:  # deepseek-v4: the sliding group moves only the window's blocks
+        if kv.spec.is_hybrid:  # deepseek-v4: the sliding group moves the window's blocks, entries their windows'
             W, bs = kv.spec.sliding_window, kv.block_size
             s0 = max(start, (stop - W) // bs * bs)
-            assert buf.numel() == ((stop - start) * kv.spec.group_bytes_per_token(kv.dtype, sliding=False)
-                                   + (stop - s0) * kv.spec.group_bytes_per_token(kv.dtype, sliding=True))
+            rows = {False: stop - start, True: stop - s0}
+            want = 0
+            for layer in kv.spec.layers:
+                for name, shape in layer.tensors:
+                    m = dict(layer.rates).get(name)
+                    n = (stop // m - start // m) if m else rows[layer.is_sliding(name)]
+                    want += n * math.prod(shape) * kv.tensors[0][0].element_size()
+            assert buf.numel() == want and (want < (stop - start) * kv.bytes_per_token or start == stop)
         else:
             assert buf.numel() == live_kv_bytes(kv, stop - start)
             assert buf.numel() == (stop - start) * kv.bytes_per_token  # the KVSpec's bytes

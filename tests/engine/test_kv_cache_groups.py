@@ -59,7 +59,11 @@ def test_v4_spec_declares_a_sliding_group_and_other_families_one_group():
     cache = spec.allocate(5, BS, dt, "cpu", num_sliding_blocks=3)
     for layer, tensors in zip(spec.layers, cache):
         for (name, _), t in zip(layer.tensors, tensors):
-            assert t.shape[0] == (3 if layer.is_sliding(name) else 5)
+            assert t.shape[:2] == ((3 if layer.is_sliding(name) else 5), BS)
+    packed = spec.allocate(5, 16, dt, "cpu", num_sliding_blocks=3, pack=True)  # CSA rate 4, HCA rate 8
+    rows = {(layer.kind, n): t.shape[1] for layer, ts in zip(spec.layers, packed) for (n, _), t in zip(layer.tensors, ts)}
+    assert rows[("dsv4-compressed_sparse_attention", "centry")] == rows[("dsv4-compressed_sparse_attention", "ientry")] == 4
+    assert rows[("dsv4-heavily_compressed_attention", "centry")] == 2 and rows[("dsv4-sliding_attention", "kv")] == 16
     llama = tiny_model("llama3")
     lspec = get_family("llama3").kv_spec(llama.config)
     assert not lspec.is_hybrid and lspec.sliding_window == 0
@@ -82,10 +86,11 @@ def test_long_sequences_chunked_prefill_and_prefix_hits_equal_the_full_pass(mode
     assert s.prefix_hits > 0 and s.num_sliding_blocks == eng.core.sliding_pool.num_blocks
 
 
-@pytest.mark.parametrize("bs", [1, 2, 4])
+@pytest.mark.parametrize("bs", [1, 2, 4, 6, 8, 16])
 def test_no_forward_reads_a_given_back_block(model, bs):
     """Every sliding block given back is filled with NaN (prefix caching off: nothing may legitimately read it
-    again): any read behind the window would turn the tokens into garbage. Block size 1 makes the window exact."""
+    again): any read behind the window would turn the tokens into garbage. Block size 1 makes the window exact;
+    8 and 16 pack the entries at several rows per block (CSA rate 4, HCA 8), 6 leaves them unpacked."""
     prompts = [rand_tokens(n, 60 + n) for n in (35, 22, 9)]
     ref = reference(model, prompts, 24)
     eng = LLMEngine(model, block_size=bs, max_num_batched_tokens=5, max_num_seqs=3, num_gpu_blocks=400 // bs,
@@ -214,9 +219,11 @@ def test_sizing_counts_the_real_per_sequence_need(model):
     W, budget = spec.sliding_window, 4 * 2**20
     need = sliding_blocks_needed(W, BS, 8, 64)
     n, s = hybrid_split(spec, dt, BS, budget, need, 1000)
-    assert s == need and n * spec.group_bytes_per_token(dt, False) * BS + s * spec.group_bytes_per_token(dt, True) * BS <= budget
+    whole_pb = spec.group_bytes_per_block(dt, BS, sliding=False, pack=True)
+    assert s == need and n * whole_pb + s * spec.group_bytes_per_block(dt, BS, sliding=True, pack=True) <= budget
+    assert whole_pb < spec.group_bytes_per_token(dt, sliding=False) * BS  # entries packed: one row per window
     single = budget // (spec.bytes_per_token(dt) * BS)
-    assert n > 2 * single  # far more tokens fit than with one row of everything per token
+    assert n > 5 * single  # far more tokens fit than with one row of everything per token
     cfg = EngineConfig(block_size=BS, max_num_batched_tokens=64, max_num_seqs=8, kv_cache_memory=budget)
     plan = plan_kv_cache(model, spec, dt, cfg, 128, torch.device("cpu"))
     assert (plan.num_blocks, plan.num_sliding_blocks) == (n, s) and "sliding pool" in plan.reason

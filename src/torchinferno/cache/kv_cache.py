@@ -41,6 +41,7 @@ class PagedKVCache:
     dtype: torch.dtype
     device: torch.device
     num_sliding_blocks: int | None = None  # hybrid specs: blocks of the sliding group's pool
+    packed: bool = False  # tensors with a rate (one row per window) keep rows_per_block rows per block
 
     @property
     def num_tokens(self) -> int:
@@ -64,9 +65,11 @@ def allocate_kv_cache(
     num_blocks: int | None = None,
     memory_bytes: int | None = None,
     num_sliding_blocks: int | None = None,
+    pack: bool = False,
 ) -> PagedKVCache:
     """Allocate once (zero-filled): ``num_blocks`` wins; else as many blocks as ``memory_bytes`` holds.
-    Hybrid specs: the sliding group gets ``num_sliding_blocks`` (default ``num_blocks``)."""
+    Hybrid specs: the sliding group gets ``num_sliding_blocks`` (default ``num_blocks``); ``pack``: tensors with a
+    rate (``KVLayerSpec.rates``) keep only ``rows_per_block`` rows per block."""
     if num_blocks is None:
         if memory_bytes is None:
             raise ConfigError("give num_blocks or a KV cache memory budget")
@@ -83,5 +86,5 @@ def allocate_kv_cache(
         num_sliding_blocks = num_blocks
     if num_sliding_blocks is not None and num_sliding_blocks < 1:
         raise ConfigError(f"num_sliding_blocks must be >= 1, got {num_sliding_blocks}")
-    tensors = spec.allocate(num_blocks, block_size, dtype, device, num_sliding_blocks)
-    return PagedKVCache(spec, tensors, num_blocks, block_size, dtype, device, num_sliding_blocks)
+    tensors = spec.allocate(num_blocks, block_size, dtype, device, num_sliding_blocks, pack)
+    return PagedKVCache(spec, tensors, num_blocks, block_size, dtype, device, num_sliding_blocks, pack)

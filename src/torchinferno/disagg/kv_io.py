@@ -10,7 +10,9 @@ Both sides hold the same model, so the layout is implied by the ``KVSpec`` and o
 
 Hybrid specs (``KVSpec.is_hybrid``): the whole group's tensors move rows ``[start, stop)`` through ``block_ids``, the
 sliding group's only the blocks a later step can read: rows ``[max(start, s), stop)`` with ``s = stop - W`` rounded
-down to a block start (``W = spec.sliding_window``), through ``sliding_block_ids`` (``payload_bytes`` is the size).
+down to a block start (``W = spec.sliding_window``), through ``sliding_block_ids``; a tensor with a rate m (one
+row per window: V4's entries, packed or not) moves only the rows of the windows closing in ``[start, stop)``.
+``payload_bytes`` is the size.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from torchinferno.cache.kv_cache import PagedKVCache
+from torchinferno.models.protocol import packed_slot
 
 __all__ = ["live_kv_bytes", "pack_kv", "payload_bytes", "token_slots", "unpack_kv"]
 
@@ -40,17 +43,32 @@ def _sliding_start(kv: PagedKVCache, start: int, stop: int) -> int:
     return max(start, (stop - kv.spec.sliding_window) // kv.block_size * kv.block_size)
 
 
+def _closing(start: int, stop: int, m: int) -> torch.Tensor:
+    """Positions in ``[start, stop)`` where a window of ``m`` tokens closes (``(p + 1) % m == 0``)."""
+    return torch.arange(start // m + 1, stop // m + 1, dtype=torch.long) * m - 1
+
+
 def _tensors(kv: PagedKVCache, block_ids, sliding_block_ids, start: int, stop: int):
-    """(tensor, its row range, its slots) of every cache tensor, in (layer, tensor) order."""
+    """(tensor, its slots) of every cache tensor, in (layer, tensor) order."""
     whole = token_slots(block_ids, kv.block_size, start, stop, kv.device)
     if not kv.spec.is_hybrid:
-        return [(t, start, stop, whole) for layer in kv.tensors for t in layer]
+        return [(t, whole) for layer in kv.tensors for t in layer]
     if sliding_block_ids is None or len(sliding_block_ids) != len(block_ids):
         raise ValueError("a hybrid KV cache moves the sliding group through sliding_block_ids (one per block)")
-    s0 = _sliding_start(kv, start, stop)
-    sliding = token_slots(sliding_block_ids, kv.block_size, s0, stop, kv.device)
-    return [(t, s0, stop, sliding) if spec.is_sliding(name) else (t, start, stop, whole)
-            for spec, layer in zip(kv.spec.layers, kv.tensors) for (name, _), t in zip(spec.tensors, layer)]
+    sliding = token_slots(sliding_block_ids, kv.block_size, _sliding_start(kv, start, stop), stop, kv.device)
+    ids, bs = torch.tensor(block_ids, dtype=torch.long), kv.block_size
+    out = []
+    for spec, layer in zip(kv.spec.layers, kv.tensors):
+        rates = dict(spec.rates)
+        for (name, _), t in zip(spec.tensors, layer):
+            if spec.is_sliding(name):
+                out.append((t, sliding))
+            elif name in rates:  # one row per window: only the closing tokens' rows (packed or not)
+                pos = _closing(start, stop, rates[name])
+                out.append((t, packed_slot(ids[pos // bs], pos, bs, t.shape[1]).to(kv.device)))
+            else:
+                out.append((t, whole))
+    return out
 
 
 def payload_bytes(kv: PagedKVCache, start: int, stop: int) -> int:
@@ -58,8 +76,18 @@ def payload_bytes(kv: PagedKVCache, start: int, stop: int) -> int:
     if not kv.spec.is_hybrid:
         return live_kv_bytes(kv, stop - start)
     s0 = _sliding_start(kv, start, stop)
-    return sum((stop - (s0 if spec.is_sliding(name) else start)) * t[0, 0].numel() * t.element_size()
-               for spec, layer in zip(kv.spec.layers, kv.tensors) for (name, _), t in zip(spec.tensors, layer))
+    total = 0
+    for spec, layer in zip(kv.spec.layers, kv.tensors):
+        rates = dict(spec.rates)
+        for (name, _), t in zip(spec.tensors, layer):
+            if spec.is_sliding(name):
+                n = stop - s0
+            elif name in rates:
+                n = stop // rates[name] - start // rates[name]
+            else:
+                n = stop - start
+            total += n * t[0, 0].numel() * t.element_size()
+    return total
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -72,7 +100,7 @@ def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int,
             sliding_block_ids: list[int] | None = None) -> torch.Tensor:
     """Gather rows ``[start, stop)`` of every cache tensor -> one ``uint8 [bytes]`` buffer on the cache's device."""
     parts = [_rows(t).index_select(0, slots).reshape(-1)  # [n * row bytes]
-             for t, _, _, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop)]
+             for t, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop)]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=kv.device)
 
 
@@ -85,9 +113,9 @@ def unpack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, buf
                          f"({stop - start} tokens of this cache's layout)")
     buf = buf.to(kv.device, non_blocking=True)
     off = 0
-    for t, a, b, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop):
+    for t, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop):
         rows = _rows(t)  # [slots, row bytes]
-        n = b - a
+        n = slots.numel()
         size = n * rows.shape[1]
         rows.index_copy_(0, slots, buf[off:off + size].view(n, rows.shape[1]))
         off += size

@@ -67,7 +67,8 @@ class Worker:
         self.kv_plan: KVPlan = plan_kv_cache(model, spec, dtype, config, want_len, self.device)
         self.kv_cache: PagedKVCache = allocate_kv_cache(spec, config.block_size, dtype, self.device,
                                                         num_blocks=self.kv_plan.num_blocks,
-                                                        num_sliding_blocks=self.kv_plan.num_sliding_blocks)
+                                                        num_sliding_blocks=self.kv_plan.num_sliding_blocks,
+                                                        pack=True)  # per-window tensors: one row per window
         capacity = self.kv_cache.num_tokens
         if config.max_model_len is not None and config.max_model_len > capacity:
             raise ConfigError(f"max_model_len={config.max_model_len} does not fit the KV cache "

@@ -12,8 +12,8 @@
   the RAM available when the engine starts (``CPU_KV_RAM_FRACTION``) and at ``CPU_KV_MAX_BYTES``.
 
 Hybrid specs (``KVSpec.is_hybrid``: a sliding group freed behind its window + a whole-sequence group) get two
-pools, costed per group (``hybrid_split``): the sliding pool takes what every running sequence's window plus one
-step's tokens need (``sliding_blocks_needed``; at most half a memory budget), the whole group the rest. With
+pools, costed per group (``hybrid_split``; per-window tensors packed, as the engine allocates them): the sliding
+pool takes what every running sequence's window plus one step's tokens need (``sliding_blocks_needed``; at most half a memory budget), the whole group the rest. With
 ``num_gpu_blocks`` the whole group gets that many blocks and the sliding pool at most as many.
 """
 
@@ -60,8 +60,8 @@ def hybrid_split(spec: KVSpec, dtype: torch.dtype, block_size: int, budget: int,
     """``budget`` bytes -> (whole blocks, sliding blocks): the sliding pool first (``sliding_need``, at most half
     the budget while the whole group stores anything), the whole group the rest. A whole group that stores nothing
     per token gets ``whole_ids`` block ids (they cost no memory) and the sliding pool the whole budget."""
-    whole_pb = spec.group_bytes_per_token(dtype, sliding=False) * block_size
-    slide_pb = spec.group_bytes_per_token(dtype, sliding=True) * block_size
+    whole_pb = spec.group_bytes_per_block(dtype, block_size, sliding=False, pack=True)
+    slide_pb = spec.group_bytes_per_block(dtype, block_size, sliding=True, pack=True)
     if whole_pb == 0:
         return whole_ids, budget // slide_pb
     s = min(sliding_need, (budget // 2) // slide_pb)
@@ -120,8 +120,8 @@ def plan_kv_cache(model: nn.Module, spec: KVSpec, dtype: torch.dtype, config: En
     if config.num_gpu_blocks is not None:
         n, s, reason = config.num_gpu_blocks, min(config.num_gpu_blocks, need), "num_gpu_blocks"
     else:
-        whole_pb = spec.group_bytes_per_token(dtype, sliding=False) * bs
-        slide_pb = spec.group_bytes_per_token(dtype, sliding=True) * bs
+        whole_pb = spec.group_bytes_per_block(dtype, bs, sliding=False, pack=True)
+        slide_pb = spec.group_bytes_per_block(dtype, bs, sliding=True, pack=True)
         per_seq_blocks = _cdiv(want_len, bs)
         # the single-group plan's bytes are the budget (kv_cache_memory / free CUDA memory / the CPU RAM cap)
         base = _plan(model, spec, dtype, config, want_len, device)

@@ -27,6 +27,7 @@ import torch
 from torchinferno.kernels import sparse_sink_decode as ssd
 from torchinferno.models.common.attention import write_kv
 from torchinferno.models.deepseek_v4.compressor import rope_tail
+from torchinferno.models.protocol import packed_slot
 
 
 def write_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, has_padding: bool = True) -> None:
@@ -49,6 +50,15 @@ def slots_of(block_tables: torch.Tensor, block_size: int, pos: torch.Tensor) -> 
     p = pos.clamp(min=0)
     blk = bt.gather(1, (p // block_size).clamp(max=bt.shape[1] - 1))
     return torch.where(pos >= 0, blk * block_size + p % block_size, -1)
+
+
+def entry_slots_of(block_tables: torch.Tensor, block_size: int, pos: torch.Tensor, rows: int) -> torch.Tensor:
+    """``slots_of`` for an entry tensor of ``rows`` rows per block (packed: fewer than ``block_size``; the row of the
+    closing token ``pos``) -> flat rows [B, K] int64, -1 where pos < 0."""
+    bt = block_tables.long()
+    p = pos.clamp(min=0)
+    blk = bt.gather(1, (p // block_size).clamp(max=bt.shape[1] - 1))
+    return torch.where(pos >= 0, packed_slot(blk, p, block_size, rows), -1)
 
 
 def gather_rows(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -97,13 +107,14 @@ def decode_attention(attn, q: torch.Tensor, q_res: torch.Tensor, h: torch.Tensor
         closes = (t + 1) % m == 0
         ebt = meta.entry_block_tables  # entries: the whole-sequence table (the same as bt unless hybrid)
         # a padded row (slot -1) writes nothing
-        entry_slots = torch.where(closes & (meta.slot_mapping >= 0), slots_of(ebt, bs, t[:, None])[:, 0], -1)
+        R = caches["centry"].shape[1]  # entry rows per block (packed: fewer than bs)
+        entry_slots = torch.where(closes & (meta.slot_mapping >= 0), entry_slots_of(ebt, bs, t[:, None], R)[:, 0], -1)
         new = closing_entry(comp, caches["ckv"], caches["cgate"], t, bt, bs, cos_c, sin_c, q.dtype)
         write_rows(caches["centry"], new, entry_slots)
         n = ebt.shape[1] * bs // m  # every window the table can hold
         w = torch.arange(n, device=t.device)
         visible = w[None, :] < ((t + 1) // m)[:, None]  # [B, n]
-        ent = torch.where(visible, slots_of(ebt, bs, ((w + 1) * m - 1)[None, :].expand(t.shape[0], -1)), -1)
+        ent = torch.where(visible, entry_slots_of(ebt, bs, ((w + 1) * m - 1)[None, :].expand(t.shape[0], -1), R), -1)
         ent_cache = caches["centry"]
         idx = comp.indexer
         if idx is not None and n > 0:

@@ -48,11 +48,13 @@ def kv_spec(config: cfg.DeepSeekV4Config) -> KVSpec:
     ``ckv, cgate [2*head_dim]``, ``centry`` and the indexer's ``ikv, igate [2*index_head_dim]``, ``ientry``.
 
     Two cache groups: the per-token rows are a sliding group of window ``kv_window(config)`` (the engine frees
-    their blocks once they slide out); ``centry`` / ``ientry`` are kept for the whole sequence."""
+    their blocks once they slide out); ``centry`` / ``ientry`` are kept for the whole sequence, one row per window
+    (rate m: the engine packs them at ``rows_per_block(m, block_size)`` rows per block)."""
     W = kv_window(config)
     return KVSpec(layers=tuple(
         KVLayerSpec(kind=f"dsv4-{t}", tensors=cache_layout(config, t), window=W,
-                    whole=tuple(n for n, _ in cache_layout(config, t) if n in WHOLE_TENSORS))
+                    whole=tuple(n for n, _ in cache_layout(config, t) if n in WHOLE_TENSORS),
+                    rates=tuple((n, config.compress_rate(t)) for n, _ in cache_layout(config, t) if n in WHOLE_TENSORS))
         for t in config.layer_types))
 
 

@@ -44,6 +44,7 @@ from torchinferno.models.deepseek_v4.compressor import (
     visible_entries,
 )
 from torchinferno.models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
+from torchinferno.models.protocol import packed_slot
 from torchinferno.models.deepseek_v4.hyper import (
     HyperConnection,
     HyperHead,
@@ -196,6 +197,14 @@ class _SeqView:
         pos = torch.arange(a, b, device=fresh.device)
         return gather_positions(self.caches[name], self.block_row, pos).to(fresh.dtype)
 
+    def _entry_slots(self, name: str, closing: torch.Tensor) -> torch.Tensor:
+        """Flat rows of the entries closing at positions ``closing`` (a packed tensor keeps fewer rows per block)."""
+        bs = self.meta.block_size
+        return packed_slot(self.entry_row[closing // bs], closing, bs, self.caches[name].shape[1])
+
+    def _entry_rows(self, name: str, closing: torch.Tensor) -> torch.Tensor:
+        return self.caches[name].flatten(0, 1)[self._entry_slots(name, closing)]
+
     def entries(self, pooler, kv_name: str, gate_name: str, entry_name: str, cos, sin) -> torch.Tensor:
         m, S = pooler.rate, self.ctx + self.qlen
         n_old, n_all = self.ctx // m, S // m
@@ -203,16 +212,14 @@ class _SeqView:
         parts = []
         if n_old:
             closing = (torch.arange(n_old, device=dev) + 1) * m - 1
-            parts.append(gather_positions(self.caches[entry_name], self.entry_row, closing).to(self.raw[kv_name].dtype))
+            parts.append(self._entry_rows(entry_name, closing).to(self.raw[kv_name].dtype))
         if n_all > n_old:
             start = n_old - 1 if (pooler.overlap and n_old > 0) else n_old
             new = pooler.entries(self.rows(kv_name, start * m, n_all * m), self.rows(gate_name, start * m, n_all * m),
                                  cos, sin, first=start)[n_old - start :]
             if self.caches is not None:
                 closing = (torch.arange(n_old, n_all, device=dev) + 1) * m - 1  # positions
-                bs = self.caches[entry_name].shape[1]
-                slots = self.entry_row[closing // bs].long() * bs + closing % bs
-                write_kv(self.caches[entry_name], new, slots)
+                write_kv(self.caches[entry_name], new, self._entry_slots(entry_name, closing))
                 new = new.to(self.caches[entry_name].dtype).to(new.dtype)  # as later forwards will read it
             parts.append(new)
         if not parts:
