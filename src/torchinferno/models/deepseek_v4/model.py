@@ -44,12 +44,12 @@ from torchinferno.models.deepseek_v4.compressor import (
     visible_entries,
 )
 from torchinferno.models.deepseek_v4.config import CSA, SLIDING, DeepSeekV4Config
-from torchinferno.models.protocol import packed_slot
 from torchinferno.models.deepseek_v4.hyper import (
     HyperConnection,
     HyperHead,
     unweighted_rms_norm,
 )
+from torchinferno.models.protocol import packed_slot
 
 
 def cache_layout(cfg: DeepSeekV4Config, layer_type: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
