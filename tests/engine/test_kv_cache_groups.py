@@ -272,3 +272,23 @@ def test_metrics_report_the_sliding_pool(model):
     sp = eng.core.sliding_pool
     got = m.registry.get_sample_value("torchinferno_kv_cache_sliding_usage_perc", {"model_name": "v4"})
     assert got == pytest.approx(sp.num_used / sp.num_blocks) and got > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bs", [4, 16])
+def test_cuda_graph_engine_with_the_sliding_pool_equals_generate(bs):
+    """On CUDA: decode steps replay CUDA graphs (static decode, the Triton sparse-sink kernel and KV append) over
+    the two pools and packed entries (block 16: 4 CSA / 2 HCA entry rows per block); tokens equal model.generate
+    (same kernels, a dense cache)."""
+    torch.manual_seed(0)
+    m = randomize_untrained_(DeepSeekV4V1(tiny_deepseek_v4_config()).eval(), seed=7).cuda()
+    prompts = [rand_tokens(n, 80 + n) for n in (37, 12, 25, 3)]
+    ref = reference(m, prompts, 24)
+    eng = LLMEngine(m, block_size=bs, max_num_batched_tokens=16, max_num_seqs=4, num_gpu_blocks=512 // bs,
+                    enforce_eager=False)
+    assert eng.executor.runner.uses_cuda_graphs and eng.core.sliding_pool is not None
+    for i, p in enumerate(prompts):
+        eng.add_request(f"g{i}", p, greedy(24))
+    final = eng.run_to_completion()
+    assert [final[f"g{i}"].token_ids for i in range(len(prompts))] == ref
+    assert eng.stats().num_graph_steps > 0
