@@ -5,7 +5,7 @@ with chunked prefill, prefix hits, preemption and long sequences; other families
 import pytest
 import torch
 
-from torchinferno.cache.block_pool import BlockPool
+from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.input_batch import InputBatch
@@ -117,6 +117,12 @@ def test_prefix_hits_at_every_token_boundary_equal_the_miss(model):
     base = rand_tokens(30, 11)
     eng = LLMEngine(model, block_size=BS, max_num_batched_tokens=64, num_gpu_blocks=200)
     eng.add_request("warm", base, greedy(1))
+    eng.run_to_completion()
+    assert eng.cached_prefix_tokens(base) == 28  # 7 full blocks, each with its window's sliding blocks cached
+    eng.core.sliding_pool._cached.pop(hash_token_blocks(base, BS)[5])  # block 5's sliding copy is gone
+    assert eng.cached_prefix_tokens(base) == 20  # hits of 6 or 7 blocks need block 5 in their window
+    eng.core.reset_prefix_cache()  # (the pool state above was tampered with)
+    eng.add_request("warm2", base, greedy(1))
     eng.run_to_completion()
     prompts = [base[:n] + rand_tokens(2, 100 + n) for n in range(5, 31)]  # hits end inside and at block ends
     ref = reference(model, prompts, 4)
