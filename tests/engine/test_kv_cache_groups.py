@@ -199,7 +199,7 @@ def test_a_prefix_hit_needs_the_window_blocks_cached():
     sp._cached.pop(hashes[5])
     req = Request("b", toks + [1, 2], greedy(1))
     sched._ensure_hashes(req, len(req.prompt_token_ids))
-    hit, shit, j0 = sched._sliding_hit(req, pool.lookup(req.block_hashes[:7]))
+    hit, shit, j0 = sched.sliding_hit(req, pool.lookup(req.block_hashes[:7]))
     assert len(hit) == 5 and j0 == (5 * BS - W) // BS and len(shit) == 5 - j0
     sched.add_request(req)
     out = sched.schedule()
@@ -298,3 +298,26 @@ def test_cuda_graph_engine_with_the_sliding_pool_equals_generate(bs):
     final = eng.run_to_completion()
     assert [final[f"g{i}"].token_ids for i in range(len(prompts))] == ref
     assert eng.stats().num_graph_steps > 0
+
+
+def test_prefix_snapshot_of_a_hybrid_cache_restores_a_full_hit(model, tmp_path):
+    """save_prefix keeps the whole group's blocks and the last window's sliding blocks; a fresh engine restored from
+    it serves the whole prefix from cache and generates the recomputed tokens."""
+    from torchinferno.cache.prefix_snapshot import restore_prefix, save_prefix
+
+    prefix = rand_tokens(30, 31)
+    prompt = prefix + [5, 6, 7]
+    ref = reference(model, [prompt], 8)[0]
+    src = LLMEngine(model, block_size=BS, max_num_batched_tokens=64, num_gpu_blocks=64)
+    src.add_request("warm", prefix, greedy(1))
+    src.run_to_completion()
+    snap = save_prefix(src.core, prefix, tmp_path / "v4.safetensors")
+    assert (snap.num_tokens, snap.num_blocks) == (28, 7)
+    fresh = LLMEngine(model, block_size=BS, max_num_batched_tokens=64, num_gpu_blocks=64)
+    assert restore_prefix(fresh.core, snap.path).num_blocks == 7
+    assert fresh.cached_prefix_tokens(prompt) == 28
+    sp = fresh.core.sliding_pool
+    assert sp.num_cached_blocks == -(-kv_window(model.config) // BS)  # only the last window's sliding blocks
+    fresh.add_request("r", prompt, greedy(8))
+    out = fresh.run_to_completion()["r"]
+    assert out.token_ids == ref and fresh.stats().prefix_hits == 28

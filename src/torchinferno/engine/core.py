@@ -242,7 +242,7 @@ class EngineCore:
         hit = self.pool.lookup(hashes)
         if hit and self.sliding_pool is not None:
             req = Request("", list(prompt_token_ids), None, block_hashes=hashes)
-            hit = self.scheduler._sliding_hit(req, hit)[0]
+            hit = self.scheduler.sliding_hit(req, hit)[0]
         return len(hit) * self.pool.block_size
 
     def load(self) -> int:

@@ -184,7 +184,7 @@ class Scheduler:
             req.sliding_block_ids.extend(self.sliding_pool.allocate(need))
         return new
 
-    def _sliding_hit(self, req: Request, hit: list[int]) -> tuple[list[int], list[int], int]:
+    def sliding_hit(self, req: Request, hit: list[int]) -> tuple[list[int], list[int], int]:
         """Trim a whole-group prefix hit to the longest ``k`` blocks whose sliding window is cached too -> (whole
         ids [k], sliding ids of blocks j0..k-1, j0)."""
         sp, bs = self.sliding_pool, self.block_size
@@ -231,7 +231,7 @@ class Scheduler:
             hit = self.pool.lookup(req.block_hashes[: n // self.block_size])
         sp, shit, j0 = self.sliding_pool, [], 0
         if hit and sp is not None:
-            hit, shit, j0 = self._sliding_hit(req, hit)
+            hit, shit, j0 = self.sliding_hit(req, hit)
         need = _cdiv(n, self.block_size) - len(hit)
         # Leave one free block per running request (its next decode block), so a handoff does not simply
         # preempt a running request to make room: it waits instead (back-pressure).
@@ -368,7 +368,7 @@ class Scheduler:
             shit: list[int] = []
             j0 = 0
             if hit and self.sliding_pool is not None:
-                hit, shit, j0 = self._sliding_hit(req, hit)
+                hit, shit, j0 = self.sliding_hit(req, hit)
             num_cached = len(hit) * self.block_size
             num_new = req.num_tokens - num_cached
             if num_new > budget:
