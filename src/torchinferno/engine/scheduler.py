@@ -18,12 +18,13 @@ prefix cache. Stop strings need text, so the engine reports them through ``finis
 Only this class changes ``Request`` state.
 
 Hybrid KV specs (``KVSpec.is_hybrid``, e.g. deepseek-v4): a second pool, ``sliding_pool``, holds the sliding
-group's blocks, one per block of ``block_ids`` (``Request.sliding_block_ids``, allocated in lockstep). Before
-each ``schedule()`` every running request gives back the sliding blocks whose tokens all lie before
-``num_computed_tokens - window`` (-1 stays in their place; no forward reads them), so a sequence holds about
-``window / block_size + 1`` sliding blocks plus its current chunk. A prefix hit of ``k`` blocks needs all ``k``
-whole-group blocks and the sliding blocks covering ``[k * block_size - window, k * block_size)`` cached: the
-lookup takes the longest such ``k``. Preemption frees both groups; recompute then equals the full pass.
+group's blocks, one per block of ``block_ids`` (``Request.sliding_block_ids``, allocated in lockstep;
+``engine/sliding_group.py``). Before each ``schedule()`` every running request gives back the sliding blocks whose
+tokens all lie before ``num_computed_tokens - window`` (-1 stays in their place; no forward reads them), so a
+sequence holds about ``window / block_size + 1`` sliding blocks plus its current chunk. A prefix hit of ``k``
+blocks needs all ``k`` whole-group blocks and the sliding blocks covering ``[k * block_size - window,
+k * block_size)`` cached: the lookup takes the longest such ``k``. Preemption frees both groups; recompute then
+equals the full pass.
 
 Async scheduling (``LLMEngine`` with ``async_scheduling``): step k is scheduled before step
 k-1's result is applied, so a request may hold one in-flight token. It is counted in the
@@ -52,6 +53,7 @@ from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.outputs import PLACEHOLDER_TOKEN, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from torchinferno.engine.request import Request, RequestStatus
+from torchinferno.engine.sliding_group import SlidingGroup
 
 __all__ = ["Scheduler", "StepResult"]
 
@@ -78,6 +80,7 @@ class Scheduler:
             raise ValueError("a sliding pool needs a window > 0 and the other way round")
         if sliding_pool is not None and sliding_pool.block_size != pool.block_size:
             raise ValueError("the sliding pool must use the whole pool's block size")
+        self.sliding = None if sliding_pool is None else SlidingGroup(sliding_pool, window)
         self.config = config
         self.pool = pool
         self.sliding_pool = sliding_pool
@@ -156,21 +159,8 @@ class Scheduler:
         self.pool.free(reversed(req.block_ids))
         req.block_ids = []
         req.num_registered_blocks = 0
-        if self.sliding_pool is not None:
-            self.sliding_pool.free([b for b in reversed(req.sliding_block_ids) if b >= 0])
-            req.sliding_block_ids = []
-            req.num_slid_blocks = 0
-
-    def _slide(self, req: Request) -> None:
-        """Give back the sliding blocks wholly before ``num_computed_tokens - window`` (oldest first: the LRU end,
-        so they are evicted before the window's blocks a prefix hit needs)."""
-        n = min(len(req.sliding_block_ids), max(0, (req.num_computed_tokens - self.window) // self.block_size))
-        if n <= req.num_slid_blocks:
-            return
-        ids = req.sliding_block_ids
-        self.sliding_pool.free([b for b in ids[req.num_slid_blocks : n] if b >= 0])
-        ids[req.num_slid_blocks : n] = [-1] * (n - req.num_slid_blocks)
-        req.num_slid_blocks = n
+        if self.sliding is not None:
+            self.sliding.free_all(req)
 
     def _fits(self, need: int) -> bool:
         """``need`` fresh blocks are free in every pool."""
@@ -180,20 +170,13 @@ class Scheduler:
         """Append ``need`` fresh blocks to every group of ``req``; -> the whole group's new ids."""
         new = self.pool.allocate(need) if need else []
         req.block_ids.extend(new)
-        if self.sliding_pool is not None and need:
-            req.sliding_block_ids.extend(self.sliding_pool.allocate(need))
+        if self.sliding is not None:
+            self.sliding.extend(req, need)
         return new
 
     def sliding_hit(self, req: Request, hit: list[int]) -> tuple[list[int], list[int], int]:
-        """Trim a whole-group prefix hit to the longest ``k`` blocks whose sliding window is cached too -> (whole
-        ids [k], sliding ids of blocks j0..k-1, j0)."""
-        sp, bs = self.sliding_pool, self.block_size
-        for k in range(len(hit), 0, -1):
-            j0 = max(0, (k * bs - self.window) // bs)
-            ids = sp.lookup_all(req.block_hashes[j0:k])
-            if ids is not None:
-                return hit[:k], ids, j0
-        return [], [], 0
+        """``SlidingGroup.trim_hit`` (hybrid KV specs only)."""
+        return self.sliding.trim_hit(req, hit)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -229,25 +212,23 @@ class Scheduler:
         if self.pool.enable_prefix_caching:
             self._ensure_hashes(req, (n // self.block_size) * self.block_size)
             hit = self.pool.lookup(req.block_hashes[: n // self.block_size])
-        sp, shit, j0 = self.sliding_pool, [], 0
-        if hit and sp is not None:
-            hit, shit, j0 = self.sliding_hit(req, hit)
+        sg, shit, j0 = self.sliding, [], 0
+        if hit and sg is not None:
+            hit, shit, j0 = sg.trim_hit(req, hit)
         need = _cdiv(n, self.block_size) - len(hit)
         # Leave one free block per running request (its next decode block), so a handoff does not simply
         # preempt a running request to make room: it waits instead (back-pressure).
         if need + self.pool.num_reclaimed_by(hit) + len(self.running) > self.pool.num_free:
             return None
-        # Hybrid: sliding blocks only from the first one the received rows [n - W, n) touch (-1 before it)
-        js = max(len(hit), (n - self.window) // self.block_size) if sp is not None else 0
+        # Hybrid: sliding blocks only from the block holding row n - W on (kv_io sends the window's blocks)
+        js = max(len(hit), sg.first_kept(n)) if sg is not None else 0
         s_need = _cdiv(n, self.block_size) - js
-        if sp is not None and s_need + sp.num_reclaimed_by(shit) + len(self.running) > sp.num_free:
+        if sg is not None and not sg.has_room(s_need, shit, len(self.running)):
             return None
         self.pool.touch(hit)
         req.block_ids = hit + self.pool.allocate(need)
-        if sp is not None:
-            sp.touch(shit)
-            req.sliding_block_ids = [-1] * j0 + shit + [-1] * (js - len(hit)) + sp.allocate(s_need)
-            req.num_slid_blocks = j0
+        if sg is not None:
+            sg.admit(req, shit, j0, skip=js - len(hit), need=s_need)
         req.num_registered_blocks = len(hit)
         req.num_cached_tokens = len(hit) * self.block_size
         self.pool.record_prefix_query(n, req.num_cached_tokens)
@@ -296,11 +277,11 @@ class Scheduler:
         if full <= req.num_registered_blocks:
             return
         self._ensure_hashes(req, full * self.block_size)
-        sp = self.sliding_pool
+        sg = self.sliding
         for i in range(req.num_registered_blocks, full):
             self.pool.cache_block(req.block_ids[i], req.block_hashes[i])
-            if sp is not None and req.sliding_block_ids[i] >= 0:  # given back before it was registered: not cached
-                sp.cache_block(req.sliding_block_ids[i], req.block_hashes[i])
+            if sg is not None:  # unless given back before it was registered
+                sg.register(req, i)
         req.num_registered_blocks = full
 
     def _blocks_needed(self, req: Request, num_new: int) -> int:
@@ -320,9 +301,9 @@ class Scheduler:
         prefills: list[ScheduledRequest] = []
         preempted: list[str] = []
 
-        if self.sliding_pool is not None:
+        if self.sliding is not None:
             for req in self.running:
-                self._slide(req)
+                self.sliding.slide(req)
         # 1. Running requests: decodes (one token) first, then continuing prefill chunks.
         order = sorted(self.running,
                        key=lambda r: (r.num_tokens + r.num_inflight - r.num_computed_tokens > 1, r.arrival_index))
@@ -367,8 +348,8 @@ class Scheduler:
                 hit = self.pool.lookup(req.block_hashes[:max_hit])
             shit: list[int] = []
             j0 = 0
-            if hit and self.sliding_pool is not None:
-                hit, shit, j0 = self.sliding_hit(req, hit)
+            if hit and self.sliding is not None:
+                hit, shit, j0 = self.sliding.trim_hit(req, hit)
             num_cached = len(hit) * self.block_size
             num_new = req.num_tokens - num_cached
             if num_new > budget:
@@ -377,16 +358,13 @@ class Scheduler:
                 num_new = budget
             need = _cdiv(num_cached + num_new, self.block_size) - len(hit)
             if need + self.pool.num_reclaimed_by(hit) > self.pool.num_free or (
-                    self.sliding_pool is not None
-                    and need + self.sliding_pool.num_reclaimed_by(shit) > self.sliding_pool.num_free):
+                    self.sliding is not None and not self.sliding.has_room(need, shit)):
                 break  # wait for running requests to free blocks
             self.waiting.popleft()
             self.pool.touch(hit)
             req.block_ids = list(hit)
-            if self.sliding_pool is not None:
-                self.sliding_pool.touch(shit)
-                req.sliding_block_ids = [-1] * j0 + shit
-                req.num_slid_blocks = j0
+            if self.sliding is not None:
+                self.sliding.admit(req, shit, j0)
             new_blocks = self._allocate(req, need)
             req.num_computed_tokens = num_cached
             req.num_registered_blocks = len(hit)
@@ -437,7 +415,7 @@ class Scheduler:
             plp_start,
             plp_targets,
             req.num_prior_draws,
-            None if self.sliding_pool is None else list(req.sliding_block_ids),
+            None if self.sliding is None else list(req.sliding_block_ids),
         )
 
     # ------------------------------------------------------------------ results
