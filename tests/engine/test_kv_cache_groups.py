@@ -321,3 +321,20 @@ def test_prefix_snapshot_of_a_hybrid_cache_restores_a_full_hit(model, tmp_path):
     fresh.add_request("r", prompt, greedy(8))
     out = fresh.run_to_completion()["r"]
     assert out.token_ids == ref and fresh.stats().prefix_hits == 28
+
+
+def test_sequence_bytes_and_plan_parallel_count_the_real_need():
+    """``KVSpec.sequence_bytes`` (what one sequence holds in the engine's pool) and plan-parallel's KV line: V4-Flash
+    keeps a window of per-token rows and packed entries (> 20x less at 128k tokens); other families are unchanged."""
+    from torchinferno.models.deepseek_v4.config import SIZES
+    from torchinferno.models.registry import get_family
+    from torchinferno.parallel.fake import plan_parallel
+
+    dt, T = torch.bfloat16, 131072
+    spec = kv_spec(SIZES["deepseek-v4-flash"]())
+    assert 20 * spec.sequence_bytes(dt, T, 64) < T * spec.bytes_per_token(dt)
+    llama = get_family("llama3").kv_spec(get_family("llama3").size("debug"))
+    assert llama.sequence_bytes(dt, 4096, 16) == 4096 * llama.bytes_per_token(dt)
+    plan = plan_parallel("deepseek-v4", "deepseek-v4-flash", 8)
+    assert plan.kv_bytes(T) == spec.sequence_bytes(dt, T, 16) < plan.kv_bytes_per_token * T
+    assert "sliding window freed" in plan.lines(T)[2]

@@ -130,6 +130,17 @@ class KVSpec:
         vals = sum(layer.group_values_per_block(block_size, sliding, pack) for layer in self.layers)
         return vals * torch.empty((), dtype=dtype).element_size()
 
+    def sequence_bytes(self, dtype: torch.dtype, num_tokens: int, block_size: int) -> int:
+        """KV bytes one sequence of ``num_tokens`` holds in the engine's pool: whole blocks (per-window tensors
+        packed) for every token, and for a hybrid spec the sliding group's blocks of one window (+ its partial
+        blocks); the engine's real per-sequence need (``engine/kv_sizing``)."""
+        n = -(-num_tokens // block_size)
+        if not self.is_hybrid:
+            return n * block_size * self.bytes_per_token(dtype)
+        window = min(n, -(-self.sliding_window // block_size) + 1)
+        return (n * self.group_bytes_per_block(dtype, block_size, sliding=False, pack=True)
+                + window * self.group_bytes_per_block(dtype, block_size, sliding=True, pack=True))
+
     def allocate(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: str | torch.device,
                  num_sliding_blocks: int | None = None, pack: bool = False) -> list[tuple[torch.Tensor, ...]]:
         """Zero-filled cache tensors, one tuple per layer (allocated once; never resized). Sliding-group tensors
