@@ -61,9 +61,10 @@ def test_v4_spec_declares_a_sliding_group_and_other_families_one_group():
         for (name, _), t in zip(layer.tensors, tensors):
             assert t.shape[:2] == ((3 if layer.is_sliding(name) else 5), BS)
     packed = spec.allocate(5, 16, dt, "cpu", num_sliding_blocks=3, pack=True)  # CSA rate 4, HCA rate 8
-    rows = {(layer.kind, n): t.shape[1] for layer, ts in zip(spec.layers, packed) for (n, _), t in zip(layer.tensors, ts)}
-    assert rows[("dsv4-compressed_sparse_attention", "centry")] == rows[("dsv4-compressed_sparse_attention", "ientry")] == 4
-    assert rows[("dsv4-heavily_compressed_attention", "centry")] == 2 and rows[("dsv4-sliding_attention", "kv")] == 16
+    rows = {(layer.kind[5:], n): t.shape[1] for layer, ts in zip(spec.layers, packed)
+            for (n, _), t in zip(layer.tensors, ts)}
+    assert rows[("compressed_sparse_attention", "centry")] == rows[("compressed_sparse_attention", "ientry")] == 4
+    assert rows[("heavily_compressed_attention", "centry")] == 2 and rows[("sliding_attention", "kv")] == 16
     llama = tiny_model("llama3")
     lspec = get_family("llama3").kv_spec(llama.config)
     assert not lspec.is_hybrid and lspec.sliding_window == 0

@@ -13,8 +13,9 @@
 
 Hybrid specs (``KVSpec.is_hybrid``: a sliding group freed behind its window + a whole-sequence group) get two
 pools, costed per group (``hybrid_split``; per-window tensors packed, as the engine allocates them): the sliding
-pool takes what every running sequence's window plus one step's tokens need (``sliding_blocks_needed``; at most half a memory budget), the whole group the rest. With
-``num_gpu_blocks`` the whole group gets that many blocks and the sliding pool at most as many.
+pool takes what every running sequence's window plus one step's tokens need (``sliding_blocks_needed``; at most
+half a memory budget), the whole group the rest. With ``num_gpu_blocks`` the whole group gets that many blocks and
+the sliding pool at most as many.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ A decode step here sees only device tensors and shapes fixed by the batch (``B``
   (slot -1, a padded row, writes nothing: a Triton append on CUDA, ``write_kv`` elsewhere);
 * sliding window: the ``sliding_window`` positions ``t - W + 1 .. t`` as flat cache slots, ``-1`` where negative;
 * compressed layers: each row pools the window(s) *ending at its token* (``rate`` slots, ``2 * rate`` with
-  overlap) from the cache; the entry is written at the token's slot only where a window closes there
-  (``(t + 1) % rate == 0``, else slot -1), exactly the entry the eager path writes;
+  overlap) from the cache; the entry is written at the token's row of the entry tensor (``meta.entry_block_tables``,
+  ``protocol.packed_slot``) only where a window closes there (``(t + 1) % rate == 0``, else slot -1), exactly the
+  entry the eager path writes;
 * entries: all ``N = Wb * block_size // rate`` closing slots of the table, valid iff ``w < (t + 1) // rate``; HCA
   attends every valid one, CSA the indexer's top ``min(index_topk, N)`` (a stable descending sort: the earliest
   among ties, invalid ones last and masked), as the eager selection.
@@ -106,8 +107,8 @@ def decode_attention(attn, q: torch.Tensor, q_res: torch.Tensor, h: torch.Tensor
         m = comp.rate
         closes = (t + 1) % m == 0
         ebt = meta.entry_block_tables  # entries: the whole-sequence table (the same as bt unless hybrid)
-        # a padded row (slot -1) writes nothing
         R = caches["centry"].shape[1]  # entry rows per block (packed: fewer than bs)
+        # through the whole-sequence table; a padded row (slot -1) writes nothing
         entry_slots = torch.where(closes & (meta.slot_mapping >= 0), entry_slots_of(ebt, bs, t[:, None], R)[:, 0], -1)
         new = closing_entry(comp, caches["ckv"], caches["cgate"], t, bt, bs, cos_c, sin_c, q.dtype)
         write_rows(caches["centry"], new, entry_slots)

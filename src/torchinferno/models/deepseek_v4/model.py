@@ -13,9 +13,10 @@ last token (w+1)*m-1); CSA adds the indexer's ``ikv, igate [2*Di]``, ``ientry [D
 ``sliding_window - 1`` kv rows, the stored entries, and pools only the windows closing in it, so any chunking /
 prefix hit / preemption equals the full pass. In the engine the per-token rows are a sliding cache group
 (``family.kv_spec``: blocks behind the window are freed, ``meta.block_tables`` / ``slot_mapping`` address them)
-and the entries a whole-sequence group (``meta.entry_block_tables``). Decode-only batches of an ops module with ``STATIC_DECODE`` (v1) take
-``decode.py`` instead: the same numbers from batch-fixed shapes and device tensors only (CUDA-graph capturable),
-attention through ``kernels.sparse_sink_decode`` (Triton on CUDA).
+and the entries a whole-sequence group (``meta.entry_block_tables``; packed at one row per window where the block
+size allows, addressed by ``protocol.packed_slot``). Decode-only batches of an ops module with ``STATIC_DECODE``
+(v1) take ``decode.py`` instead: the same numbers from batch-fixed shapes and device tensors only (CUDA-graph
+capturable), attention through ``kernels.sparse_sink_decode`` (Triton on CUDA).
 """
 
 from __future__ import annotations
