@@ -87,15 +87,18 @@ def test_long_sequences_chunked_prefill_and_prefix_hits_equal_the_full_pass(mode
     assert s.prefix_hits > 0 and s.num_sliding_blocks == eng.core.sliding_pool.num_blocks
 
 
-@pytest.mark.parametrize("bs", [1, 2, 4, 6, 8, 16])
-def test_no_forward_reads_a_given_back_block(model, bs):
+@pytest.mark.parametrize("bs,async_,blocks", [(1, False, 400), (2, False, 200), (4, False, 100), (6, False, 70),
+                                               (8, False, 50), (16, False, 25), (1, True, 400), (4, True, 100),
+                                               (4, False, 26), (4, True, 26)])
+def test_no_forward_reads_a_given_back_block(model, bs, async_, blocks):
     """Every sliding block given back is filled with NaN (prefix caching off: nothing may legitimately read it
     again): any read behind the window would turn the tokens into garbage. Block size 1 makes the window exact;
-    8 and 16 pack the entries at several rows per block (CSA rate 4, HCA 8), 6 leaves them unpacked."""
+    8 and 16 pack the entries at several rows per block (CSA rate 4, HCA 8), 6 leaves them unpacked; async
+    scheduling frees while a step is in flight; 26 blocks force preemption (freed blocks poisoned, recomputed)."""
     prompts = [rand_tokens(n, 60 + n) for n in (35, 22, 9)]
     ref = reference(model, prompts, 24)
-    eng = LLMEngine(model, block_size=bs, max_num_batched_tokens=5, max_num_seqs=3, num_gpu_blocks=400 // bs,
-                    enable_prefix_caching=False)
+    eng = LLMEngine(model, block_size=bs, max_num_batched_tokens=5, max_num_seqs=3, num_gpu_blocks=blocks,
+                    enable_prefix_caching=False, async_scheduling=async_)
     sp, kv = eng.core.sliding_pool, eng.executor.kv_cache
     free = sp.free
 
@@ -112,6 +115,7 @@ def test_no_forward_reads_a_given_back_block(model, bs):
         eng.add_request(f"n{i}", p, greedy(24))
     final = eng.run_to_completion()
     assert [final[f"n{i}"].token_ids for i in range(len(prompts))] == ref
+    assert (eng.stats().num_preemptions > 0) == (blocks == 26)
 
 
 def test_prefix_hits_at_every_token_boundary_equal_the_miss(model):
