@@ -4,12 +4,13 @@ reserved (``reserve_prefilled`` / ``add_prefilled``), decodes to the same tokens
 every family, greedy and seeded, with decode-side prefix hits; the payload is exactly the live tokens' bytes."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
 from torchinferno.core.sampling_params import SamplingParams
-from torchinferno.disagg.kv_io import live_kv_bytes, pack_kv, unpack_kv
+from torchinferno.disagg.kv_io import live_kv_bytes, pack_kv, payload_bytes, unpack_kv
 from torchinferno.engine.assembly import ModelSpec, build_model
 from torchinferno.engine.core_types import EngineCoreRequest
 from torchinferno.engine.llm_engine import LLMEngine
@@ -35,6 +36,11 @@ def colocated(eng, params):
     return [done[f"r{i}"].token_ids for i in range(len(prompts()))]
 
 
+def sliding_ids(eng, req):
+    """A hybrid KV cache's (deepseek-v4) sliding-group blocks of ``req``, else None."""
+    return None if eng.core.sliding_pool is None else req.sliding_block_ids
+
+
 def disaggregated(pre, dec, params):
     """Sequential handoffs (each request: prefill, transfer, then all decode together)."""
     pc, dc = pre.core, dec.core
@@ -52,10 +58,24 @@ def disaggregated(pre, dec, params):
         req.output_token_ids.append(tok)
         req.num_prior_draws = 1
         start, stop = dc.scheduler.reserve_prefilled(req)
-        buf = pack_kv(pre.executor.kv_cache, held.block_ids, start, stop)
-        assert buf.numel() == live_kv_bytes(dec.executor.kv_cache, stop - start)
-        assert buf.numel() == (stop - start) * dec.executor.kv_cache.bytes_per_token  # the KVSpec's bytes
-        unpack_kv(dec.executor.kv_cache, req.block_ids, start, stop, buf)
+        buf = pack_kv(pre.executor.kv_cache, held.block_ids, start, stop, sliding_ids(pre, held))
+        kv = dec.executor.kv_cache
+        assert buf.numel() == payload_bytes(kv, start, stop)
+        if kv.spec.is_hybrid:  # deepseek-v4: the sliding group moves the window's blocks, entries their windows'
+            W, bs = kv.spec.sliding_window, kv.block_size
+            s0 = max(start, (stop - W) // bs * bs)
+            rows = {False: stop - start, True: stop - s0}
+            want = 0
+            for layer in kv.spec.layers:
+                for name, shape in layer.tensors:
+                    m = dict(layer.rates).get(name)
+                    n = (stop // m - start // m) if m else rows[layer.is_sliding(name)]
+                    want += n * math.prod(shape) * kv.tensors[0][0].element_size()
+            assert buf.numel() == want and (want < (stop - start) * kv.bytes_per_token or start == stop)
+        else:
+            assert buf.numel() == live_kv_bytes(kv, stop - start)
+            assert buf.numel() == (stop - start) * kv.bytes_per_token  # the KVSpec's bytes
+        unpack_kv(kv, req.block_ids, start, stop, buf, sliding_ids(dec, req))
         dc.scheduler.add_prefilled(rid)
         assert pc.scheduler.release_held(rid)
         moved.append((start, stop))
@@ -78,9 +98,14 @@ def test_disaggregated_tokens_equal_colocated(family, kv):
     got = [toks[f"r{i}"] for i in range(len(ref))]
     # the decode engine's outputs start at the second token; the first came from the prefill engine
     assert [r[1:] for r in ref] == got
-    assert moved[0] == (0, 12) and moved[2][0] == 8  # r2 shares r0's first two full blocks on the decode side
+    # r2 shares r0's first two full blocks on the decode side; a hybrid cache (deepseek-v4) received only the
+    # window's sliding blocks of r0 ([4, 12)), so the window [0, 8) that hit needs is not there: r2 moves whole
+    hybrid = dec.executor.kv_cache.spec.is_hybrid
+    assert moved[0] == (0, 12) and moved[2][0] == (0 if hybrid else 8)
     assert pre.core.scheduler.held == {} and pre.core.pool.num_free == pre.core.pool.num_blocks
     assert dec.core.pool.num_free == dec.core.pool.num_blocks
+    for sp in (pre.core.sliding_pool, dec.core.sliding_pool):
+        assert sp is None or sp.num_free == sp.num_blocks
 
 
 def test_backpressure_reserve_waits_for_blocks_and_changes_nothing():

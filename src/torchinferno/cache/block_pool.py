@@ -126,6 +126,18 @@ class BlockPool:
             out.append(b)
         return out
 
+    def lookup_all(self, block_hashes: Sequence[int]) -> list[int] | None:
+        """Block ids of every one of ``block_hashes`` if all are cached, else None (takes no reference)."""
+        if not self.enable_prefix_caching:
+            return None if block_hashes else []
+        out: list[int] = []
+        for h in block_hashes:
+            b = self._cached.get(h)
+            if b is None:
+                return None
+            out.append(b)
+        return out
+
     def num_reclaimed_by(self, block_ids: Iterable[int]) -> int:
         """How many of ``block_ids`` are currently free (``touch`` would take them off the free queue)."""
         return sum(1 for b in block_ids if self.ref_counts[b] == 0)

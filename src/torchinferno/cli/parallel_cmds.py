@@ -59,7 +59,8 @@ def cmd_plan_parallel(a: argparse.Namespace) -> int:
         check_split(fam, fam.size(a.size), a.tp)
     plan = plan_parallel(family, a.size, a.tp, resolve_dtype(a.dtype), a.batch)
     if a.json:
-        print(json.dumps({**asdict(plan), "context": a.context, "kv_bytes_context": plan.kv_bytes_per_token * a.context}))
+        d = {k: v for k, v in asdict(plan).items() if k != "kv_spec"}
+        print(json.dumps({**d, "context": a.context, "kv_bytes_context": plan.kv_bytes(a.context)}))
     else:
         print("\n".join(plan.lines(a.context)))
     return 0

@@ -10,6 +10,12 @@ Both sides hold the same model, so the layout is implied by the ``KVSpec`` and o
 
 ``which``: the ``(layer, tensor)`` indices a call covers (default: all, in that order) -- a tensor-parallel pair moves
 only its rank's part (``disagg.sharding``).
+
+Hybrid specs (``KVSpec.is_hybrid``): the whole group's tensors move rows ``[start, stop)`` through ``block_ids``, the
+sliding group's only the blocks a later step can read: rows ``[max(start, s), stop)`` with ``s = stop - W`` rounded
+down to a block start (``W = spec.sliding_window``), through ``sliding_block_ids``; a tensor with a rate m (one
+row per window: V4's entries, packed or not) moves only the rows of the windows closing in ``[start, stop)``.
+``payload_bytes`` is the size.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from __future__ import annotations
 import torch
 
 from torchinferno.cache.kv_cache import PagedKVCache
+from torchinferno.models.protocol import packed_slot
 
-__all__ = ["all_tensors", "live_kv_bytes", "pack_kv", "token_slots", "unpack_kv"]
+__all__ = ["all_tensors", "live_kv_bytes", "pack_kv", "payload_bytes", "token_slots", "unpack_kv"]
 
 Which = tuple[tuple[int, int], ...]  # (layer, tensor index) pairs, in pack order
 
@@ -44,34 +51,92 @@ def live_kv_bytes(kv: PagedKVCache, num_tokens: int, which: Which | None = None)
     return num_tokens * sum(t[0, 0].numel() * t.element_size() for t in _selected(kv, which))
 
 
+def _sliding_start(kv: PagedKVCache, start: int, stop: int) -> int:
+    """First sliding row moved: the window's, rounded down to its block (every sliding block the receiver holds is
+    then complete: it may go into its prefix cache)."""
+    return max(start, (stop - kv.spec.sliding_window) // kv.block_size * kv.block_size)
+
+
+def _closing(start: int, stop: int, m: int) -> torch.Tensor:
+    """Positions in ``[start, stop)`` where a window of ``m`` tokens closes (``(p + 1) % m == 0``)."""
+    return torch.arange(start // m + 1, stop // m + 1, dtype=torch.long) * m - 1
+
+
+def _entries(kv: PagedKVCache, which: Which | None):
+    """(layer spec, tensor name, cache tensor) of every cache tensor (or ``which``), in pack order."""
+    return [(kv.spec.layers[li], kv.spec.layers[li].tensors[ti][0], kv.tensors[li][ti])
+            for li, ti in (all_tensors(kv) if which is None else which)]
+
+
+def _tensors(kv: PagedKVCache, block_ids, sliding_block_ids, start: int, stop: int, which: Which | None = None):
+    """(tensor, its slots) of every cache tensor (or ``which``), in pack order."""
+    whole = token_slots(block_ids, kv.block_size, start, stop, kv.device)
+    if not kv.spec.is_hybrid:
+        return [(t, whole) for t in _selected(kv, which)]
+    if sliding_block_ids is None or len(sliding_block_ids) != len(block_ids):
+        raise ValueError("a hybrid KV cache moves the sliding group through sliding_block_ids (one per block)")
+    sliding = token_slots(sliding_block_ids, kv.block_size, _sliding_start(kv, start, stop), stop, kv.device)
+    ids, bs = torch.tensor(block_ids, dtype=torch.long), kv.block_size
+    out = []
+    for spec, name, t in _entries(kv, which):
+        rates = dict(spec.rates)
+        if spec.is_sliding(name):
+            out.append((t, sliding))
+        elif name in rates:  # one row per window: only the closing tokens' rows (packed or not)
+            pos = _closing(start, stop, rates[name])
+            out.append((t, packed_slot(ids[pos // bs], pos, bs, t.shape[1]).to(kv.device)))
+        else:
+            out.append((t, whole))
+    return out
+
+
+def payload_bytes(kv: PagedKVCache, start: int, stop: int, which: Which | None = None) -> int:
+    """Bytes one handoff of rows ``[start, stop)`` of every tensor (or ``which``) moves (``live_kv_bytes`` unless the
+    spec is hybrid)."""
+    if not kv.spec.is_hybrid:
+        return live_kv_bytes(kv, stop - start, which)
+    s0 = _sliding_start(kv, start, stop)
+    total = 0
+    for spec, name, t in _entries(kv, which):
+        rates = dict(spec.rates)
+        if spec.is_sliding(name):
+            n = stop - s0
+        elif name in rates:
+            n = stop // rates[name] - start // rates[name]
+        else:
+            n = stop - start
+        total += n * t[0, 0].numel() * t.element_size()
+    return total
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """The cache tensor as raw bytes, one row per token slot: ``[num_blocks * block_size, values * itemsize]``
     ``uint8``, a view (writes land in the cache). Byte rows make every dtype (FP8 included) move the same way."""
     return t.view(t.shape[0] * t.shape[1], -1).view(torch.uint8)
 
 
-def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, which: Which | None = None) -> torch.Tensor:
+def pack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, which: Which | None = None,
+            sliding_block_ids: list[int] | None = None) -> torch.Tensor:
     """Gather rows ``[start, stop)`` of every cache tensor (or ``which``) -> one ``uint8 [bytes]`` buffer on the
     cache's device."""
-    slots = token_slots(block_ids, kv.block_size, start, stop, kv.device)
-    parts = [_rows(t).index_select(0, slots).reshape(-1) for t in _selected(kv, which)]  # [n * row bytes]
+    parts = [_rows(t).index_select(0, slots).reshape(-1)  # [n * row bytes]
+             for t, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop, which)]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=kv.device)
 
 
 def unpack_kv(kv: PagedKVCache, block_ids: list[int], start: int, stop: int, buf: torch.Tensor,
-              which: Which | None = None) -> None:
+              which: Which | None = None, sliding_block_ids: list[int] | None = None) -> None:
     """Scatter a ``pack_kv`` buffer (any device; same ``which``) into rows ``[start, stop)`` of ``block_ids``;
     checks its size."""
-    n = stop - start
-    want = live_kv_bytes(kv, n, which)
+    want = payload_bytes(kv, start, stop, which)
     if buf.dtype != torch.uint8 or buf.numel() != want:
         raise ValueError(f"KV payload has {buf.numel()} {buf.dtype} values, expected {want} uint8 "
-                         f"({n} tokens of this cache's layout)")
+                         f"({stop - start} tokens of this cache's layout)")
     buf = buf.to(kv.device, non_blocking=True)
-    slots = token_slots(block_ids, kv.block_size, start, stop, kv.device)
     off = 0
-    for t in _selected(kv, which):
+    for t, slots in _tensors(kv, block_ids, sliding_block_ids, start, stop, which):
         rows = _rows(t)  # [slots, row bytes]
+        n = slots.numel()
         size = n * rows.shape[1]
         rows.index_copy_(0, slots, buf[off:off + size].view(n, rows.shape[1]))
         off += size

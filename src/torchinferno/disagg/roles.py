@@ -39,6 +39,11 @@ from torchinferno.engine.core_types import FinishRequests
 __all__ = ["DecodeRole", "PrefillRole", "RoleConfig"]
 
 
+def _sliding(sched, req) -> list[int] | None:
+    """A hybrid KV cache's sliding-group blocks of ``req`` (kv_io moves that group through them), else None."""
+    return None if sched.sliding_pool is None else req.sliding_block_ids
+
+
 @dataclass(frozen=True)
 class RoleConfig:
     """What an engine-core process needs to play one role (picklable). ``pairs``: with tensor parallelism, pair
@@ -93,7 +98,8 @@ class PrefillRole:
                 self.transport.submit(msg.request_id, msg.transfer_id, [], msg.start, msg.stop, missing=True)
             else:
                 self._sending.add(msg.request_id)
-                self.transport.submit(msg.request_id, msg.transfer_id, req.block_ids, msg.start, msg.stop)
+                self.transport.submit(msg.request_id, msg.transfer_id, req.block_ids, msg.start, msg.stop,
+                                      sliding_block_ids=_sliding(sched, req))
         elif isinstance(msg, KVRelease):
             for rid in msg.request_ids:
                 if rid in self._sending:
@@ -170,7 +176,8 @@ class DecodeRole:
                 self._waited.add(req.request_id)
                 break
             self._queue.popleft()
-            self.transport.submit(req.request_id, tid, req.block_ids, rows[0], rows[1])
+            self.transport.submit(req.request_id, tid, req.block_ids, rows[0], rows[1],
+                                  sliding_block_ids=_sliding(sched, req))
             out.append(KVReady(req.request_id, tid, rows[0], rows[1]))
         return out
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchinferno.disagg.kv_io import Which, live_kv_bytes, pack_kv, unpack_kv
+from torchinferno.disagg.kv_io import Which, pack_kv, payload_bytes, unpack_kv
 
 __all__ = ["BACKENDS", "FanoutConfig", "KVPart", "KVTransport", "TransferDone", "TransportConfig", "pick_backend"]
 
@@ -108,6 +108,7 @@ class _Job:
     start: int
     stop: int
     missing: bool = False  # sender: no KV held for it (send a -1 header)
+    sliding_block_ids: list[int] | None = None  # hybrid KV caches: the sliding group's blocks (kv_io)
 
 
 class KVTransport:
@@ -134,10 +135,11 @@ class KVTransport:
 
     # ------------------------------------------------------------------ engine-loop side
     def submit(self, request_id: str, transfer_id: int, block_ids: list[int], start: int, stop: int,
-               missing: bool = False) -> None:
+               missing: bool = False, sliding_block_ids: list[int] | None = None) -> None:
         """Queue one transfer (a send on rank 0, a receive into ``block_ids`` on rank 1); never blocks."""
         self._pending += 1
-        self._jobs.put(_Job(request_id, transfer_id, list(block_ids), start, stop, missing))
+        self._jobs.put(_Job(request_id, transfer_id, list(block_ids), start, stop, missing,
+                            None if sliding_block_ids is None else list(sliding_block_ids)))
 
     @property
     def pending(self) -> int:
@@ -266,7 +268,8 @@ class KVTransport:
                 buf = None
                 nbytes = -1
             else:
-                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, self.moved).to(self._payload_device())
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, self.moved,
+                              job.sliding_block_ids).to(self._payload_device())
                 self._sync(stream)
                 nbytes = buf.numel()
             t1 = clock()
@@ -288,7 +291,7 @@ class KVTransport:
             raise RuntimeError(f"expected KV transfer {job.transfer_id}, got {tid}")
         if nbytes < 0:
             return TransferDone(job.request_id, job.transfer_id, False, error="the prefill role had no KV for it")
-        want = live_kv_bytes(self.kv, job.stop - job.start, self.moved)
+        want = payload_bytes(self.kv, job.start, job.stop, self.moved)
         if (start, stop) != (job.start, job.stop) or nbytes != want:
             raise RuntimeError(f"KV transfer {tid}: rows {start}..{stop} / {nbytes} bytes, expected "
                                f"{job.start}..{job.stop} / {want}")
@@ -297,7 +300,7 @@ class KVTransport:
             self._recv_payload(buf, stream)
         self._sync(stream)
         t1 = clock()
-        unpack_kv(self.kv, job.block_ids, start, stop, buf, self.moved)
+        unpack_kv(self.kv, job.block_ids, start, stop, buf, self.moved, job.sliding_block_ids)
         self._sync(stream)
         t2 = clock()
         if self._fan_pg is not None:
@@ -309,13 +312,13 @@ class KVTransport:
         """Each decode rank broadcasts the replicated rows it owns and just received; the others store them."""
         dev = self.kv.device if self.kv.device.type == "cuda" else torch.device("cpu")
         for owner, which in enumerate(self.fanned):
-            n = live_kv_bytes(self.kv, job.stop - job.start, which)
+            n = payload_bytes(self.kv, job.start, job.stop, which)
             if n == 0:
                 continue
             if self.fanout.rank == owner:
-                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, which).to(dev)
+                buf = pack_kv(self.kv, job.block_ids, job.start, job.stop, which, job.sliding_block_ids).to(dev)
             else:
                 buf = torch.empty(n, dtype=torch.uint8, device=dev)
             self._fan_pg.broadcast(buf, owner).wait()
             if self.fanout.rank != owner:
-                unpack_kv(self.kv, job.block_ids, job.start, job.stop, buf, which)
+                unpack_kv(self.kv, job.block_ids, job.start, job.stop, buf, which, job.sliding_block_ids)

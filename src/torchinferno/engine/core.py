@@ -57,6 +57,10 @@ class EngineStats:
     num_finished: int
     num_aborted: int
     num_graph_steps: int = 0  # decode steps replayed from CUDA graphs
+    # hybrid KV specs (a sliding-window group in its own pool): its size and free blocks (0 without one);
+    # ``kv_usage`` is then the fuller of the two pools
+    num_sliding_blocks: int = 0
+    num_free_sliding_blocks: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -110,7 +114,14 @@ class EngineCore:
         self.limits = RequestLimits(self.max_model_len, vocab_size, self.config.max_logprobs)
         self.pool = BlockPool(executor.num_blocks, executor.block_size, self.config.enable_prefix_caching,
                               getattr(self.config, "prefix_cache_eviction", "lru"))
-        self.scheduler = Scheduler(self.config, self.pool, self.max_model_len)
+        # hybrid KV specs: the sliding group's pool (same block size, same prefix-cache hashes), freed behind
+        # ``executor.sliding_window`` by the scheduler
+        n_sliding = getattr(executor, "num_sliding_blocks", None)
+        self.sliding_pool = None if n_sliding is None else BlockPool(
+            n_sliding, executor.block_size, self.config.enable_prefix_caching,
+            getattr(self.config, "prefix_cache_eviction", "lru"))
+        self.scheduler = Scheduler(self.config, self.pool, self.max_model_len, self.sliding_pool,
+                                   executor.sliding_window if n_sliding is not None else 0)
         self._inflight: tuple[SchedulerOutput, StepHandle, int] | None = None  # async: launched, unapplied (+ index)
         self._steps = 0
         self._max_seqs = self._max_tokens = 0
@@ -228,7 +239,11 @@ class EngineCore:
     def cached_prefix_tokens(self, prompt_token_ids: list[int]) -> int:
         """How many leading tokens of a prompt are in the prefix cache (no side effects)."""
         hashes = hash_token_blocks(prompt_token_ids, self.pool.block_size)
-        return len(self.pool.lookup(hashes)) * self.pool.block_size
+        hit = self.pool.lookup(hashes)
+        if hit and self.sliding_pool is not None:
+            req = Request("", list(prompt_token_ids), None, block_hashes=hashes)
+            hit = self.scheduler.sliding_hit(req, hit)[0]
+        return len(hit) * self.pool.block_size
 
     def load(self) -> int:
         """Requests in flight (running + waiting): the router's load measure."""
@@ -236,17 +251,21 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()
+        if self.sliding_pool is not None:
+            self.sliding_pool.reset_prefix_cache()
 
     def stats(self) -> EngineStats:
-        p = self.pool
+        p, sp = self.pool, self.sliding_pool
         return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting, kv_usage=p.usage,
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_usage=p.usage if sp is None else max(p.usage, sp.usage),
             num_blocks=p.num_blocks, block_size=p.block_size, num_free_blocks=p.num_free,
             num_cached_blocks=p.num_cached_blocks, prefix_queries=p.prefix_queries, prefix_hits=p.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, num_forward_calls=self.executor.num_forward_calls,
             num_steps=self._steps, max_batch_seqs=self._max_seqs, max_batch_tokens=self._max_tokens,
             num_computed_tokens=self._computed_tokens, num_generated_tokens=self._gen_tokens,
             num_finished=self._finished, num_aborted=self._aborted, num_graph_steps=self.executor.num_graph_steps,
+            num_sliding_blocks=0 if sp is None else sp.num_blocks, num_free_sliding_blocks=0 if sp is None else sp.num_free,
         )
 
     def describe(self) -> str:

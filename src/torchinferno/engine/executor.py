@@ -66,7 +66,9 @@ class Worker:
         want_len = config.max_model_len or model_len or 2048
         self.kv_plan: KVPlan = plan_kv_cache(model, spec, dtype, config, want_len, self.device)
         self.kv_cache: PagedKVCache = allocate_kv_cache(spec, config.block_size, dtype, self.device,
-                                                        num_blocks=self.kv_plan.num_blocks)
+                                                        num_blocks=self.kv_plan.num_blocks,
+                                                        num_sliding_blocks=self.kv_plan.num_sliding_blocks,
+                                                        pack=True)  # per-window tensors: one row per window
         capacity = self.kv_cache.num_tokens
         if config.max_model_len is not None and config.max_model_len > capacity:
             raise ConfigError(f"max_model_len={config.max_model_len} does not fit the KV cache "
@@ -85,6 +87,8 @@ class Executor(ABC):
     max_model_len: int
     num_blocks: int
     block_size: int
+    num_sliding_blocks: int | None = None  # hybrid KV specs: the sliding group's pool (else None)
+    sliding_window: int = 0  # hybrid KV specs: the window W the scheduler frees behind
 
     @abstractmethod
     def execute_async(self, sched: SchedulerOutput) -> StepHandle:
@@ -117,6 +121,8 @@ class UniprocExecutor(Executor):
         self.max_model_len = self.worker.max_model_len
         self.num_blocks = self.worker.kv_cache.num_blocks
         self.block_size = self.worker.kv_cache.block_size
+        self.num_sliding_blocks = self.worker.kv_cache.num_sliding_blocks
+        self.sliding_window = self.worker.kv_cache.spec.sliding_window
 
     # The worker's parts, for tests, warm-up and introspection on a single-device engine.
     @property
@@ -148,7 +154,8 @@ class UniprocExecutor(Executor):
 
     def describe(self) -> str:
         kv = self.kv_cache
-        return (f"{kv.num_blocks} blocks x {kv.block_size} tokens ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}; "
+        sliding = "" if kv.num_sliding_blocks is None else f" + {kv.num_sliding_blocks} sliding-window blocks"
+        return (f"{kv.num_blocks}{sliding} blocks x {kv.block_size} tokens ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}; "
                 f"{self.worker.kv_plan.reason}), max_model_len={self.max_model_len}, device={self.device}, "
                 f"max_num_seqs={self.config.max_num_seqs}, max_num_batched_tokens={self.config.max_num_batched_tokens}, "
                 f"runner={'cuda-graphs' if self.runner.uses_cuda_graphs else 'eager'}"

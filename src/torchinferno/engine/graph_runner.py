@@ -85,7 +85,7 @@ class CudaGraphModelRunner(ModelRunner):
         bs = kv_cache.block_size
         sizes = batch_sizes if batch_sizes is not None else graph_batch_sizes(max_num_seqs)
         self.graph = CudaGraphDecodeRunner(model, kv_cache.tensors, bs, -(-max_model_len // bs), sizes,
-                                           use_graphs=True)
+                                           use_graphs=True, hybrid=kv_cache.spec.is_hybrid)
         self.graph.capture()
         self.max_graph_batch = self.graph.buckets[-1]
 
@@ -117,7 +117,8 @@ class CudaGraphModelRunner(ModelRunner):
         # Placeholders are filled in step.input_ids, which graph.run copies into the static buffer.
         step = self._prepare(reqs)
         # [n, V] fp32 view of the bucket's static output: sampled (launched) before the next replay.
-        logits = self.graph.run(step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.seq_lens)
+        logits = self.graph.run(step.input_ids, step.positions, step.slot_mapping, step.block_tables, step.seq_lens,
+                                whole_block_tables=step.whole_block_tables)
         self.num_forward_calls += 1
         self.num_graph_steps += 1
         return self._sample(reqs, step.sample_rows, logits)

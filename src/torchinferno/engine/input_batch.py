@@ -23,6 +23,11 @@ finished or preempted (``SchedulerOutput.finished_ids`` / ``preempted_ids``) bef
 ``prepare``. Between admission and release a request's block list only grows; a row whose
 written prefix does not match (``len(block_ids) - len(new_block_ids)``) is rewritten whole, so
 admission with prefix-cache hits needs no special case.
+
+Hybrid KV specs (``hybrid=True``): the persistent table holds each request's sliding-group blocks
+(``ScheduledRequest.sliding_block_ids``; ``block_tables`` / ``slot_mapping`` address them) and a second one its
+whole-group blocks (``block_ids`` -> ``AttentionMetadata.whole_block_tables``). Sliding entries given back behind
+the window keep stale ids in the table: no forward reads them.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class StepInputs:
     # CPU, one sequence whose blocks are consecutive ids: its first block (the torch attention reads the context
     # as one strided view instead of gathering it block by block); else None
     contiguous_from: int | None = None
+    whole_block_tables: torch.Tensor | None = None  # [B, W] int64 (hybrid KV specs): the whole group's table
 
     @property
     def num_seqs(self) -> int:
@@ -75,11 +81,16 @@ class StepInputs:
         B, W = self.block_tables.shape
         aB1, aB = _align(B + 1), _align(B)
         m = self.packed_meta.to(torch.int32)
+        t0 = aB1 + aB
+        whole = None
+        if self.whole_block_tables is not None:
+            whole = m[t0 + _align(B * W) : t0 + _align(B * W) + B * W].view(B, W)
         return AttentionMetadata(
             query_start_loc=m[: B + 1],
             seq_lens=m[aB1 : aB1 + B],
             slot_mapping=self.slot_mapping,
-            block_tables=m[aB1 + aB :].view(B, W),
+            block_tables=m[t0 : t0 + B * W].view(B, W),
+            whole_block_tables=whole,
             block_size=self.block_size,
             query_lens_list=self.query_lens_list,
             seq_lens_list=self.seq_lens_list,
@@ -95,10 +106,14 @@ class InputBatch:
     block_size)``); the table grows if a step ever needs more.
     """
 
-    def __init__(self, block_size: int, device: torch.device | str, max_rows: int = 64, max_blocks: int = 16):
+    def __init__(self, block_size: int, device: torch.device | str, max_rows: int = 64, max_blocks: int = 16,
+                 hybrid: bool = False):
         self.block_size = block_size
         self.device = torch.device(device)
+        self.hybrid = hybrid
         self.table = np.zeros((max(1, max_rows), max(1, max_blocks)), dtype=np.int32)  # [rows, blocks]
+        # hybrid: the whole group's table (same shape, same rows); ``table`` then holds the sliding group's
+        self.whole = np.zeros_like(self.table) if hybrid else None
         self._written = np.zeros(self.table.shape[0], dtype=np.int64)  # block ids written per row
         self._row_of: dict[str, int] = {}
         self._free_rows = list(range(self.table.shape[0] - 1, -1, -1))  # pop() hands out row 0 first
@@ -124,6 +139,8 @@ class InputBatch:
         if not self._free_rows:
             old = self.table.shape[0]
             self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+            if self.whole is not None:
+                self.whole = np.concatenate([self.whole, np.zeros_like(self.whole)])
             self._written = np.concatenate([self._written, np.zeros_like(self._written)])
             self._free_rows = list(range(2 * old - 1, old - 1, -1))
         row = self._free_rows.pop()
@@ -144,8 +161,18 @@ class InputBatch:
             grow = np.zeros((self.table.shape[0], max(nb, 2 * self.table.shape[1])), dtype=np.int32)
             grow[:, : self.table.shape[1]] = self.table
             self.table = grow
+            if self.whole is not None:
+                grow_w = np.zeros_like(grow)
+                grow_w[:, : self.whole.shape[1]] = self.whole
+                self.whole = grow_w
         start = have if have == nb - len(s.new_block_ids) else 0  # appended blocks only, else the whole row
-        self.table[row, start:nb] = s.block_ids[start:]
+        if self.whole is None:
+            self.table[row, start:nb] = s.block_ids[start:]
+        else:
+            if s.sliding_block_ids is None or len(s.sliding_block_ids) != nb:
+                raise RuntimeError(f"request {s.request_id!r}: a hybrid KV cache needs a sliding block per block")
+            self.table[row, start:nb] = s.sliding_block_ids[start:]
+            self.whole[row, start:nb] = s.block_ids[start:]
         self._written[row] = nb
         return row
 
@@ -193,7 +220,8 @@ class InputBatch:
         aT, aN, aP, aB1, aB = _align(T), _align(N), _align(P), _align(B + 1), _align(B)
         fo = 3 * aT + aN  # fill_dst | fill_src (empty without placeholders)
         off = fo + 2 * aP
-        buf = self._staging(off + aB1 + aB + B * W)
+        WT = _align(B * W) + B * W if self.whole is not None else 0  # hybrid: the whole table after the sliding one
+        buf = self._staging(off + aB1 + aB + B * W + WT)
         ids, pos, slots = buf[:T], buf[aT : aT + T], buf[2 * aT : 2 * aT + T]
         sidx = buf[3 * aT : 3 * aT + N]
         ids[:] = flat
@@ -201,7 +229,7 @@ class InputBatch:
             buf[fo : fo + P] = holes
             buf[fo + aP : fo + aP + P] = src
         qsl, lens = buf[off : off + B + 1], buf[off + aB1 : off + aB1 + B]
-        tables = buf[off + aB1 + aB :].reshape(B, W)
+        tables = buf[off + aB1 + aB : off + aB1 + aB + B * W].reshape(B, W)
 
         if T == B:
             pos[:] = ctx
@@ -217,6 +245,9 @@ class InputBatch:
         np.cumsum(q, out=qsl[1:])
         lens[:] = seq
         tables[:] = self.table[rows, :W]
+        if self.whole is not None:
+            w0 = off + aB1 + aB + _align(B * W)
+            buf[w0 : w0 + B * W].reshape(B, W)[:] = self.whole[rows, :W]
         if N:
             sidx[:] = qsl[1:][sample_rows] - 1
 
@@ -230,10 +261,12 @@ class InputBatch:
         return StepInputs(
             input_ids=dev[:T], positions=dev[aT : aT + T], slot_mapping=dev[2 * aT : 2 * aT + T],
             sample_indices=dev[3 * aT : 3 * aT + N], query_start_loc=d_meta[: B + 1], seq_lens=d_meta[aB1 : aB1 + B],
-            block_tables=d_meta[aB1 + aB :].view(B, W), packed_meta=d_meta, sample_rows=sample_rows,
+            block_tables=d_meta[aB1 + aB : aB1 + aB + B * W].view(B, W), packed_meta=d_meta, sample_rows=sample_rows,
             query_lens_list=q_list, seq_lens_list=seq.tolist(), block_size=bs,
             fill_dst=dev[fo : fo + P] if P else None, fill_src=dev[fo + aP : fo + aP + P] if P else None,
-            contiguous_from=int(tables[0, 0]) if B == 1 and not self._pinned and (W == 1 or bool(
+            whole_block_tables=None if self.whole is None else
+            d_meta[aB1 + aB + _align(B * W) : aB1 + aB + _align(B * W) + B * W].view(B, W),
+            contiguous_from=int(tables[0, 0]) if B == 1 and not self._pinned and self.whole is None and (W == 1 or bool(
                 (np.diff(tables[0]) == 1).all())) else None,
         )
 

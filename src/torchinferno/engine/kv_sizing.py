@@ -10,6 +10,12 @@
   ``--gpu-memory-utilization`` rule);
 * CPU: enough for ``max_num_seqs`` sequences of the model's context length, capped at a share of
   the RAM available when the engine starts (``CPU_KV_RAM_FRACTION``) and at ``CPU_KV_MAX_BYTES``.
+
+Hybrid specs (``KVSpec.is_hybrid``: a sliding group freed behind its window + a whole-sequence group) get two
+pools, costed per group (``hybrid_split``; per-window tensors packed, as the engine allocates them): the sliding
+pool takes what every running sequence's window plus one step's tokens need (``sliding_blocks_needed``; at most
+half a memory budget), the whole group the rest. With ``num_gpu_blocks`` the whole group gets that many blocks and
+the sliding pool at most as many.
 """
 
 from __future__ import annotations
@@ -36,6 +42,31 @@ CUDA_GRAPH_RESERVE_BYTES = 1024**3
 class KVPlan:
     num_blocks: int
     reason: str  # how the size was chosen (shown by ``describe``)
+    num_sliding_blocks: int | None = None  # hybrid specs: the sliding group's pool
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def sliding_blocks_needed(window: int, block_size: int, max_num_seqs: int, max_step_tokens: int) -> int:
+    """Sliding blocks that never make the scheduler wait: each running sequence holds the blocks of
+    ``[c - window, c)`` (``cdiv(window, bs) + 1``) plus its partial last block, and one step adds at most
+    ``max_step_tokens`` tokens (``cdiv`` of that in blocks)."""
+    return max_num_seqs * (_cdiv(window, block_size) + 2) + _cdiv(max_step_tokens, block_size)
+
+
+def hybrid_split(spec: KVSpec, dtype: torch.dtype, block_size: int, budget: int, sliding_need: int,
+                 whole_ids: int) -> tuple[int, int]:
+    """``budget`` bytes -> (whole blocks, sliding blocks): the sliding pool first (``sliding_need``, at most half
+    the budget while the whole group stores anything), the whole group the rest. A whole group that stores nothing
+    per token gets ``whole_ids`` block ids (they cost no memory) and the sliding pool the whole budget."""
+    whole_pb = spec.group_bytes_per_block(dtype, block_size, sliding=False, pack=True)
+    slide_pb = spec.group_bytes_per_block(dtype, block_size, sliding=True, pack=True)
+    if whole_pb == 0:
+        return whole_ids, budget // slide_pb
+    s = min(sliding_need, (budget // 2) // slide_pb)
+    return (budget - s * slide_pb) // whole_pb, s
 
 
 def _available_ram() -> int | None:
@@ -79,6 +110,38 @@ def plan_kv_cache(model: nn.Module, spec: KVSpec, dtype: torch.dtype, config: En
                   device: torch.device) -> KVPlan:
     """The pool size for ``model`` under ``config`` (module docstring). Raises ``ConfigError`` when
     nothing fits."""
+    if not spec.is_hybrid:
+        return _plan(model, spec, dtype, config, want_len, device)
+    bs, W = config.block_size, spec.sliding_window
+    step_tokens = config.max_num_batched_tokens if config.enable_chunked_prefill else max(
+        config.max_num_batched_tokens, want_len)
+    need = sliding_blocks_needed(W, bs, config.max_num_seqs, step_tokens)
+    whole_ids = _cdiv(want_len, bs) * config.max_num_seqs
+    one_seq = _cdiv(W, bs) + 2  # one sequence's window + its decode block
+    if config.num_gpu_blocks is not None:
+        n, s, reason = config.num_gpu_blocks, min(config.num_gpu_blocks, need), "num_gpu_blocks"
+    else:
+        whole_pb = spec.group_bytes_per_block(dtype, bs, sliding=False, pack=True)
+        slide_pb = spec.group_bytes_per_block(dtype, bs, sliding=True, pack=True)
+        per_seq_blocks = _cdiv(want_len, bs)
+        # the single-group plan's bytes are the budget (kv_cache_memory / free CUDA memory / the CPU RAM cap)
+        base = _plan(model, spec, dtype, config, want_len, device)
+        budget = config.kv_cache_memory or base.num_blocks * spec.bytes_per_token(dtype) * bs
+        if device.type == "cpu" and config.kv_cache_memory is None:  # CPU default: what max_num_seqs sequences need
+            budget = min(budget, per_seq_blocks * config.max_num_seqs * whole_pb + need * slide_pb)
+        n, s = hybrid_split(spec, dtype, bs, budget, need, whole_ids)
+        reason = base.reason
+    if s < one_seq:
+        raise ConfigError(f"the sliding KV pool ({s} blocks of {bs} tokens) cannot hold one sequence's window of {W} "
+                          "tokens and its next block; raise the KV cache size")
+    if n < 1:
+        raise ConfigError("the KV cache holds no block of the whole-sequence group; raise the KV cache size")
+    return KVPlan(n, f"{reason}; sliding pool {s} blocks (window {W})", s)
+
+
+def _plan(model: nn.Module, spec: KVSpec, dtype: torch.dtype, config: EngineConfig, want_len: int,
+          device: torch.device) -> KVPlan:
+    """One group: every block costs ``bytes_per_token * block_size``."""
     bs = config.block_size
     per_block = spec.bytes_per_token(dtype) * bs
     if per_block <= 0:

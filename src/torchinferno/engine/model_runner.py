@@ -50,7 +50,7 @@ class ModelRunner:
         self.device = kv_cache.device
         bs = kv_cache.block_size
         max_blocks = -(-max_model_len // bs) if max_model_len else 16
-        self.inputs = InputBatch(bs, self.device, max_num_seqs, max_blocks)
+        self.inputs = InputBatch(bs, self.device, max_num_seqs, max_blocks, hybrid=kv_cache.spec.is_hybrid)
         self._generators: dict[str, torch.Generator] = {}
         # The previous step's sampled tokens [n_prev] (device) and request id -> row; None when it
         # sampled nothing. Read by the next step's placeholder fill (stream-ordered after it).

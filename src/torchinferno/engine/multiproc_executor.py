@@ -59,6 +59,8 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
         model = build_rank_model(spec, comm)
         worker = Worker(model, config)
         info = {"num_blocks": worker.kv_cache.num_blocks, "block_size": worker.kv_cache.block_size,
+                "num_sliding_blocks": worker.kv_cache.num_sliding_blocks,
+                "sliding_window": worker.kv_cache.spec.sliding_window,
                 "max_model_len": worker.max_model_len, "config": worker.config,
                 "model_config": getattr(model, "full_config", model.config), "describe": _describe(worker)}
         conn.send_bytes(pickle.dumps(("ready", info)))
@@ -94,7 +96,8 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
 
 def _describe(worker) -> str:
     kv = worker.kv_cache
-    return (f"{kv.num_blocks} blocks x {kv.block_size} tokens per rank ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}; "
+    sliding = "" if kv.num_sliding_blocks is None else f" + {kv.num_sliding_blocks} sliding-window blocks"
+    return (f"{kv.num_blocks}{sliding} blocks x {kv.block_size} tokens per rank ({kv.nbytes / 2**20:.1f} MiB, {kv.dtype}; "
             f"{worker.kv_plan.reason}), max_model_len={worker.max_model_len}, device={worker.device}, "
             f"max_num_seqs={worker.config.max_num_seqs}, max_num_batched_tokens={worker.config.max_num_batched_tokens}")
 
@@ -164,6 +167,9 @@ class MultiprocExecutor(Executor):
         self.config = infos[0]["config"]
         self.model_config = infos[0]["model_config"]
         self.num_blocks = min(i["num_blocks"] for i in infos)
+        self.sliding_window = infos[0]["sliding_window"]
+        self.num_sliding_blocks = None if infos[0]["num_sliding_blocks"] is None else min(
+            i["num_sliding_blocks"] for i in infos)
         self.block_size = infos[0]["block_size"]
         self.max_model_len = min(i["max_model_len"] for i in infos)
         self._describe = infos[0]["describe"]

@@ -49,6 +49,9 @@ class ScheduledRequest:
     prompt_logprob_start: int = 0
     prompt_logprob_targets: list[int] | None = None
     prior_draws: int = 0  # seeded draws made elsewhere before this request's first step here (disaggregation)
+    # Hybrid KV specs: the sliding group's table, parallel to ``block_ids`` (one block per ``block_size`` tokens;
+    # entries before the window are -1 placeholders, never read); its new blocks are the last len(new_block_ids)
+    sliding_block_ids: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -70,6 +70,10 @@ class Request:
     # ``num_prior_draws`` times on the prefill role.
     hold_kv: bool = False
     num_prior_draws: int = 0
+    # Hybrid KV specs (scheduler's sliding pool): the sliding group's blocks, parallel to ``block_ids``; the first
+    # ``num_slid_blocks`` lie wholly before the window and were given back (-1 there)
+    sliding_block_ids: list[int] = field(default_factory=list)
+    num_slid_blocks: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:

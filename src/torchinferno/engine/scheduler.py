@@ -17,6 +17,15 @@ stops (eos / stop_token_ids / max_tokens / max_model_len) and registers newly fu
 prefix cache. Stop strings need text, so the engine reports them through ``finish_request``.
 Only this class changes ``Request`` state.
 
+Hybrid KV specs (``KVSpec.is_hybrid``, e.g. deepseek-v4): a second pool, ``sliding_pool``, holds the sliding
+group's blocks, one per block of ``block_ids`` (``Request.sliding_block_ids``, allocated in lockstep;
+``engine/sliding_group.py``). Before each ``schedule()`` every running request gives back the sliding blocks whose
+tokens all lie before ``num_computed_tokens - window`` (-1 stays in their place; no forward reads them), so a
+sequence holds about ``window / block_size + 1`` sliding blocks plus its current chunk. A prefix hit of ``k``
+blocks needs all ``k`` whole-group blocks and the sliding blocks covering ``[k * block_size - window,
+k * block_size)`` cached: the lookup takes the longest such ``k``. Preemption frees both groups; recompute then
+equals the full pass.
+
 Async scheduling (``LLMEngine`` with ``async_scheduling``): step k is scheduled before step
 k-1's result is applied, so a request may hold one in-flight token. It is counted in the
 request's length (positions, slots, blocks) and scheduled as ``PLACEHOLDER_TOKEN``; the runner
@@ -44,6 +53,7 @@ from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.outputs import PLACEHOLDER_TOKEN, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from torchinferno.engine.request import Request, RequestStatus
+from torchinferno.engine.sliding_group import SlidingGroup
 
 __all__ = ["Scheduler", "StepResult"]
 
@@ -64,9 +74,17 @@ def _cdiv(a: int, b: int) -> int:
 class Scheduler:
     """Owns the waiting queue, the running set and every block-table change."""
 
-    def __init__(self, config: EngineConfig, pool: BlockPool, max_model_len: int):
+    def __init__(self, config: EngineConfig, pool: BlockPool, max_model_len: int,
+                 sliding_pool: BlockPool | None = None, window: int = 0):
+        if (sliding_pool is None) != (window <= 0):
+            raise ValueError("a sliding pool needs a window > 0 and the other way round")
+        if sliding_pool is not None and sliding_pool.block_size != pool.block_size:
+            raise ValueError("the sliding pool must use the whole pool's block size")
+        self.sliding = None if sliding_pool is None else SlidingGroup(sliding_pool, window)
         self.config = config
         self.pool = pool
+        self.sliding_pool = sliding_pool
+        self.window = window
         self.block_size = pool.block_size
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -141,6 +159,24 @@ class Scheduler:
         self.pool.free(reversed(req.block_ids))
         req.block_ids = []
         req.num_registered_blocks = 0
+        if self.sliding is not None:
+            self.sliding.free_all(req)
+
+    def _fits(self, need: int) -> bool:
+        """``need`` fresh blocks are free in every pool."""
+        return need <= self.pool.num_free and (self.sliding_pool is None or need <= self.sliding_pool.num_free)
+
+    def _allocate(self, req: Request, need: int) -> list[int]:
+        """Append ``need`` fresh blocks to every group of ``req``; -> the whole group's new ids."""
+        new = self.pool.allocate(need) if need else []
+        req.block_ids.extend(new)
+        if self.sliding is not None:
+            self.sliding.extend(req, need)
+        return new
+
+    def sliding_hit(self, req: Request, hit: list[int]) -> tuple[list[int], list[int], int]:
+        """``SlidingGroup.trim_hit`` (hybrid KV specs only)."""
+        return self.sliding.trim_hit(req, hit)
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -176,13 +212,23 @@ class Scheduler:
         if self.pool.enable_prefix_caching:
             self._ensure_hashes(req, (n // self.block_size) * self.block_size)
             hit = self.pool.lookup(req.block_hashes[: n // self.block_size])
+        sg, shit, j0 = self.sliding, [], 0
+        if hit and sg is not None:
+            hit, shit, j0 = sg.trim_hit(req, hit)
         need = _cdiv(n, self.block_size) - len(hit)
         # Leave one free block per running request (its next decode block), so a handoff does not simply
         # preempt a running request to make room: it waits instead (back-pressure).
         if need + self.pool.num_reclaimed_by(hit) + len(self.running) > self.pool.num_free:
             return None
+        # Hybrid: sliding blocks only from the block holding row n - W on (kv_io sends the window's blocks)
+        js = max(len(hit), sg.first_kept(n)) if sg is not None else 0
+        s_need = _cdiv(n, self.block_size) - js
+        if sg is not None and not sg.has_room(s_need, shit, len(self.running)):
+            return None
         self.pool.touch(hit)
         req.block_ids = hit + self.pool.allocate(need)
+        if sg is not None:
+            sg.admit(req, shit, j0, skip=js - len(hit), need=s_need)
         req.num_registered_blocks = len(hit)
         req.num_cached_tokens = len(hit) * self.block_size
         self.pool.record_prefix_query(n, req.num_cached_tokens)
@@ -231,8 +277,11 @@ class Scheduler:
         if full <= req.num_registered_blocks:
             return
         self._ensure_hashes(req, full * self.block_size)
+        sg = self.sliding
         for i in range(req.num_registered_blocks, full):
             self.pool.cache_block(req.block_ids[i], req.block_hashes[i])
+            if sg is not None:  # unless given back before it was registered
+                sg.register(req, i)
         req.num_registered_blocks = full
 
     def _blocks_needed(self, req: Request, num_new: int) -> int:
@@ -252,6 +301,9 @@ class Scheduler:
         prefills: list[ScheduledRequest] = []
         preempted: list[str] = []
 
+        if self.sliding is not None:
+            for req in self.running:
+                self.sliding.slide(req)
         # 1. Running requests: decodes (one token) first, then continuing prefill chunks.
         order = sorted(self.running,
                        key=lambda r: (r.num_tokens + r.num_inflight - r.num_computed_tokens > 1, r.arrival_index))
@@ -266,7 +318,7 @@ class Scheduler:
                     continue
                 num_new = budget
             need = self._blocks_needed(req, num_new)
-            while need and need > self.pool.num_free:
+            while need and not self._fits(need):
                 # Preempt the latest arrival among those not yet scheduled this step.
                 victim = max([req, *pending], key=lambda r: r.arrival_index)
                 if victim is not req:
@@ -277,9 +329,7 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:
                 continue
-            new_blocks = self.pool.allocate(need) if need else []
-            if new_blocks:
-                req.block_ids.extend(new_blocks)
+            new_blocks = self._allocate(req, need)
             is_decode = num_new == 1 and req.num_computed_tokens >= req.num_prompt_tokens
             (decodes if is_decode else prefills).append(self._scheduled(req, num_new, new_blocks))
             budget -= num_new
@@ -296,6 +346,10 @@ class Scheduler:
                 max_hit = (req.num_tokens - 1) // self.block_size
                 self._ensure_hashes(req, max_hit * self.block_size)
                 hit = self.pool.lookup(req.block_hashes[:max_hit])
+            shit: list[int] = []
+            j0 = 0
+            if hit and self.sliding is not None:
+                hit, shit, j0 = self.sliding.trim_hit(req, hit)
             num_cached = len(hit) * self.block_size
             num_new = req.num_tokens - num_cached
             if num_new > budget:
@@ -303,12 +357,15 @@ class Scheduler:
                     break
                 num_new = budget
             need = _cdiv(num_cached + num_new, self.block_size) - len(hit)
-            if need + self.pool.num_reclaimed_by(hit) > self.pool.num_free:
+            if need + self.pool.num_reclaimed_by(hit) > self.pool.num_free or (
+                    self.sliding is not None and not self.sliding.has_room(need, shit)):
                 break  # wait for running requests to free blocks
             self.waiting.popleft()
             self.pool.touch(hit)
-            new_blocks = self.pool.allocate(need)
-            req.block_ids = hit + new_blocks
+            req.block_ids = list(hit)
+            if self.sliding is not None:
+                self.sliding.admit(req, shit, j0)
+            new_blocks = self._allocate(req, need)
             req.num_computed_tokens = num_cached
             req.num_registered_blocks = len(hit)
             if req.status == RequestStatus.WAITING:
@@ -358,6 +415,7 @@ class Scheduler:
             plp_start,
             plp_targets,
             req.num_prior_draws,
+            None if self.sliding is None else list(req.sliding_block_ids),
         )
 
     # ------------------------------------------------------------------ results

@@ -12,6 +12,9 @@ Padded rows (``n <= row < bucket``) are harmless by construction:
 * ``block_tables`` row = ``scratch_block`` (default 0) and ``seq_lens = 1``: attention reads one
   token of that block, which is never written through these rows either; their outputs are dropped.
 
+Hybrid KV specs (``hybrid=True``: a sliding group + a whole-sequence group, ``KVSpec.is_hybrid``) add a static
+``whole_block_tables`` buffer, padded with ``scratch_block`` like ``block_tables``.
+
 Capture needs a backend whose decode path reads only device tensors (``supports_cuda_graphs``
 on the attention module, e.g. ``TritonPagedAttention``): the torch reference backend reads host
 ``seq_lens_list`` values, which a graph would freeze. Without CUDA or such a backend the runner
@@ -49,7 +52,7 @@ class CudaGraphDecodeRunner:
 
     def __init__(self, model: nn.Module, kv_caches, block_size: int, max_blocks_per_seq: int,
                  batch_sizes=DEFAULT_BUCKETS, scratch_block: int = 0, output: str = "logits",
-                 use_graphs: bool | None = None):
+                 use_graphs: bool | None = None, hybrid: bool = False):
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -67,6 +70,7 @@ class CudaGraphDecodeRunner:
         self.slot_mapping = torch.full((bmax,), -1, dtype=torch.long, device=dev)
         self.block_tables = torch.full((bmax, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=dev)
         self.seq_lens = torch.ones(bmax, dtype=torch.int32, device=dev)
+        self.whole_block_tables = torch.full_like(self.block_tables, scratch_block) if hybrid else None
         self.query_start_loc = torch.arange(bmax + 1, dtype=torch.int32, device=dev)
         self._live = 0  # rows [0, _live) of the input buffers may hold a previous step's live rows
         self._views: dict[int, tuple[torch.Tensor, ...]] = {}  # rows -> slices of the 1-D input buffers
@@ -89,6 +93,7 @@ class CudaGraphDecodeRunner:
             seq_lens=self.seq_lens[:B],
             slot_mapping=self.slot_mapping[:B],
             block_tables=self.block_tables[:B],
+            whole_block_tables=None if self.whole_block_tables is None else self.whole_block_tables[:B],
             block_size=self.block_size,
             query_lens_list=[1] * B,
             # Host copies are read only by backends that cannot be captured (eager path).
@@ -100,12 +105,17 @@ class CudaGraphDecodeRunner:
         h = self.model(self.input_ids[:B], self.positions[:B], self.kv_caches, self._meta(B, seq_lens_list))
         return self.model.compute_logits(h) if self.output == "logits" else h
 
-    def _load(self, input_ids, positions, slot_mapping, block_tables, seq_lens, B: int) -> None:
+    def _load(self, input_ids, positions, slot_mapping, block_tables, seq_lens, B: int,
+              whole_block_tables=None) -> None:
         """Copy ``n`` live rows into the static buffers; rows ``n..B-1`` hold padding afterwards."""
         n = input_ids.shape[0]
         w = block_tables.shape[1]
         if w > self.max_blocks:
             raise ValueError(f"block table has {w} columns; the runner was built for {self.max_blocks}")
+        if (whole_block_tables is None) != (self.whole_block_tables is None) and n:
+            raise ValueError("a hybrid KV cache runner needs whole_block_tables (and only it does)")
+        if whole_block_tables is not None:
+            self.whole_block_tables[:n, :w].copy_(whole_block_tables, non_blocking=True)
         views = self._views.get(n)
         if views is None:  # slicing costs host time every step (at most one entry per batch size)
             views = self._views[n] = (self.input_ids[:n], self.positions[:n], self.slot_mapping[:n], self.seq_lens[:n])
@@ -121,6 +131,8 @@ class CudaGraphDecodeRunner:
             self.positions[n:hi].zero_()
             self.slot_mapping[n:hi].fill_(-1)
             self.block_tables[n:hi].fill_(self.scratch_block)
+            if self.whole_block_tables is not None:
+                self.whole_block_tables[n:hi].fill_(self.scratch_block)
             self.seq_lens[n:hi].fill_(1)
         self._live = n
 
@@ -163,7 +175,8 @@ class CudaGraphDecodeRunner:
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            block_tables: torch.Tensor, seq_lens: torch.Tensor, seq_lens_list: list[int] | None = None) -> torch.Tensor:
+            block_tables: torch.Tensor, seq_lens: torch.Tensor, seq_lens_list: list[int] | None = None,
+            whole_block_tables: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step for ``n`` rows -> ``[n, V]`` logits (or hidden). Shapes: ids/positions/
         slots/seq_lens ``[n]``, block_tables ``[n, w]`` with ``w <= max_blocks_per_seq``.
 
@@ -175,10 +188,11 @@ class CudaGraphDecodeRunner:
             self.num_eager += 1
             lens = seq_lens_list if seq_lens_list is not None else [int(x) for x in seq_lens.tolist()]
             meta = AttentionMetadata(torch.arange(n + 1, dtype=torch.int32, device=self.device), seq_lens,
-                                     slot_mapping, block_tables, self.block_size, [1] * n, lens, has_padding=True)
+                                     slot_mapping, block_tables, self.block_size, [1] * n, lens, has_padding=True,
+                                     whole_block_tables=whole_block_tables)
             h = self.model(input_ids, positions, self.kv_caches, meta)
             return self.model.compute_logits(h) if self.output == "logits" else h
-        self._load(input_ids, positions, slot_mapping, block_tables, seq_lens, B)
+        self._load(input_ids, positions, slot_mapping, block_tables, seq_lens, B, whole_block_tables)
         if B in self.graphs:
             self.graphs[B].replay()
             self.num_replays += 1

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from torchinferno.models.protocol import KVSpec
 from torchinferno.parallel.comm import Comm
 from torchinferno.parallel.config import ParallelConfig
 
@@ -89,14 +90,24 @@ class ParallelPlan:
     all_reduce_bytes: int  # payload of one decode step's all-reduces (per rank)
     all_gather_bytes: int  # this rank's contribution to the logits all-gather of one decode step
     ring_bytes_sent: int  # bytes a rank sends in one decode step (ring all-reduce 2(N-1)/N, all-gather (N-1)/N)
+    kv_spec: KVSpec | None = None  # the rank's KVSpec (hybrid specs: the engine keeps only a window of the sliding group)
+    kv_elt: int = 2
+
+    def kv_bytes(self, context: int) -> int:
+        """This rank's KV bytes for one sequence of ``context`` tokens, as the engine's pool holds it (block 16)."""
+        if self.kv_spec is None or not self.kv_spec.is_hybrid:
+            return self.kv_bytes_per_token * context
+        dtype = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}[self.kv_elt]
+        return self.kv_spec.sequence_bytes(dtype, context, 16)
 
     def lines(self, context: int) -> list[str]:
         gib = 2**30
-        kv = self.kv_bytes_per_token * context
+        kv = self.kv_bytes(context)
         return [
             f"{self.family} {self.size} at --tensor-parallel-size {self.tp} ({self.dtype}), per rank:",
             f"  weights        {self.weight_bytes / gib:8.2f} GiB  (unsharded {self.full_weight_bytes / gib:.2f} GiB)",
-            f"  KV cache       {self.kv_bytes_per_token / 1024:8.1f} KiB/token; {kv / gib:.2f} GiB for {context} tokens",
+            f"  KV cache       {self.kv_bytes_per_token / 1024:8.1f} KiB/token; {kv / gib:.2f} GiB for {context} tokens"
+            + (" (sliding window freed, entries packed)" if kv != self.kv_bytes_per_token * context else ""),
             f"  collectives    {self.all_reduces_per_step} all-reduce + {self.all_gathers_per_step} all-gather per step",
             (f"  decode step    batch {self.decode_batch}: all-reduce payload {self.all_reduce_bytes / 1024:.1f} KiB, "
              f"logits all-gather {self.all_gather_bytes / 1024:.1f} KiB, ring bytes sent {self.ring_bytes_sent / 1024:.1f} KiB"),
@@ -137,4 +148,5 @@ def plan_parallel(family_name: str, size: str, tp: int, dtype: torch.dtype = tor
                         weight_bytes=_nbytes(model), full_weight_bytes=full_bytes,
                         kv_bytes_per_token=family.kv_spec(model.config).values_per_token() * kv_elt,
                         all_reduces_per_step=reduces, all_gathers_per_step=gathers, decode_batch=batch,
-                        all_reduce_bytes=ar, all_gather_bytes=ag, ring_bytes_sent=ring)
+                        all_reduce_bytes=ar, all_gather_bytes=ag, ring_bytes_sent=ring,
+                        kv_spec=family.kv_spec(model.config), kv_elt=kv_elt)

@@ -14,7 +14,10 @@ class ServerMetrics:
         self.model = model_name
         self.running = Gauge("torchinferno_num_requests_running", "Requests in the running batch", lbl, registry=r)
         self.waiting = Gauge("torchinferno_num_requests_waiting", "Requests waiting to be scheduled", lbl, registry=r)
-        self.kv_usage = Gauge("torchinferno_kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", lbl, registry=r)
+        self.kv_usage = Gauge("torchinferno_kv_cache_usage_perc", "Fraction of KV blocks in use (0-1; hybrid KV "
+                              "caches: the fuller of the whole and sliding-window pools)", lbl, registry=r)
+        self.sliding_usage = Gauge("torchinferno_kv_cache_sliding_usage_perc", "Fraction of the sliding-window KV "
+                                   "pool in use (0-1; 0 without one)", lbl, registry=r)
         self.ttft = Histogram("torchinferno_time_to_first_token_seconds", "Time to first token", lbl, buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("torchinferno_inter_token_latency_seconds", "Inter-token latency", lbl, buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("torchinferno_e2e_request_latency_seconds", "End-to-end request latency", lbl, buckets=_LATENCY_BUCKETS, registry=r)
@@ -31,6 +34,8 @@ class ServerMetrics:
         self.running.labels(m).set(stats.num_running)
         self.waiting.labels(m).set(stats.num_waiting)
         self.kv_usage.labels(m).set(stats.kv_usage)
+        n = getattr(stats, "num_sliding_blocks", 0)
+        self.sliding_usage.labels(m).set(1.0 - stats.num_free_sliding_blocks / n if n else 0.0)
         self.prefix_queries.labels(m).set(stats.prefix_queries)
         self.prefix_hits.labels(m).set(stats.prefix_hits)
         self.preemptions.labels(m).set(stats.num_preemptions)

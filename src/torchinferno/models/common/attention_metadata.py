@@ -35,6 +35,15 @@ class AttentionMetadata:
     # One sequence whose context blocks are consecutive ids from block_tables_host[0][0]: its tokens are one
     # contiguous run of the cache, so the torch backend reads them as a view (no gather)
     contiguous: bool = False
+    # Hybrid KV specs (``KVSpec.is_hybrid``): the block table [B, max_blocks] of the whole-sequence group; the
+    # fields above (``block_tables``, ``slot_mapping``) then address the sliding group, whose entries before
+    # the window are placeholders that must never be read. None: one group, ``block_tables`` addresses everything.
+    whole_block_tables: torch.Tensor | None = None
+
+    @property
+    def entry_block_tables(self) -> torch.Tensor:
+        """The table of whole-sequence tensors (``whole_block_tables``, else the one table)."""
+        return self.block_tables if self.whole_block_tables is None else self.whole_block_tables
 
     @property
     def num_seqs(self) -> int:
@@ -68,6 +77,7 @@ class AttentionMetadata:
             block_tables=self.block_tables[b : b + 1], block_size=self.block_size, query_lens_list=[1],
             seq_lens_list=[self.seq_lens_list[b]], has_padding=self.has_padding,
             block_tables_host=None if self.block_tables_host is None else [self.block_tables_host[b]],
+            whole_block_tables=None if self.whole_block_tables is None else self.whole_block_tables[b : b + 1],
         )
 
     def sub_batch(self, b0: int, b1: int) -> "AttentionMetadata":
@@ -81,6 +91,7 @@ class AttentionMetadata:
             query_lens_list=self.query_lens_list[b0:b1], seq_lens_list=self.seq_lens_list[b0:b1],
             has_padding=self.has_padding,
             block_tables_host=None if self.block_tables_host is None else self.block_tables_host[b0:b1],
+            whole_block_tables=None if self.whole_block_tables is None else self.whole_block_tables[b0:b1],
         )
 
     @property

@@ -8,8 +8,9 @@ A decode step here sees only device tensors and shapes fixed by the batch (``B``
   (slot -1, a padded row, writes nothing: a Triton append on CUDA, ``write_kv`` elsewhere);
 * sliding window: the ``sliding_window`` positions ``t - W + 1 .. t`` as flat cache slots, ``-1`` where negative;
 * compressed layers: each row pools the window(s) *ending at its token* (``rate`` slots, ``2 * rate`` with
-  overlap) from the cache; the entry is written at the token's slot only where a window closes there
-  (``(t + 1) % rate == 0``, else slot -1), exactly the entry the eager path writes;
+  overlap) from the cache; the entry is written at the token's row of the entry tensor (``meta.entry_block_tables``,
+  ``protocol.packed_slot``) only where a window closes there (``(t + 1) % rate == 0``, else slot -1), exactly the
+  entry the eager path writes;
 * entries: all ``N = Wb * block_size // rate`` closing slots of the table, valid iff ``w < (t + 1) // rate``; HCA
   attends every valid one, CSA the indexer's top ``min(index_topk, N)`` (a stable descending sort: the earliest
   among ties, invalid ones last and masked), as the eager selection.
@@ -27,6 +28,7 @@ import torch
 from torchinferno.kernels import sparse_sink_decode as ssd
 from torchinferno.models.common.attention import write_kv
 from torchinferno.models.deepseek_v4.compressor import rope_tail
+from torchinferno.models.protocol import packed_slot
 
 
 def write_rows(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, has_padding: bool = True) -> None:
@@ -49,6 +51,15 @@ def slots_of(block_tables: torch.Tensor, block_size: int, pos: torch.Tensor) -> 
     p = pos.clamp(min=0)
     blk = bt.gather(1, (p // block_size).clamp(max=bt.shape[1] - 1))
     return torch.where(pos >= 0, blk * block_size + p % block_size, -1)
+
+
+def entry_slots_of(block_tables: torch.Tensor, block_size: int, pos: torch.Tensor, rows: int) -> torch.Tensor:
+    """``slots_of`` for an entry tensor of ``rows`` rows per block (packed: fewer than ``block_size``; the row of the
+    closing token ``pos``) -> flat rows [B, K] int64, -1 where pos < 0."""
+    bt = block_tables.long()
+    p = pos.clamp(min=0)
+    blk = bt.gather(1, (p // block_size).clamp(max=bt.shape[1] - 1))
+    return torch.where(pos >= 0, packed_slot(blk, p, block_size, rows), -1)
 
 
 def gather_rows(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -95,13 +106,16 @@ def decode_attention(attn, q: torch.Tensor, q_res: torch.Tensor, h: torch.Tensor
         cos_c, sin_c = rope["compress"]
         m = comp.rate
         closes = (t + 1) % m == 0
-        entry_slots = torch.where(closes, meta.slot_mapping.long(), -1)
+        ebt = meta.entry_block_tables  # entries: the whole-sequence table (the same as bt unless hybrid)
+        R = caches["centry"].shape[1]  # entry rows per block (packed: fewer than bs)
+        # through the whole-sequence table; a padded row (slot -1) writes nothing
+        entry_slots = torch.where(closes & (meta.slot_mapping >= 0), entry_slots_of(ebt, bs, t[:, None], R)[:, 0], -1)
         new = closing_entry(comp, caches["ckv"], caches["cgate"], t, bt, bs, cos_c, sin_c, q.dtype)
         write_rows(caches["centry"], new, entry_slots)
-        n = bt.shape[1] * bs // m  # every window the table can hold
+        n = ebt.shape[1] * bs // m  # every window the table can hold
         w = torch.arange(n, device=t.device)
         visible = w[None, :] < ((t + 1) // m)[:, None]  # [B, n]
-        ent = torch.where(visible, slots_of(bt, bs, ((w + 1) * m - 1)[None, :].expand(t.shape[0], -1)), -1)
+        ent = torch.where(visible, entry_slots_of(ebt, bs, ((w + 1) * m - 1)[None, :].expand(t.shape[0], -1), R), -1)
         ent_cache = caches["centry"]
         idx = comp.indexer
         if idx is not None and n > 0:

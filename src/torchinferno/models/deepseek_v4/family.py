@@ -27,11 +27,35 @@ def build(config: cfg.DeepSeekV4Config, device="meta", dtype: torch.dtype = torc
     return model.to(dtype=dtype)
 
 
+WHOLE_TENSORS = ("centry", "ientry")  # one entry per closed window: read for the whole sequence
+
+
+def kv_window(config: cfg.DeepSeekV4Config) -> int:
+    """How far back a forward reads per-token rows: a step at context c reads positions >= c - W + 1 of ``kv``
+    (the sliding keys, ``sliding_window - 1`` back), of ``ckv, cgate`` / ``ikv, igate`` (the still-open windows:
+    ``2 * rate - 1`` back for CSA's overlapping pairs, ``rate - 1`` for HCA). W = the largest of those spans + 1."""
+    w = config.sliding_window
+    if cfg.CSA in config.layer_types:
+        w = max(w, 2 * config.compress_rate_csa)
+    if cfg.HCA in config.layer_types:
+        w = max(w, config.compress_rate_hca)
+    return w
+
+
 def kv_spec(config: cfg.DeepSeekV4Config) -> KVSpec:
     """Per layer kind, one row per token: ``kv [head_dim]`` for sliding layers; HCA adds ``ckv, cgate [head_dim]``
     (raw compressor projections) and ``centry [head_dim]`` (each window's entry, at its last token's slot); CSA adds
-    ``ckv, cgate [2*head_dim]``, ``centry`` and the indexer's ``ikv, igate [2*index_head_dim]``, ``ientry``."""
-    return KVSpec(layers=tuple(KVLayerSpec(kind=f"dsv4-{t}", tensors=cache_layout(config, t)) for t in config.layer_types))
+    ``ckv, cgate [2*head_dim]``, ``centry`` and the indexer's ``ikv, igate [2*index_head_dim]``, ``ientry``.
+
+    Two cache groups: the per-token rows are a sliding group of window ``kv_window(config)`` (the engine frees
+    their blocks once they slide out); ``centry`` / ``ientry`` are kept for the whole sequence, one row per window
+    (rate m: the engine packs them at ``rows_per_block(m, block_size)`` rows per block)."""
+    W = kv_window(config)
+    return KVSpec(layers=tuple(
+        KVLayerSpec(kind=f"dsv4-{t}", tensors=cache_layout(config, t), window=W,
+                    whole=tuple(n for n, _ in cache_layout(config, t) if n in WHOLE_TENSORS),
+                    rates=tuple((n, config.compress_rate(t)) for n, _ in cache_layout(config, t) if n in WHOLE_TENSORS))
+        for t in config.layer_types))
 
 
 FAMILY = ModelFamily(

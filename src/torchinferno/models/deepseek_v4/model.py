@@ -11,9 +11,12 @@ Cache per layer (``family.kv_spec``), one row per token: ``kv [hd]`` (normed, ro
 their compressor's raw projections ``ckv, cgate [c*hd]`` and ``centry [hd]`` (window w's entry, at the slot of its
 last token (w+1)*m-1); CSA adds the indexer's ``ikv, igate [2*Di]``, ``ientry [Di]``. A forward reads the last
 ``sliding_window - 1`` kv rows, the stored entries, and pools only the windows closing in it, so any chunking /
-prefix hit / preemption equals the full pass. Decode-only batches of an ops module with ``STATIC_DECODE`` (v1) take
-``decode.py`` instead: the same numbers from batch-fixed shapes and device tensors only (CUDA-graph capturable),
-attention through ``kernels.sparse_sink_decode`` (Triton on CUDA).
+prefix hit / preemption equals the full pass. In the engine the per-token rows are a sliding cache group
+(``family.kv_spec``: blocks behind the window are freed, ``meta.block_tables`` / ``slot_mapping`` address them)
+and the entries a whole-sequence group (``meta.entry_block_tables``; packed at one row per window where the block
+size allows, addressed by ``protocol.packed_slot``). Decode-only batches of an ops module with ``STATIC_DECODE``
+(v1) take ``decode.py`` instead: the same numbers from batch-fixed shapes and device tensors only (CUDA-graph
+capturable), attention through ``kernels.sparse_sink_decode`` (Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from torchinferno.models.deepseek_v4.hyper import (
     HyperHead,
     unweighted_rms_norm,
 )
+from torchinferno.models.protocol import packed_slot
 
 
 def cache_layout(cfg: DeepSeekV4Config, layer_type: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -183,7 +187,9 @@ class _SeqView:
 
     def __init__(self, raw, caches, meta, b, s, qlen, ctx):
         self.raw, self.caches, self.meta, self.s, self.qlen, self.ctx = raw, caches, meta, s, qlen, ctx
+        # per-token rows: the (sliding-group) table; entries: the whole-sequence table (the same one unless hybrid)
         self.block_row = None if caches is None else meta.block_tables[b]
+        self.entry_row = None if caches is None else meta.entry_block_tables[b]
 
     def rows(self, name: str, a: int, b: int) -> torch.Tensor:
         fresh = self.raw[name]
@@ -192,6 +198,14 @@ class _SeqView:
         pos = torch.arange(a, b, device=fresh.device)
         return gather_positions(self.caches[name], self.block_row, pos).to(fresh.dtype)
 
+    def _entry_slots(self, name: str, closing: torch.Tensor) -> torch.Tensor:
+        """Flat rows of the entries closing at positions ``closing`` (a packed tensor keeps fewer rows per block)."""
+        bs = self.meta.block_size
+        return packed_slot(self.entry_row[closing // bs], closing, bs, self.caches[name].shape[1])
+
+    def _entry_rows(self, name: str, closing: torch.Tensor) -> torch.Tensor:
+        return self.caches[name].flatten(0, 1)[self._entry_slots(name, closing)]
+
     def entries(self, pooler, kv_name: str, gate_name: str, entry_name: str, cos, sin) -> torch.Tensor:
         m, S = pooler.rate, self.ctx + self.qlen
         n_old, n_all = self.ctx // m, S // m
@@ -199,14 +213,14 @@ class _SeqView:
         parts = []
         if n_old:
             closing = (torch.arange(n_old, device=dev) + 1) * m - 1
-            parts.append(gather_positions(self.caches[entry_name], self.block_row, closing).to(self.raw[kv_name].dtype))
+            parts.append(self._entry_rows(entry_name, closing).to(self.raw[kv_name].dtype))
         if n_all > n_old:
             start = n_old - 1 if (pooler.overlap and n_old > 0) else n_old
             new = pooler.entries(self.rows(kv_name, start * m, n_all * m), self.rows(gate_name, start * m, n_all * m),
                                  cos, sin, first=start)[n_old - start :]
             if self.caches is not None:
-                closing = (torch.arange(n_old, n_all, device=dev) + 1) * m - 1 - self.ctx + self.s
-                write_kv(self.caches[entry_name], new, self.meta.slot_mapping[closing])
+                closing = (torch.arange(n_old, n_all, device=dev) + 1) * m - 1  # positions
+                write_kv(self.caches[entry_name], new, self._entry_slots(entry_name, closing))
                 new = new.to(self.caches[entry_name].dtype).to(new.dtype)  # as later forwards will read it
             parts.append(new)
         if not parts:
