@@ -16,6 +16,7 @@ import torch
 
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.disagg.client import DisaggConfig, DisaggLLM
+from torchinferno.disagg.kv_io import payload_bytes
 from torchinferno.disagg.sharding import kv_part
 from torchinferno.engine.assembly import ModelSpec, build_model
 from torchinferno.engine.config import EngineConfig
@@ -91,8 +92,16 @@ def test_tp2_per_role_equals_colocated_and_moves_live_bytes_once(kind, tmp_path)
     recs = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(recs) == len(prompts()) + 1
     tokens = [r["kv_transfer"]["tokens_group"] for r in recs]
-    assert all(r["kv_transfer"]["bytes_group"] == t * bpt for r, t in zip(recs, tokens))
-    assert totals.nbytes == sum(tokens) * bpt  # every live row once: shards summed, replicated tensors not doubled
+    full = model.family.kv_spec(model.config)
+    if full.is_hybrid:  # V4: the sliding group's rows only from the window on, entries one row per window (kv_io)
+        kv = SimpleNamespace(spec=full, block_size=CFG.block_size,
+                             tensors=full.allocate(1, CFG.block_size, torch.float32, "cpu"))
+        want_bytes = [payload_bytes(kv, r["kv_transfer"]["prompt_tokens"] - t, r["kv_transfer"]["prompt_tokens"])
+                      for r, t in zip(recs, tokens)]
+    else:
+        want_bytes = [t * bpt for t in tokens]
+    assert [r["kv_transfer"]["bytes_group"] for r in recs] == want_bytes
+    assert totals.nbytes == sum(want_bytes)  # every live row once: shards summed, replicated tensors not doubled
     assert any(t < r["kv_transfer"]["prompt_tokens"] for r, t in zip(recs, tokens))  # a prefix hit on decode
     topo = recs[-1]["topology"]
     assert topo["tensor_parallel_size"] == 2 and topo["decode"]["devices"] == ["cpu", "cpu"]

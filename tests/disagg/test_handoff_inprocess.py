@@ -58,7 +58,7 @@ def disaggregated(pre, dec, params):
         req.output_token_ids.append(tok)
         req.num_prior_draws = 1
         start, stop = dc.scheduler.reserve_prefilled(req)
-        buf = pack_kv(pre.executor.kv_cache, held.block_ids, start, stop, sliding_ids(pre, held))
+        buf = pack_kv(pre.executor.kv_cache, held.block_ids, start, stop, sliding_block_ids=sliding_ids(pre, held))
         kv = dec.executor.kv_cache
         assert buf.numel() == payload_bytes(kv, start, stop)
         if kv.spec.is_hybrid:  # deepseek-v4: the sliding group moves the window's blocks, entries their windows'
@@ -75,7 +75,7 @@ def disaggregated(pre, dec, params):
         else:
             assert buf.numel() == live_kv_bytes(kv, stop - start)
             assert buf.numel() == (stop - start) * kv.bytes_per_token  # the KVSpec's bytes
-        unpack_kv(kv, req.block_ids, start, stop, buf, sliding_ids(dec, req))
+        unpack_kv(kv, req.block_ids, start, stop, buf, sliding_block_ids=sliding_ids(dec, req))
         dc.scheduler.add_prefilled(rid)
         assert pc.scheduler.release_held(rid)
         moved.append((start, stop))

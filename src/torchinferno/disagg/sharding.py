@@ -113,9 +113,11 @@ class ShardedTransport:
         self._pending = 0
 
     def submit(self, request_id: str, transfer_id: int, block_ids: list[int], start: int, stop: int,
-               missing: bool = False) -> None:
+               missing: bool = False, sliding_block_ids: list[int] | None = None) -> None:
         self._pending += 1
-        self.executor.collective_rpc(submit_pair, (request_id, transfer_id, list(block_ids), start, stop, missing))
+        sliding = None if sliding_block_ids is None else list(sliding_block_ids)
+        self.executor.collective_rpc(submit_pair, (request_id, transfer_id, list(block_ids), start, stop, missing,
+                                                   sliding))
 
     @property
     def pending(self) -> int:
