@@ -171,7 +171,10 @@ def _cmd_validate(a) -> int:
         if not a.calibration:
             raise ConfigError("--bench-results needs --calibration (sim-calibrate --from-step-log of the served run)")
         return _report_validation(a, validate_served(Calibration.load(a.calibration), a.bench_results, a.seed,
-                                                     cost_model=a.cost_model))
+                                                     cost_model=a.cost_model, replay_arrivals=a.replay_arrivals,
+                                                     warmups=a.replay_warmups))
+    if a.replay_arrivals:
+        raise ConfigError("--replay-arrivals needs --bench-results (the served run whose step log it is)")
     model = _load_model(a)
     cfg = _engine_config(a)
     if a.calibration:
@@ -376,6 +379,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bench-results", nargs="+", default=None, metavar="JSON",
                    help="validate against served runs instead: bench-serve result files (their lengths, rate and "
                         "concurrency are replayed; --calibration from the server's step log); no model is loaded")
+    p.add_argument("--replay-arrivals", default=None, metavar="STEP_LOG",
+                   help="with --bench-results (in run order): replay when each request reached the engine core, from "
+                        "the step log of the server that produced the results, instead of the calibration's admission "
+                        "time (docs/SIMULATION.md)")
+    p.add_argument("--replay-warmups", type=int, default=None, metavar="N",
+                   help="bench-serve warm-ups before each result, for results that do not record num_warmups "
+                        "(default min(2, concurrency): benchmarks/served_sim_validate.py)")
     p.add_argument("--json-output", default=None)
     _cost_model_arg(p)
     p.set_defaults(func=_cmd_validate)
