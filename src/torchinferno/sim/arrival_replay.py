@@ -124,18 +124,21 @@ def replay_delays(timeline: CoreTimeline, docs: list[dict], send_offsets: list[l
     if need != len(timeline.arrivals):
         raise ConfigError(f"the step log holds {len(timeline.arrivals)} requests, the results {need} "
                           f"(warm-ups + timed: {expected}); pass the results in run order and the right warm-up count")
-    refill = []  # closed-loop delays over the whole log (first_delay)
+    medians = []  # per level: the median closed-loop delay (first_delay)
     spans = []
     start = 0
     for (w, n), d in zip(expected, docs):
         spans.append((start + w, n, d))
         cap = int(d.get("max_concurrency") or 0) or n
+        refill = []
         for i in range(cap, n):
-            j = start + w + i - cap  # the request whose finish released i (finishes keep request order per level)
+            j = start + w + i - cap  # the finish (in finish order) that released i: earlier requests all finished
             if j < len(timeline.finishes):
                 refill.append(timeline.arrivals[start + w + i] - timeline.finishes[j])
+        if refill:
+            medians.append(statistics.median(refill))
         start += w + n
-    first_delay = max(0.0, statistics.quantiles(refill, n=10)[0]) if len(refill) > 1 else max([0.0, *refill])
+    first_delay = max(0.0, min(medians)) if medians else 0.0
     out = []
     for (lo, n, d), offs in zip(spans, send_offsets):
         cap = int(d.get("max_concurrency") or 0) or n
