@@ -57,6 +57,11 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
         adm = 0.0
         stream, _ = fit_stream_replay(cal, fit_bench, str(steps), cost_model=cost_model)
         cal.extra["stream_s"] = stream
+    elif api == "gaps":
+        from torchinferno.sim.fit_api_gaps import fit_api_from_arrivals
+
+        adm, stream, _ = fit_api_from_arrivals(cal, fit_bench, str(steps), cost_model=cost_model)
+        cal.extra["stream_s"] = stream
     elif api == "fifo":
         adm, stream, _ = fit_api_server(cal, fit_bench, cost_model=cost_model)
         cal.extra["stream_s"] = stream
@@ -78,9 +83,10 @@ def main(argv=None) -> int:
     p.add_argument("run", help="directory with steps_a/b and bench_a/b_c*.json")
     p.add_argument("--cost-model", default="timeline", choices=["timeline", "linear"])
     p.add_argument("--timeline-weights", default="time", choices=["time", "sqrt", "relative"])
-    p.add_argument("--api", default="fifo", choices=["admission", "fifo"],
+    p.add_argument("--api", default="fifo", choices=["admission", "fifo", "gaps"],
                    help="API server model fitted on the calibration run's results: admission time per request "
-                        "(fitted to p50 TTFT), or one FIFO stage of admissions and streamed tokens (p50 TTFT + TPOT)")
+                        "(fitted to p50 TTFT), one FIFO stage of admissions and streamed tokens (p50 TTFT + TPOT), "
+                        "or that stage fitted to the calibration run's recorded arrivals at the core (gaps)")
     p.add_argument("--replay-arrivals", action="store_true",
                    help="replay each predicted run's request arrivals at the engine core from its own step log "
                         "(a diagnosis: what is left when the admission process is known); API stage: streaming only")

@@ -159,3 +159,29 @@ def test_counts_that_do_not_add_up_are_named(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         core_timeline(tmp_path / "missing.jsonl")
     assert math.isfinite(core_timeline(tmp_path / "s.jsonl").arrivals[0])
+
+
+def test_api_stage_fitted_from_recorded_arrivals(tmp_path):
+    """A 'served' run whose API stage costs 1 ms per admission and 20 us per streamed token (the simulator's FIFO
+    stage in front of a logged core) at concurrency 4 and 16: fitting the stage to the log's arrival delays
+    recovers both from the grid (sim-calibrate --api-model gaps)."""
+    from torchinferno.sim.fit_api_gaps import fit_api_from_arrivals
+    from torchinferno.sim.step_log_fit import calibration_from_step_logs
+
+    ex = _executor(max_num_seqs=16, budget=2048)
+    rec = _Recorder(tmp_path / "steps.jsonl", ex)
+    results = []
+    for c in (4, 16):
+        reqs = generate(TrafficSpec(num_requests=3 * c, prompt_len="fixed:64", output_len="fixed:8", seed=c))
+        t0 = ex.clock.now() + 1.0  # levels one after another on the server's clock
+        reqs = [type(r)(f"c{c}-{i}", t0 + r.arrival_s, r.prompt_token_ids, r.output_len) for i, r in enumerate(reqs)]
+        run_workload(reqs, [rec.rep], max_concurrency=c, admission_s=1e-3, stream_s=20e-6)
+        doc = {"input_lens": [64] * (3 * c), "output_lens": [8] * (3 * c), "max_concurrency": c, "num_warmups": 0,
+               "request_rate": "inf", "burstiness": 1.0}
+        results.append(str(tmp_path / f"bench_c{c}.json"))
+        (tmp_path / f"bench_c{c}.json").write_text(json.dumps(doc))
+    rec.log.close()
+    cal = calibration_from_step_logs([str(tmp_path / "steps.jsonl")], log=lambda *_: None, cost_model="linear")
+    cal.device = "cpu"  # the simulated executor's log names no device
+    adm, stream, err = fit_api_from_arrivals(cal, results, str(tmp_path / "steps.jsonl"), cost_model="linear")
+    assert (adm, stream) == (1e-3, 20e-6), (adm, stream, err)

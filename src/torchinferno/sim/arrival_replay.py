@@ -40,7 +40,7 @@ from pathlib import Path
 
 from torchinferno.errors import ConfigError
 
-__all__ = ["CoreTimeline", "core_timeline", "replay_delays", "level_warmups"]
+__all__ = ["CoreTimeline", "StepRecorder", "core_timeline", "level_warmups", "replay_delays", "timeline_from_rows"]
 
 
 @dataclass
@@ -69,6 +69,12 @@ def _read_rows(path: str | Path) -> tuple[dict, list[dict]]:
 def core_timeline(path: str | Path) -> CoreTimeline:
     """Arrival and finish times of every request in a served run's step log (module docstring)."""
     meta, rows = _read_rows(path)
+    return timeline_from_rows(meta, rows, str(path))
+
+
+def timeline_from_rows(meta: dict, rows: list[dict], name: str = "step log") -> CoreTimeline:
+    """``core_timeline`` of a log already read (``meta``: its first line's ``meta``; ``rows``: the step lines)."""
+    path = name
     budget = int(meta.get("max_num_batched_tokens") or 0)
     recorded = any("arrivals" in r for r in rows)
     arrivals: list[float] = []
@@ -156,3 +162,36 @@ def replay_delays(timeline: CoreTimeline, docs: list[dict], send_offsets: list[l
             delays.append(max(0.0, a - ref))
         out.append(delays)
     return out
+
+
+class StepRecorder:
+    """Rows as ``serve --step-log`` writes them (``t``, ``dt``, ``idle``, ``arrivals`` and the batch's shape),
+    collected in memory from a simulated ``driver.Replica`` on its virtual clock: a simulated run's arrivals are
+    then read by ``timeline_from_rows`` exactly as a served run's are."""
+
+    def __init__(self, replica):
+        from dataclasses import asdict
+
+        self.rows: list[dict] = []
+        self.meta = {"max_num_batched_tokens": replica.core.scheduler.config.max_num_batched_tokens}
+        core = replica.core
+        core.record_shapes = True
+        add = replica.add
+        pending, idle = [0], [0.0]
+
+        def counting_add(rid, prompt, max_tokens, t, external=False):
+            if not replica.has_work():
+                idle[0] = 1e-6  # the core process would have been waiting for this request
+            add(rid, prompt, max_tokens, t, external)
+            pending[0] += 1
+
+        def hook(t0, t1):
+            row = {"t": t0, "dt": t1 - t0, "idle": idle[0], "arrivals": pending[0]}
+            if core.last_shape is not None:
+                row.update(asdict(core.last_shape))
+            self.rows.append(row)
+            core.last_shape = None
+            pending[0], idle[0] = 0, 0.0
+
+        replica.add = counting_add
+        replica.step_hook = hook

@@ -93,6 +93,8 @@ class RequestRecord:
     num_tokens: int = 0
     itls: list = field(default_factory=list)
     replica: str = ""
+    entry_s: float = math.nan  # when it reached the (first) engine core
+    core_finish_s: float = math.nan  # when the core finished it (finish_s: when the client had its last token)
 
 
 @dataclass
@@ -172,6 +174,7 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     def enter(req, t: float) -> None:
         rep = pick(req, entry)
         recs[req.request_id].replica = rep.name
+        recs[req.request_id].entry_s = t
         rep.add(req.request_id, req.prompt_token_ids, 1 if rep.role == "prefill" else req.output_len, t)
 
     while True:
@@ -238,6 +241,7 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
                                            o.new_token_ids[-1] if o.new_token_ids else 0))
                     continue
                 rec.finish_s = now
+                rec.core_finish_s = step_end
                 finish_core.append(step_end)
                 if inflight >= cap:
                     gate = now

@@ -26,7 +26,7 @@ from torchinferno.sim.executor import SimulatedExecutor, make_clock
 from torchinferno.sim.traffic import TrafficSpec, generate, load_trace
 
 __all__ = ["FIGURES", "ValidateConfig", "compare", "measured_from_bench", "fit_admission", "fit_stream_replay",
-           "replayed_delays", "simulate_served", "validate", "validate_served"]
+           "replayed_delays", "served_run", "simulate_served", "validate", "validate_served"]
 
 FIGURES = ("output_throughput", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
 
@@ -139,6 +139,14 @@ def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s
     """The simulator's figures for one bench-serve result ``doc`` and its requests (``_served_workload``), as
     ``driver.summarize`` gives them. ``cost_model``: ``Calibration.model_for``'s choice. ``entry_delays``
     (``replayed_delays``): replayed admissions, which replace the calibration's admission time."""
+    return served_run(calibration, doc, reqs, admission_s, cost_model, stream_s, entry_delays).summary()
+
+
+def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
+               cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None,
+               replica_hook=None):
+    """``simulate_served``'s ``driver.RunResult`` (per-request records); ``replica_hook(replica)`` sees the
+    simulated replica before the run (``arrival_replay.StepRecorder``)."""
     cfg, limits = _served_config(calibration)
     sim_ex = SimulatedExecutor(calibration.model_for(cost_model), cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
@@ -146,9 +154,12 @@ def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s
     stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
     if entry_delays is not None:
         adm = 0.0
-    return run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
+    rep = Replica(EngineCore(sim_ex), sim_ex.clock, "sim")
+    if replica_hook is not None:
+        replica_hook(rep)
+    return run_workload(reqs, [rep],
                         max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream,
-                        entry_delays=entry_delays).summary()
+                        entry_delays=entry_delays)
 
 
 def fit_stream_replay(calibration: Calibration, results: list[str], step_log: str, seed: int = 0,
