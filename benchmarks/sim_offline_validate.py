@@ -60,8 +60,8 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     elif api == "gaps":
         from torchinferno.sim.fit_api_gaps import fit_api_from_arrivals
 
-        adm, stream, _ = fit_api_from_arrivals(cal, fit_bench, str(steps), cost_model=cost_model)
-        cal.extra["stream_s"] = stream
+        adm, stream, lat, _ = fit_api_from_arrivals(cal, fit_bench, str(steps), cost_model=cost_model)
+        cal.extra.update(stream_s=stream, latency_s=lat)
     elif api == "fifo":
         adm, stream, _ = fit_api_server(cal, fit_bench, cost_model=cost_model)
         cal.extra["stream_s"] = stream
@@ -73,7 +73,8 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     errs = [v["relative_error"] for lv in res["levels"].values() for v in lv["figures"].values()]
     return {"calibrated_on": str(steps), "fit_seconds": fit_s, "admission_s": adm,
             "replayed_arrivals": str(pred_steps) if pred_steps is not None else None,
-            "stream_s": cal.extra.get("stream_s", 0.0), "timeline": cal.timeline,
+            "stream_s": cal.extra.get("stream_s", 0.0), "latency_s": cal.extra.get("latency_s", 0.0),
+            "timeline": cal.timeline,
             "levels": {c: {k: v for k, v in lv.items() if k != "result"} for c, lv in res["levels"].items()},
             **_stats(errs)}
 

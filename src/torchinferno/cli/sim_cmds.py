@@ -96,11 +96,13 @@ def _cmd_calibrate(a) -> int:
 
             if len(a.from_step_log) != 1:
                 raise ConfigError("--api-model gaps needs exactly one --from-step-log (the run the results came from)")
-            adm, stream, err = fit_api_from_arrivals(cal, a.fit_admission_to, a.from_step_log[0], a.seed, a.cost_model)
-            cal.extra.update(admission_s=adm, stream_s=stream)
+            adm, stream, lat, err = fit_api_from_arrivals(cal, a.fit_admission_to, a.from_step_log[0], a.seed,
+                                                          a.cost_model)
+            cal.extra.update(admission_s=adm, stream_s=stream, latency_s=lat)
             cal.extra["admission_fit"] = {"results": list(a.fit_admission_to), "arrival_delay_error": err}
             print(f"sim-calibrate: API server {adm * 1e3:.2f} ms per request + {stream * 1e6:.0f} us per streamed token "
-                  f"(recorded arrival delays at the core within {err * 100:.1f}% on average)")
+                  f"after {lat * 1e3:.1f} ms latency (recorded arrival delays at the core within {err * 100:.1f}% "
+                  "on average)")
         elif a.fit_admission_to and a.api_model == "fifo":
             from torchinferno.sim.validate import fit_api_server
 

@@ -137,7 +137,8 @@ def summarize(records: list[RequestRecord]) -> dict:
 
 def run_workload(requests: list[SimRequest], replicas: list[Replica], router=None, *,
                  max_concurrency: int | None = None, transfer=None, max_steps: int | None = None,
-                 admission_s: float = 0.0, stream_s: float = 0.0, entry_delays: dict | None = None) -> RunResult:
+                 admission_s: float = 0.0, stream_s: float = 0.0, entry_delays: dict | None = None,
+                 latency_s: float = 0.0) -> RunResult:
     """Serve ``requests`` on ``replicas`` (module docstring). ``router(req, candidates) -> Replica`` picks among
     the replicas that take new requests (default: the first). P/D: when some replicas have role ``prefill``,
     a request is prefilled there (one token), then moved to a ``decode`` replica after ``transfer(req)``
@@ -146,7 +147,8 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     burst of sends reaches the core spread out; 0 = requests reach the core when sent. ``stream_s``: the same API
     server spends this long on each output token it streams back (detokenize, SSE, write); tokens reach the client
     when it is done with them, and admissions and tokens share its time in arrival order (one FIFO server).
-    ``entry_delays`` (request id -> seconds; ``sim.arrival_replay``): replayed admission instead of ``admission_s``:
+    ``latency_s``: a pure delay (network, the client's turnaround; nothing queues on it) before a request reaches
+    that server. ``entry_delays`` (request id -> seconds; ``sim.arrival_replay``): replayed admission instead of ``admission_s``:
     a request reaches the core that long after the event that released it, i.e. its send for the first
     ``max_concurrency`` requests (send order), else the core-side finish of the request whose slot it took (the
     ``(i - max_concurrency)``-th finish); never before its send."""
@@ -199,8 +201,8 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
                 ref = finish_core[i - cap] if i >= cap else t  # i >= cap: finish i - cap freed its slot
                 seq += 1
                 heapq.heappush(admits, (max(t, ref + entry_delays.get(req.request_id, 0.0)), seq, req.request_id))
-            elif admission_s > 0:
-                admit_free = max(admit_free, t) + admission_s
+            elif admission_s > 0 or latency_s > 0:
+                admit_free = max(admit_free, t + latency_s) + admission_s
                 seq += 1
                 heapq.heappush(admits, (admit_free, seq, req.request_id))
             else:

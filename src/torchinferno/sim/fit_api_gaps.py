@@ -18,12 +18,13 @@ from torchinferno.sim.calibration import Calibration
 
 __all__ = ["delay_stats", "fit_api_from_arrivals", "simulated_delays"]
 
-GRID_ADMISSION = (0.0, 0.1e-3, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3)
-GRID_STREAM = (0.0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 120e-6)
+GRID_ADMISSION = (0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3)
+GRID_STREAM = (0.0, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6)
+GRID_LATENCY = (0.0, 1e-3, 2e-3, 3e-3)
 
 
 def simulated_delays(calibration: Calibration, doc: dict, reqs: list, admission_s: float, stream_s: float,
-                     cost_model: str = "auto") -> list[float]:
+                     cost_model: str = "auto", latency_s: float = 0.0) -> list[float]:
     """The admission delays of one simulated level (``validate.served_run`` with this API stage), read from its
     steps the way ``arrival_replay`` reads a served log (arrivals placed in their step window)."""
     from torchinferno.sim.arrival_replay import StepRecorder, replay_delays, timeline_from_rows
@@ -34,7 +35,7 @@ def simulated_delays(calibration: Calibration, doc: dict, reqs: list, admission_
     def hook(rep):
         box["rec"] = StepRecorder(rep)
 
-    served_run(calibration, doc, reqs, admission_s, cost_model, stream_s, replica_hook=hook)
+    served_run(calibration, doc, reqs, admission_s, cost_model, stream_s, replica_hook=hook, latency_s=latency_s)
     rec = box["rec"]
     (delays,) = replay_delays(timeline_from_rows(rec.meta, rec.rows), [{**doc, "num_warmups": 0}],
                               [[r.arrival_s for r in reqs]])
@@ -53,8 +54,9 @@ def delay_stats(delays: list[float], cap: int | None) -> list[float]:
 
 
 def fit_api_from_arrivals(calibration: Calibration, results: list[str], step_log: str, seed: int = 0,
-                          cost_model: str = "auto", warmups: int | None = None) -> tuple[float, float, float]:
-    """``(admission_s, stream_s, mean relative error of the delay percentiles)`` of the FIFO API stage whose
+                          cost_model: str = "auto", warmups: int | None = None) -> tuple[float, float, float, float]:
+    """``(admission_s, stream_s, latency_s, mean relative error of the delay percentiles)`` of the FIFO API stage
+    (and the pure latency in front of it: ``driver.run_workload``) whose
     simulated admission delays best match those ``step_log`` recorded for ``results`` (bench-serve results of that
     server, in run order)."""
     from torchinferno.sim.validate import _served_workload, replayed_delays
@@ -64,13 +66,13 @@ def fit_api_from_arrivals(calibration: Calibration, results: list[str], step_log
     targets = [delay_stats([dl[r.request_id] for r in reqs], doc.get("max_concurrency"))
                for (doc, reqs), dl in zip(work, recorded)]
 
-    def err(adm: float, stream: float) -> float:
+    def err(adm: float, stream: float, lat: float) -> float:
         e = []
         for (doc, reqs), want in zip(work, targets):
-            got = delay_stats(simulated_delays(calibration, doc, reqs, adm, stream, cost_model),
+            got = delay_stats(simulated_delays(calibration, doc, reqs, adm, stream, cost_model, lat),
                               doc.get("max_concurrency"))
             e += [abs(g - w) / max(w, 1e-3) for g, w in zip(got, want)]
         return sum(e) / len(e)
 
-    best = min((err(a, s), a, s) for a in GRID_ADMISSION for s in GRID_STREAM)
-    return best[1], best[2], best[0]
+    best = min((err(a, s, lat), a, s, lat) for a in GRID_ADMISSION for s in GRID_STREAM for lat in GRID_LATENCY)
+    return best[1], best[2], best[3], best[0]

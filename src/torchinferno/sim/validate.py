@@ -144,7 +144,7 @@ def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s
 
 def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
                cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None,
-               replica_hook=None):
+               replica_hook=None, latency_s: float | None = None):
     """``simulate_served``'s ``driver.RunResult`` (per-request records); ``replica_hook(replica)`` sees the
     simulated replica before the run (``arrival_replay.StepRecorder``)."""
     cfg, limits = _served_config(calibration)
@@ -152,14 +152,15 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
     stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
+    lat = calibration.extra.get("latency_s", 0.0) if latency_s is None else latency_s
     if entry_delays is not None:
-        adm = 0.0
+        adm = lat = 0.0
     rep = Replica(EngineCore(sim_ex), sim_ex.clock, "sim")
     if replica_hook is not None:
         replica_hook(rep)
     return run_workload(reqs, [rep],
                         max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream,
-                        entry_delays=entry_delays)
+                        entry_delays=entry_delays, latency_s=lat)
 
 
 def fit_stream_replay(calibration: Calibration, results: list[str], step_log: str, seed: int = 0,
