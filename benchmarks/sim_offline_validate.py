@@ -4,6 +4,9 @@ No GPU and no model: everything comes from the files of a run directory (``steps
 ``bench_{a,b}_c{C}.json``), e.g. ``benchmarks/results/run37``.
 
     PYTHONPATH=src python3 benchmarks/sim_offline_validate.py benchmarks/results/run37 --json-output out.json
+
+``--replay-arrivals``: each predicted run's arrivals at the engine core replayed from its own step log (a diagnosis;
+docs/SIMULATION.md); ``--api gaps``: the API stage fitted to the calibration run's recorded arrival delays.
 """
 
 from __future__ import annotations
