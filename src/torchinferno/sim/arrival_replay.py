@@ -8,7 +8,8 @@ tokenization, the hop to the core), and a burst of sends reaches it spread out (
   row's step;
 * older logs (run 37) lack it; the count is inferred from the scheduler's queues: requests whose first prefill
   chunk this step scheduled (prefill rows less one continued chunk when the previous step filled the token budget)
-  plus the growth of the waiting queue. Exact without preemption (a preempted request re-prefilled counts twice).
+  plus the growth of the waiting queue. Exact without preemption (a preempted request re-prefilled counts twice)
+  unless a budget-filling step's last chunk ends exactly at its prompt's end (one arrival is then placed late).
 
 A request counted at row ``k`` landed on the core's socket after the loop last polled (just before row ``k-1``'s
 step) and was taken just before row ``k``'s: its arrival time is the middle of ``[t(k-1), t(k)]``, or ``t(k)`` when
@@ -74,7 +75,6 @@ def core_timeline(path: str | Path) -> CoreTimeline:
 
 def timeline_from_rows(meta: dict, rows: list[dict], name: str = "step log") -> CoreTimeline:
     """``core_timeline`` of a log already read (``meta``: its first line's ``meta``; ``rows``: the step lines)."""
-    path = name
     budget = int(meta.get("max_num_batched_tokens") or 0)
     recorded = any("arrivals" in r for r in rows)
     arrivals: list[float] = []
@@ -91,7 +91,7 @@ def timeline_from_rows(meta: dict, rows: list[dict], name: str = "step log") -> 
         else:
             n = 0
         if n < 0:
-            raise ConfigError(f"{path}: cannot infer arrivals at t={r['t']} (queues shrank without finishes: "
+            raise ConfigError(f"{name}: cannot infer arrivals at t={r['t']} (queues shrank without finishes: "
                               "preemption?); record them with a newer serve --step-log")
         if n:
             t = r["t"] if prev is None or r.get("idle", 0) > 0 else 0.5 * (prev["t"] + r["t"])
@@ -105,7 +105,7 @@ def timeline_from_rows(meta: dict, rows: list[dict], name: str = "step log") -> 
                 finishes += [t_fin] * (done - len(finishes))
         prev = r
     if not arrivals:
-        raise ConfigError(f"{path}: the step log records no requests")
+        raise ConfigError(f"{name}: the step log records no requests")
     return CoreTimeline(arrivals, finishes, not recorded)
 
 
