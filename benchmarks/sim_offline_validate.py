@@ -4,6 +4,9 @@ No GPU and no model: everything comes from the files of a run directory (``steps
 ``bench_{a,b}_c{C}.json``), e.g. ``benchmarks/results/run37``.
 
     PYTHONPATH=src python3 benchmarks/sim_offline_validate.py benchmarks/results/run37 --json-output out.json
+
+``--replay-arrivals``: each predicted run's arrivals at the engine core replayed from its own step log (a diagnosis;
+docs/SIMULATION.md); ``--api gaps``: the API stage fitted to the calibration run's recorded arrival delays.
 """
 
 from __future__ import annotations
@@ -42,24 +45,39 @@ def noise_floor(bench_a: list[str], bench_b: list[str]) -> dict:
 
 
 def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str,
-            api: str = "admission") -> dict:
+            api: str = "admission", pred_steps: Path | None = None) -> dict:
+    """Calibrate on ``steps`` + ``fit_bench``, predict ``pred_bench``. ``pred_steps``: replay the predicted run's
+    arrivals at the core from its step log (``--replay-arrivals``); the API stage is then the streaming cost only,
+    fitted with the calibration run's own arrivals replayed."""
     from torchinferno.sim.step_log_fit import calibration_from_step_logs
-    from torchinferno.sim.validate import fit_admission, fit_api_server, validate_served
+    from torchinferno.sim.validate import fit_admission, fit_api_server, fit_stream_replay, validate_served
 
     t0 = time.perf_counter()
     cal = calibration_from_step_logs([str(steps)], log=lambda *a: None, cost_model=cost_model,
                                      timeline_weights=weights)
     fit_s = time.perf_counter() - t0
-    if api == "fifo":
+    if pred_steps is not None:
+        adm = 0.0
+        stream, _ = fit_stream_replay(cal, fit_bench, str(steps), cost_model=cost_model)
+        cal.extra["stream_s"] = stream
+    elif api == "gaps":
+        from torchinferno.sim.fit_api_gaps import fit_api_from_arrivals
+
+        adm, stream, lat, _ = fit_api_from_arrivals(cal, fit_bench, str(steps), cost_model=cost_model)
+        cal.extra.update(stream_s=stream, latency_s=lat)
+    elif api == "fifo":
         adm, stream, _ = fit_api_server(cal, fit_bench, cost_model=cost_model)
         cal.extra["stream_s"] = stream
     else:
         adm, _ = fit_admission(cal, fit_bench, cost_model=cost_model)
     cal.extra["admission_s"] = adm
-    res = validate_served(cal, pred_bench, log=lambda *a: None, cost_model=cost_model)
+    res = validate_served(cal, pred_bench, log=lambda *a: None, cost_model=cost_model,
+                          replay_arrivals=str(pred_steps) if pred_steps is not None else None)
     errs = [v["relative_error"] for lv in res["levels"].values() for v in lv["figures"].values()]
     return {"calibrated_on": str(steps), "fit_seconds": fit_s, "admission_s": adm,
-            "stream_s": cal.extra.get("stream_s", 0.0), "timeline": cal.timeline,
+            "replayed_arrivals": str(pred_steps) if pred_steps is not None else None,
+            "stream_s": cal.extra.get("stream_s", 0.0), "latency_s": cal.extra.get("latency_s", 0.0),
+            "timeline": cal.timeline,
             "levels": {c: {k: v for k, v in lv.items() if k != "result"} for c, lv in res["levels"].items()},
             **_stats(errs)}
 
@@ -69,16 +87,21 @@ def main(argv=None) -> int:
     p.add_argument("run", help="directory with steps_a/b and bench_a/b_c*.json")
     p.add_argument("--cost-model", default="timeline", choices=["timeline", "linear"])
     p.add_argument("--timeline-weights", default="time", choices=["time", "sqrt", "relative"])
-    p.add_argument("--api", default="fifo", choices=["admission", "fifo"],
+    p.add_argument("--api", default="fifo", choices=["admission", "fifo", "gaps"],
                    help="API server model fitted on the calibration run's results: admission time per request "
-                        "(fitted to p50 TTFT), or one FIFO stage of admissions and streamed tokens (p50 TTFT + TPOT)")
+                        "(fitted to p50 TTFT), one FIFO stage of admissions and streamed tokens (p50 TTFT + TPOT), "
+                        "or that stage fitted to the calibration run's recorded arrivals at the core (gaps)")
+    p.add_argument("--replay-arrivals", action="store_true",
+                   help="replay each predicted run's request arrivals at the engine core from its own step log "
+                        "(a diagnosis: what is left when the admission process is known); API stage: streaming only")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)
     (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
     out = {"run": str(run), "cost_model": a.cost_model, "noise_floor_a_vs_b": noise_floor(ba, bb),
-           "api": a.api, "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api),
-           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api)}
+           "api": "replay" if a.replay_arrivals else a.api,
+           "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api, sb if a.replay_arrivals else None),
+           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api, sa if a.replay_arrivals else None)}
     for name in ("noise_floor_a_vs_b", "a_to_b", "b_to_a"):
         r = out[name]
         print(f"{name:<20} mean |error| {r['mean_abs'] * 100:5.1f}%  max {r['max_abs'] * 100:5.1f}%  "

@@ -109,6 +109,18 @@ def test_served_run_calibrates_and_validates(tmp_path):
         for fig in lv["figures"].values():
             assert fig["predicted"] > 0 and fig["measured"] > 0 and math.isfinite(fig["relative_error"])
     assert main(["sim-validate", "--bench-results", results[0]]) != 0  # no --calibration: one clear line
+    # the same results with their requests' arrivals at the core replayed from the server's log (issue 21)
+    assert main(["sim-validate", "--bench-results", *results, "--calibration", str(cal), "--replay-arrivals", str(log),
+                 "--json-output", str(res_path)]) == 0
+    res = json.loads(res_path.read_text())
+    assert res["replay_arrivals"] == str(log) and set(res["levels"]) == {"1", "4"}
+    assert all(math.isfinite(f["relative_error"]) for lv in res["levels"].values() for f in lv["figures"].values())
+    assert main(["sim-validate", "--bench-results", results[0], "--calibration", str(cal), "--replay-arrivals",
+                 str(log)]) != 0  # 16 requests in the log, 8 in the results: named, not guessed
+    gaps = tmp_path / "cal_gaps.json"
+    assert main(["sim-calibrate", "--from-step-log", str(log), "--out", str(gaps), "--fit-admission-to", *results,
+                 "--api-model", "gaps"]) == 0
+    assert "arrival_delay_error" in json.loads(gaps.read_text())["extra"]["admission_fit"]
 
 
 def test_admission_spreads_a_burst():

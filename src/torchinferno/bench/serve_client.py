@@ -342,6 +342,7 @@ def compute_result(cfg: ServeBenchConfig, model: str, outputs: list[RequestResul
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.max_concurrency,
+        "num_warmups": cfg.num_warmups,  # sim.arrival_replay matches a server's step log request by request
         "input_len": cfg.input_len,
         "output_len": cfg.output_len,
         "duration": duration,

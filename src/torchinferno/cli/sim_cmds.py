@@ -91,7 +91,19 @@ def _cmd_calibrate(a) -> int:
         if a.from_steps or a.from_bench_generate:
             raise ConfigError("--from-step-log fits a served engine alone: leave out --from-steps / --from-bench-generate")
         cal = calibration_from_step_logs(a.from_step_log, weights=a.fit_weights or "sqrt", cost_model=a.cost_model)
-        if a.fit_admission_to and a.api_model == "fifo":
+        if a.fit_admission_to and a.api_model == "gaps":
+            from torchinferno.sim.fit_api_gaps import fit_api_from_arrivals
+
+            if len(a.from_step_log) != 1:
+                raise ConfigError("--api-model gaps needs exactly one --from-step-log (the run the results came from)")
+            adm, stream, lat, err = fit_api_from_arrivals(cal, a.fit_admission_to, a.from_step_log[0], a.seed,
+                                                          a.cost_model)
+            cal.extra.update(admission_s=adm, stream_s=stream, latency_s=lat)
+            cal.extra["admission_fit"] = {"results": list(a.fit_admission_to), "arrival_delay_error": err}
+            print(f"sim-calibrate: API server {adm * 1e3:.2f} ms per request + {stream * 1e6:.0f} us per streamed token "
+                  f"after {lat * 1e3:.1f} ms latency (recorded arrival delays at the core within {err * 100:.1f}% "
+                  "on average)")
+        elif a.fit_admission_to and a.api_model == "fifo":
             from torchinferno.sim.validate import fit_api_server
 
             adm, stream, err = fit_api_server(cal, a.fit_admission_to, a.seed, a.cost_model)
@@ -171,7 +183,10 @@ def _cmd_validate(a) -> int:
         if not a.calibration:
             raise ConfigError("--bench-results needs --calibration (sim-calibrate --from-step-log of the served run)")
         return _report_validation(a, validate_served(Calibration.load(a.calibration), a.bench_results, a.seed,
-                                                     cost_model=a.cost_model))
+                                                     cost_model=a.cost_model, replay_arrivals=a.replay_arrivals,
+                                                     warmups=a.replay_warmups))
+    if a.replay_arrivals:
+        raise ConfigError("--replay-arrivals needs --bench-results (the served run whose step log it is)")
     model = _load_model(a)
     cfg = _engine_config(a)
     if a.calibration:
@@ -351,9 +366,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-admission-to", nargs="+", default=None, metavar="JSON",
                    help="with --from-step-log: bench-serve results of the same served run; fit the API server's "
                         "per-request admission time (HTTP, tokenization, the hop to the core) to their p50 TTFT")
-    p.add_argument("--api-model", default="admission", choices=["admission", "fifo"],
+    p.add_argument("--api-model", default="admission", choices=["admission", "fifo", "gaps"],
                    help="with --fit-admission-to: admission time only, or one FIFO API stage of admissions and "
-                        "streamed tokens fitted to p50 TTFT and TPOT")
+                        "streamed tokens fitted to p50 TTFT and TPOT (fifo) or to when the step log says the results' "
+                        "requests reached the core (gaps; results in run order)")
     p.add_argument("--fit-weights", default=None, choices=["relative", "sqrt", "time"],
                    help="how steps count in the fit: relative (each alike; default for probes), sqrt (default for "
                         "--from-step-log), time (long steps count most)")
@@ -376,6 +392,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bench-results", nargs="+", default=None, metavar="JSON",
                    help="validate against served runs instead: bench-serve result files (their lengths, rate and "
                         "concurrency are replayed; --calibration from the server's step log); no model is loaded")
+    p.add_argument("--replay-arrivals", default=None, metavar="STEP_LOG",
+                   help="with --bench-results (in run order): replay when each request reached the engine core, from "
+                        "the step log of the server that produced the results, instead of the calibration's admission "
+                        "time (docs/SIMULATION.md)")
+    p.add_argument("--replay-warmups", type=int, default=None, metavar="N",
+                   help="bench-serve warm-ups before each result, for results that do not record num_warmups "
+                        "(default min(2, concurrency): benchmarks/served_sim_validate.py)")
     p.add_argument("--json-output", default=None)
     _cost_model_arg(p)
     p.set_defaults(func=_cmd_validate)

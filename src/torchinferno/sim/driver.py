@@ -93,6 +93,8 @@ class RequestRecord:
     num_tokens: int = 0
     itls: list = field(default_factory=list)
     replica: str = ""
+    entry_s: float = math.nan  # when it reached the (first) engine core
+    core_finish_s: float = math.nan  # when the core finished it (finish_s: when the client had its last token)
 
 
 @dataclass
@@ -135,7 +137,8 @@ def summarize(records: list[RequestRecord]) -> dict:
 
 def run_workload(requests: list[SimRequest], replicas: list[Replica], router=None, *,
                  max_concurrency: int | None = None, transfer=None, max_steps: int | None = None,
-                 admission_s: float = 0.0, stream_s: float = 0.0) -> RunResult:
+                 admission_s: float = 0.0, stream_s: float = 0.0, entry_delays: dict | None = None,
+                 latency_s: float = 0.0) -> RunResult:
     """Serve ``requests`` on ``replicas`` (module docstring). ``router(req, candidates) -> Replica`` picks among
     the replicas that take new requests (default: the first). P/D: when some replicas have role ``prefill``,
     a request is prefilled there (one token), then moved to a ``decode`` replica after ``transfer(req)``
@@ -143,7 +146,12 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     request at a time and spends this long on each (HTTP, validation, tokenization, the hop to the core), so a
     burst of sends reaches the core spread out; 0 = requests reach the core when sent. ``stream_s``: the same API
     server spends this long on each output token it streams back (detokenize, SSE, write); tokens reach the client
-    when it is done with them, and admissions and tokens share its time in arrival order (one FIFO server)."""
+    when it is done with them, and admissions and tokens share its time in arrival order (one FIFO server).
+    ``latency_s``: a pure delay (network, the client's turnaround; nothing queues on it) before a request reaches
+    that server. ``entry_delays`` (request id -> seconds; ``sim.arrival_replay``): replayed admission instead of ``admission_s``:
+    a request reaches the core that long after the event that released it, i.e. its send for the first
+    ``max_concurrency`` requests (send order), else the core-side finish of the request whose slot it took (the
+    ``(i - max_concurrency)``-th finish); never before its send."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ConfigError(f"max concurrency must be >= 1, got {max_concurrency}")
     entry = [r for r in replicas if r.role in ("both", "prefill")]
@@ -162,10 +170,13 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     admit_free = -math.inf  # when the API server is done with the requests sent so far
     inflight, gate, steps, seq = 0, -math.inf, 0, 0
     cap = max_concurrency or math.inf
+    finish_core: list[float] = []  # core-side finish time of every finished request, in finish order (replay)
+    sent = 0
 
     def enter(req, t: float) -> None:
         rep = pick(req, entry)
         recs[req.request_id].replica = rep.name
+        recs[req.request_id].entry_s = t
         rep.add(req.request_id, req.prompt_token_ids, 1 if rep.role == "prefill" else req.output_len, t)
 
     while True:
@@ -184,8 +195,14 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
             req = pending.popleft()
             recs[req.request_id].send_s = t
             inflight += 1
-            if admission_s > 0:
-                admit_free = max(admit_free, t) + admission_s
+            sent += 1
+            if entry_delays is not None:
+                i = sent - 1
+                ref = finish_core[i - cap] if i >= cap else t  # i >= cap: finish i - cap freed its slot
+                seq += 1
+                heapq.heappush(admits, (max(t, ref + entry_delays.get(req.request_id, 0.0)), seq, req.request_id))
+            elif admission_s > 0 or latency_s > 0:
+                admit_free = max(admit_free, t + latency_s) + admission_s
                 seq += 1
                 heapq.heappush(admits, (admit_free, seq, req.request_id))
             else:
@@ -226,6 +243,8 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
                                            o.new_token_ids[-1] if o.new_token_ids else 0))
                     continue
                 rec.finish_s = now
+                rec.core_finish_s = step_end
+                finish_core.append(step_end)
                 if inflight >= cap:
                     gate = now
                 inflight -= 1

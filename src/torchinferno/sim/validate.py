@@ -25,8 +25,8 @@ from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import SimulatedExecutor, make_clock
 from torchinferno.sim.traffic import TrafficSpec, generate, load_trace
 
-__all__ = ["FIGURES", "ValidateConfig", "compare", "measured_from_bench", "fit_admission", "simulate_served", "validate",
-           "validate_served"]
+__all__ = ["FIGURES", "ValidateConfig", "compare", "measured_from_bench", "fit_admission", "fit_stream_replay",
+           "replayed_delays", "served_run", "simulate_served", "validate", "validate_served"]
 
 FIGURES = ("output_throughput", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
 
@@ -124,17 +124,63 @@ def _served_workload(path: str, seed: int) -> tuple[dict, list]:
     return _load_result(path), load_trace(path, seed=seed)
 
 
+def replayed_delays(step_log: str, work: list[tuple[dict, list]], warmups: int | None = None) -> list[dict]:
+    """Per result of ``work`` (``_served_workload`` pairs, in the order they were run against the server that wrote
+    ``step_log``): request id -> replayed admission delay (``sim.arrival_replay``)."""
+    from torchinferno.sim.arrival_replay import core_timeline, replay_delays
+
+    delays = replay_delays(core_timeline(step_log), [doc for doc, _ in work],
+                           [[r.arrival_s for r in reqs] for _, reqs in work], warmups)
+    return [{r.request_id: d for r, d in zip(reqs, ds)} for (_, reqs), ds in zip(work, delays)]
+
+
 def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
-                    cost_model: str = "auto", stream_s: float | None = None) -> dict:
+                    cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None) -> dict:
     """The simulator's figures for one bench-serve result ``doc`` and its requests (``_served_workload``), as
-    ``driver.summarize`` gives them. ``cost_model``: ``Calibration.model_for``'s choice."""
+    ``driver.summarize`` gives them. ``cost_model``: ``Calibration.model_for``'s choice. ``entry_delays``
+    (``replayed_delays``): replayed admissions, which replace the calibration's admission time."""
+    return served_run(calibration, doc, reqs, admission_s, cost_model, stream_s, entry_delays).summary()
+
+
+def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
+               cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None,
+               replica_hook=None, latency_s: float | None = None):
+    """``simulate_served``'s ``driver.RunResult`` (per-request records); ``replica_hook(replica)`` sees the
+    simulated replica before the run (``arrival_replay.StepRecorder``)."""
     cfg, limits = _served_config(calibration)
     sim_ex = SimulatedExecutor(calibration.model_for(cost_model), cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
     stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
-    return run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")],
-                        max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream).summary()
+    lat = calibration.extra.get("latency_s", 0.0) if latency_s is None else latency_s
+    if entry_delays is not None:
+        adm = lat = 0.0
+    rep = Replica(EngineCore(sim_ex), sim_ex.clock, "sim")
+    if replica_hook is not None:
+        replica_hook(rep)
+    return run_workload(reqs, [rep],
+                        max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream,
+                        entry_delays=entry_delays, latency_s=lat)
+
+
+def fit_stream_replay(calibration: Calibration, results: list[str], step_log: str, seed: int = 0,
+                      cost_model: str = "auto", warmups: int | None = None) -> tuple[float, float]:
+    """The API server's per-streamed-token time (``driver.run_workload``'s ``stream_s``) that best predicts the p50
+    TPOT of ``results`` with their admissions replayed from ``step_log`` (the run they came from): a grid.
+    Returns ``(seconds, mean |relative error| of p50 TTFT and TPOT)``."""
+    work = [_served_workload(p, seed) for p in results]
+    delays = replayed_delays(step_log, work, warmups)
+    meas = [measured_from_bench(doc) for doc, _ in work]
+
+    def err(st: float) -> float:
+        e = []
+        for (doc, reqs), m, dl in zip(work, meas, delays):
+            got = simulate_served(calibration, doc, reqs, 0.0, cost_model, st, dl)
+            e += [abs(got[k] - m[k]) / m[k] for k in ("p50_ttft_s", "p50_tpot_s")]
+        return sum(e) / len(e)
+
+    best = min((err(st), st) for st in (0.0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 120e-6))
+    return best[1], best[0]
 
 
 def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
@@ -182,19 +228,23 @@ def fit_admission(calibration: Calibration, results: list[str], seed: int = 0,
 
 
 def validate_served(calibration: Calibration, results: list[str], seed: int = 0, log=print,
-                    cost_model: str = "auto") -> dict:
+                    cost_model: str = "auto", replay_arrivals: str | None = None, warmups: int | None = None) -> dict:
     """The simulator against served runs: each of ``results`` is a bench-serve result JSON (its requests'
     lengths, rate, burstiness and concurrency cap are replayed through the simulator, ``sim.traffic.load_trace``)
     and ``calibration`` must carry the served engine's limits (``sim-calibrate --from-step-log`` records them) and
     may carry the API server's admission time (``fit_admission``, ``--fit-admission-to``).
+    ``replay_arrivals``: the step log of the served run that produced ``results`` (given in run order): its
+    requests' arrivals at the core are replayed instead of the admission time (``sim.arrival_replay``; ``warmups``:
+    bench-serve warm-ups per result when the results do not record them).
     Same output shape as ``validate``, levels keyed by the result's concurrency (or file name)."""
     levels = {}
-    for path in results:
-        doc, reqs = _served_workload(path, seed)
+    work = [_served_workload(p, seed) for p in results]
+    delays = replayed_delays(replay_arrivals, work, warmups) if replay_arrivals else [None] * len(work)
+    for path, (doc, reqs), dl in zip(results, work, delays):
         measured = measured_from_bench(doc)
         cap = doc.get("max_concurrency")
         t0 = time.perf_counter()
-        predicted = simulate_served(calibration, doc, reqs, cost_model=cost_model)
+        predicted = simulate_served(calibration, doc, reqs, cost_model=cost_model, entry_delays=dl)
         n = len(reqs)
         wall_sim = time.perf_counter() - t0
         figs = compare(predicted, measured)
@@ -206,5 +256,5 @@ def validate_served(calibration: Calibration, results: list[str], seed: int = 0,
                 f"error {v['relative_error'] * 100:+6.1f}%")
     errs = [abs(v["relative_error"]) for lv in levels.values() for v in lv["figures"].values()]
     return {"calibration": calibration.to_dict(), "engine": "served (bench-serve results)", "levels": levels,
-            "cost_model": type(calibration.model_for(cost_model)).__name__,
+            "cost_model": type(calibration.model_for(cost_model)).__name__, "replay_arrivals": replay_arrivals,
             "max_abs_relative_error": max(errs), "mean_abs_relative_error": sum(errs) / len(errs)}
