@@ -147,13 +147,12 @@ static void silu_mul_row(const uint16_t *gu, uint16_t *act, int64_t I, int64_t j
 static void linear_part(const ti_linear *L, const uint16_t *x, const int8_t *qx, const float *dx, const float *sx,
                         uint16_t *y, int64_t M, int t, int nt) {
     if (L->kind == LIN_BF16) { /* units = (group, tile of rows): balanced when groups are few and M > 4 */
-        /* the M rows split into ceil(M / 6) tiles of equal size (+-1): 8 rows = 4 + 4, not 6 + 2 */
         const int64_t NG = (L->n + NBLK * 16 - 1) / (NBLK * 16), tiles = (M + BF_TILE_ROWS - 1) / BF_TILE_ROWS;
         const int64_t U = NG * tiles, u0 = U * t / nt, u1 = U * (t + 1) / nt;
         const uint16_t *w = (const uint16_t *)L->w;
         for (int64_t u = u0; u < u1; u++) {
-            const int64_t g = u / tiles, m0 = (u % tiles) * M / tiles, mr = (u % tiles + 1) * M / tiles - m0;
-            switch (mr) {
+            const int64_t g = u / tiles, m0 = (u % tiles) * BF_TILE_ROWS, mr = M - m0;
+            switch (mr >= BF_TILE_ROWS ? BF_TILE_ROWS : mr) {
             case 6: tile(6, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;
             case 5: tile(5, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;
             case 4: tile(4, x, L->k, w, L->bias, y, L->n, m0, g, L->n, L->k, 0); break;
