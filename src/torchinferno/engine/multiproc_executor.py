@@ -204,15 +204,18 @@ class MultiprocExecutor(Executor):
             raise WorkerDiedError(f"{e} [{'; '.join(dead) or 'no worker exited'}]") from None
         handle._out, self._forward_calls = outs[0]
 
-    # ------------------------------------------------------------------ Executor interface
-    def execute_async(self, sched: SchedulerOutput) -> _Handle:
-        msg = pickle.dumps(("step", sched))
+    def _send_all(self, msg: bytes) -> None:
+        """One message to every rank's pipe; a closed pipe names its rank and exit code."""
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send_bytes(msg)
             except (OSError, ValueError):
                 raise WorkerDiedError(f"tensor-parallel worker rank {rank} is gone (exit code "
                                       f"{self._procs[rank].exitcode})") from None
+
+    # ------------------------------------------------------------------ Executor interface
+    def execute_async(self, sched: SchedulerOutput) -> _Handle:
+        self._send_all(pickle.dumps(("step", sched)))
         handle = _Handle(self)
         self._pending.append(handle)
         return handle
@@ -222,13 +225,7 @@ class MultiprocExecutor(Executor):
         results are collected first, so each pipe's next answer is this call's)."""
         while self._pending:
             self._collect_next()
-        msg = pickle.dumps(("rpc", (fn, args)))
-        for rank, conn in enumerate(self._conns):
-            try:
-                conn.send_bytes(msg)
-            except (OSError, ValueError):
-                raise WorkerDiedError(f"tensor-parallel worker rank {rank} is gone (exit code "
-                                      f"{self._procs[rank].exitcode})") from None
+        self._send_all(pickle.dumps(("rpc", (fn, args))))
         name = getattr(fn, "__name__", "a call")
         return [self._recv(rank, timeout_s or self.step_timeout_s, f"running {name}") for rank in range(self.world)]
 

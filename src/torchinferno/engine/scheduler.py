@@ -83,8 +83,6 @@ class Scheduler:
         self.sliding = None if sliding_pool is None else SlidingGroup(sliding_pool, window)
         self.config = config
         self.pool = pool
-        self.sliding_pool = sliding_pool
-        self.window = window
         self.block_size = pool.block_size
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -162,9 +160,14 @@ class Scheduler:
         if self.sliding is not None:
             self.sliding.free_all(req)
 
+    @property
+    def sliding_pool(self) -> BlockPool | None:
+        """The sliding group's pool (hybrid KV specs), else None."""
+        return None if self.sliding is None else self.sliding.pool
+
     def _fits(self, need: int) -> bool:
         """``need`` fresh blocks are free in every pool."""
-        return need <= self.pool.num_free and (self.sliding_pool is None or need <= self.sliding_pool.num_free)
+        return need <= self.pool.num_free and (self.sliding is None or need <= self.sliding.pool.num_free)
 
     def _allocate(self, req: Request, need: int) -> list[int]:
         """Append ``need`` fresh blocks to every group of ``req``; -> the whole group's new ids."""

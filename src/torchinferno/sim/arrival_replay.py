@@ -33,8 +33,6 @@ simulated closed loop's.
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,21 +53,11 @@ class CoreTimeline:
     inferred: bool
 
 
-def _read_rows(path: str | Path) -> tuple[dict, list[dict]]:
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"step log not found: {p}")
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt") as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    if not lines or "meta" not in lines[0]:
-        raise ConfigError(f"{p}: not a step log (no meta line; write one with serve --step-log)")
-    return lines[0]["meta"], lines[1:]
-
-
 def core_timeline(path: str | Path) -> CoreTimeline:
     """Arrival and finish times of every request in a served run's step log (module docstring)."""
-    meta, rows = _read_rows(path)
+    from torchinferno.sim.step_log_fit import read_step_log
+
+    meta, rows = read_step_log(path, for_fit=False)
     return timeline_from_rows(meta, rows, str(path))
 
 

@@ -29,8 +29,11 @@ PREFILL_STEP = FEATURES.index("prefill_step")
 DRAINED = FEATURES.index("drained_prefill")
 
 
-def read_step_log(path: str | Path) -> tuple[dict, list[dict]]:
-    """``(meta, step rows)`` of a step log (``.gz`` too). Raises ConfigError naming the file and line."""
+def read_step_log(path: str | Path, for_fit: bool = True) -> tuple[dict, list[dict]]:
+    """``(meta, step rows)`` of a step log (``.gz`` too). Raises ConfigError naming the file and line.
+
+    ``for_fit``: every row must carry the cost fit's fields (``dt``; ``resolved`` from step_log_version 2); readers
+    of the queue fields only (``sim.arrival_replay``) pass False and need just the meta line."""
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"step log not found: {p}")
@@ -47,10 +50,12 @@ def read_step_log(path: str | Path) -> tuple[dict, list[dict]]:
             if "meta" in d:
                 meta = d["meta"]
                 continue
-            if "dt" not in d:
+            if for_fit and "dt" not in d:
                 raise ConfigError(f"{p}:{n}: not a step row (no 'dt')")
             rows.append(d)
-    if meta is None or "resolved" not in (rows[0] if rows else {"resolved": 0}):
+    if meta is None and not for_fit:
+        raise ConfigError(f"{p}: not a step log (no meta line; write one with serve --step-log)")
+    if for_fit and (meta is None or "resolved" not in (rows[0] if rows else {"resolved": 0})):
         raise ConfigError(f"{p} is a step log without the calibration fields (written before step_log_version 2); "
                           "record a new one with serve --step-log")
     return meta, rows
