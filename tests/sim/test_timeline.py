@@ -182,3 +182,20 @@ def test_api_server_fifo_delays_tokens():
     assert [r.first_s for r in plain] == [1.0, 1.0]
     assert [r.first_s for r in fifo] == [1.25, 1.5]  # one server: the second request's token waits for the first
     assert fifo[1].last_s == pytest.approx(3.5)
+
+
+def test_fit_recovers_host_batched_step():
+    """Run 37's decode-step shape (issue 21): a host-bound graph step that costs ``host_batched`` more from two rows
+    on (4.1 ms at 1 row, 4.9 at 2, ~10 at 256). The fit recovers the term and prices the 16-row step."""
+    host_bound = dict(host_token=0.01 * MS, host_batched=0.6 * MS, launch_eager=15 * MS, launch_graph=4 * MS,
+                      apply_row=0.01 * MS, weights=0.2 * MS, token=0.015 * MS, attn_pair=0.03 * MS)
+    truth = TimelineModel(host_bound, graphs=True, overlap=True, async_scheduling=True)
+    its = _synthetic(truth, seed=1)
+    got, err = fit_timeline(its, graphs=True, overlap=True, weights="time")
+    assert err < 0.02
+    assert got.params["host_batched"] == pytest.approx(host_bound["host_batched"], rel=0.05)
+    for rows in (1, 2, 16, 256):
+        assert got.step_seconds(dec(rows, 200)) == pytest.approx(truth.step_seconds(dec(rows, 200)), rel=0.02), rows
+    without = dict(got.params, host_batched=0.0)  # the term matters: dropping it misprices 16 rows by > 10%
+    assert TimelineModel(without, graphs=True, overlap=True).step_seconds(dec(16, 200)) \
+        < 0.9 * truth.step_seconds(dec(16, 200))
