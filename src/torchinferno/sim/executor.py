@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import torch
+
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.executor import Executor
 from torchinferno.engine.outputs import ModelRunnerOutput, SchedulerOutput
@@ -143,10 +145,15 @@ class SimulatedExecutor(Executor):
     ``cost_model`` is a ``CostModel`` (a step's whole cost lands when its result is taken) or a ``TimelineModel``
     (``sim.timeline``: the launch's host time lands at the launch, the result waits for the device's end, so
     under async scheduling the next step's host work overlaps this step's device work).
+
+    ``kv_spec`` (a model family's ``KVSpec``) with ``kv_dtype`` and ``kv_cache_memory`` bytes (or the config's
+    ``kv_cache_memory`` / ``num_gpu_blocks``, else ``num_blocks`` whole blocks): the pools are the engine's plan
+    (``sim.kv_capacity``); a hybrid spec gets its sliding pool and window, so the real scheduler frees behind it.
     """
 
     def __init__(self, cost_model: CostModel | TimelineModel, config: EngineConfig | None = None, *, num_blocks: int = 4096,
-                 max_model_len: int = 4096, device: str = "cpu", clock: VirtualClock | None = None):
+                 max_model_len: int = 4096, device: str = "cpu", clock: VirtualClock | None = None,
+                 kv_spec=None, kv_dtype=None, kv_cache_memory: int | None = None):
         config = replace(config or EngineConfig())
         if config.num_gpu_blocks is not None:
             num_blocks = config.num_gpu_blocks
@@ -155,7 +162,18 @@ class SimulatedExecutor(Executor):
         self.config = config.for_device(device)  # async scheduling as the device's engine runs (CUDA: on)
         self.block_size = self.config.block_size
         self.num_blocks = num_blocks
-        cap = num_blocks * self.block_size
+        if kv_spec is not None:  # pools sized as the engine sizes them (sim/kv_capacity.py; hybrid specs: two)
+            from torchinferno.sim.kv_capacity import simulated_kv_plan
+
+            budget = kv_cache_memory if kv_cache_memory is not None else self.config.kv_cache_memory
+            cfg = self.config if budget is not None else replace(self.config, num_gpu_blocks=num_blocks)
+            plan = simulated_kv_plan(kv_spec, kv_dtype or torch.bfloat16, cfg,
+                                     self.config.max_model_len or max_model_len, budget)
+            self.num_blocks = plan.num_blocks
+            if plan.num_sliding_blocks is not None:
+                self.num_sliding_blocks = plan.num_sliding_blocks
+                self.sliding_window = kv_spec.sliding_window
+        cap = self.num_blocks * self.block_size
         self.max_model_len = min(self.config.max_model_len or max_model_len, cap)
         if not self.config.enable_chunked_prefill and self.config.max_num_batched_tokens < self.max_model_len:
             self.config.max_num_batched_tokens = self.max_model_len  # as Worker does: a prompt fits one step
