@@ -161,7 +161,8 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
                  free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0,
                  init: tuple[dict, ...] = ()) -> tuple[TimelineModel, float]:
     """Fit (module docstring). Only ``free`` parameters are fitted (others stay 0). Returns the model and the
-    mean |relative error| of the predicted periods on the iterations kept.
+    mean |relative error| of the predicted periods on the iterations kept. ``init``: extra start points of the
+    descent (parameter name -> seconds), tried with the built-in ones; the best end point wins.
 
     The replay's branches make local minima (a host-bound and a device-bound story can explain the same periods
     about as well), so besides two fixed starts the descent restarts ``restarts`` times from the best point so far
