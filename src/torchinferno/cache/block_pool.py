@@ -138,6 +138,10 @@ class BlockPool:
             out.append(b)
         return out
 
+    def cached_id(self, block_hash: int) -> int | None:
+        """Block id cached under ``block_hash``, else None (takes no reference)."""
+        return self._cached.get(block_hash) if self.enable_prefix_caching else None
+
     def num_reclaimed_by(self, block_ids: Iterable[int]) -> int:
         """How many of ``block_ids`` are currently free (``touch`` would take them off the free queue)."""
         return sum(1 for b in block_ids if self.ref_counts[b] == 0)

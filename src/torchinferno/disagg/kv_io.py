@@ -69,24 +69,41 @@ def _entries(kv: PagedKVCache, which: Which | None):
 
 
 def _tensors(kv: PagedKVCache, block_ids, sliding_block_ids, start: int, stop: int, which: Which | None = None):
-    """(tensor, its slots) of every cache tensor (or ``which``), in pack order."""
-    whole = token_slots(block_ids, kv.block_size, start, stop, kv.device)
+    """(tensor, its slots) of every cache tensor (or ``which``), in pack order. Only the slot lists the selected
+    tensors use are built, each once (a tensor-parallel pair moving only sliding tensors builds no whole-group
+    slots, and the reverse)."""
     if not kv.spec.is_hybrid:
-        return [(t, whole) for t in _selected(kv, which)]
+        tensors = _selected(kv, which)
+        if not tensors:
+            return []
+        whole = token_slots(block_ids, kv.block_size, start, stop, kv.device)
+        return [(t, whole) for t in tensors]
     if sliding_block_ids is None or len(sliding_block_ids) != len(block_ids):
         raise ValueError("a hybrid KV cache moves the sliding group through sliding_block_ids (one per block)")
-    sliding = token_slots(sliding_block_ids, kv.block_size, _sliding_start(kv, start, stop), stop, kv.device)
-    ids, bs = torch.tensor(block_ids, dtype=torch.long), kv.block_size
+    bs = kv.block_size
+    memo: dict[tuple, torch.Tensor] = {}
+
+    def slots(key: tuple, make) -> torch.Tensor:
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
+
     out = []
     for spec, name, t in _entries(kv, which):
         rates = dict(spec.rates)
         if spec.is_sliding(name):
-            out.append((t, sliding))
+            out.append((t, slots(("sliding",), lambda: token_slots(
+                sliding_block_ids, bs, _sliding_start(kv, start, stop), stop, kv.device))))
         elif name in rates:  # one row per window: only the closing tokens' rows (packed or not)
-            pos = _closing(start, stop, rates[name])
-            out.append((t, packed_slot(ids[pos // bs], pos, bs, t.shape[1]).to(kv.device)))
+            m, rows = rates[name], t.shape[1]
+
+            def closing(m=m, rows=rows) -> torch.Tensor:
+                pos = _closing(start, stop, m)
+                ids = torch.tensor(block_ids, dtype=torch.long)[pos // bs]
+                return packed_slot(ids, pos, bs, rows).to(kv.device)
+            out.append((t, slots(("rate", m, rows), closing)))
         else:
-            out.append((t, whole))
+            out.append((t, slots(("whole",), lambda: token_slots(block_ids, bs, start, stop, kv.device))))
     return out
 
 

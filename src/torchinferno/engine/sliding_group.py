@@ -61,12 +61,27 @@ class SlidingGroup:
 
     def trim_hit(self, req: Request, hit: list[int]) -> tuple[list[int], list[int], int]:
         """Trim a whole-group prefix hit to the longest ``k`` blocks whose window is cached too -> (whole ids [k],
-        sliding ids of blocks ``j0 .. k-1``, ``j0``); ``req.block_hashes`` covers the hit."""
-        for k in range(len(hit), 0, -1):
+        sliding ids of blocks ``j0 .. k-1``, ``j0``); ``req.block_hashes`` covers the hit.
+
+        One walk from the end, each block looked up at most once: candidate ``k`` checks blocks ``k-1, k-2, ..``
+        down to ``j0(k)``; the first uncached block ``i`` rules out every ``k'`` with ``j0(k') <= i < k'``, so the
+        next candidate is ``k = i`` (its blocks all lie below ``i``: none is looked up twice)."""
+        hashes = req.block_hashes
+        k = len(hit)
+        while k > 0:
             j0 = self.first_kept(k * self.block_size)
-            ids = self.pool.lookup_all(req.block_hashes[j0:k])
-            if ids is not None:
+            ids: list[int] = []  # sliding ids of blocks k-1, k-2, .. (reversed on success)
+            i = k - 1
+            while i >= j0:
+                b = self.pool.cached_id(hashes[i])
+                if b is None:
+                    break
+                ids.append(b)
+                i -= 1
+            if i < j0:
+                ids.reverse()
                 return hit[:k], ids, j0
+            k = i
         return [], [], 0
 
     def has_room(self, need: int, hit_ids: list[int], spare: int = 0) -> bool:

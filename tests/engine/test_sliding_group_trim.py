@@ -1,0 +1,86 @@
+"""``SlidingGroup.trim_hit``'s single walk equals the old scan (every hit length from the longest down, one
+``lookup_all`` over that length's window blocks each) on many random (hit, cached set, window, block size) cases,
+and looks each block up at most once."""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from torchinferno.cache.block_pool import BlockPool
+from torchinferno.engine.sliding_group import SlidingGroup
+
+
+def old_trim_hit(sg: SlidingGroup, req, hit):
+    """The pre-issue-22-follow-up scan, kept as the reference."""
+    for k in range(len(hit), 0, -1):
+        j0 = sg.first_kept(k * sg.block_size)
+        ids = sg.pool.lookup_all(req.block_hashes[j0:k])
+        if ids is not None:
+            return hit[:k], ids, j0
+    return [], [], 0
+
+
+class CountingPool(BlockPool):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.lookups = 0
+
+    def cached_id(self, block_hash):
+        self.lookups += 1
+        return super().cached_id(block_hash)
+
+
+def random_case(rng: random.Random):
+    bs = rng.choice([1, 2, 3, 4, 8, 16])
+    window = rng.randint(1, 6 * bs)
+    n = rng.randint(0, 40)  # hit length (blocks)
+    extra = rng.randint(0, 3)  # the request may hash more blocks than the hit covers
+    hashes = [rng.getrandbits(48) for _ in range(n + extra)]
+    pool = CountingPool(num_blocks=n + extra + 8, block_size=bs, enable_prefix_caching=rng.random() > 0.05)
+    p = rng.choice([0.0, 0.3, 0.7, 0.9, 1.0])
+    cached = [i for i in range(n + extra) if rng.random() < p]
+    if rng.random() < 0.3 and n:  # a run of uncached blocks somewhere
+        a = rng.randrange(n)
+        cached = [i for i in cached if not a <= i < a + rng.randint(1, 5)]
+    blocks = pool.allocate(len(cached))
+    rng.shuffle(blocks)  # ids unrelated to positions
+    for b, i in zip(blocks, cached):
+        pool.cache_block(b, hashes[i])
+    if rng.random() < 0.5:
+        pool.free(blocks)  # evictable blocks still resolve
+    hit = [rng.randrange(1000) for _ in range(n)]  # whole-group ids: only their prefix is returned
+    return SlidingGroup(pool, window), SimpleNamespace(block_hashes=hashes), hit
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_trim_hit_equals_the_old_scan(seed):
+    rng = random.Random(seed)
+    nonempty = 0
+    for _ in range(400):
+        sg, req, hit = random_case(rng)
+        want = old_trim_hit(sg, req, hit)
+        sg.pool.lookups = 0
+        got = sg.trim_hit(req, hit)
+        assert got == want, (sg.block_size, sg.window, len(hit))
+        assert sg.pool.lookups <= len(hit)  # each block at most once
+        nonempty += bool(got[0])
+    assert nonempty > 50  # the cases exercise real hits, not only misses
+
+
+def test_trim_hit_cost_is_linear_in_the_hit():
+    """One uncached block in every 8, a window of 8 blocks: every candidate length fails, the old scan pays up to
+    a window of lookups per candidate, the walk looks each block up at most once."""
+    bs, n = 4, 200
+    pool = CountingPool(num_blocks=n, block_size=bs)
+    hashes = list(range(1, n + 1))
+    for i in range(n):
+        if i % 8 != 7:
+            pool.cache_block(pool.allocate(1)[0], hashes[i])
+    sg = SlidingGroup(pool, 8 * bs)
+    req = SimpleNamespace(block_hashes=hashes)
+    hit = list(range(1000, 1000 + n))
+    got = sg.trim_hit(req, hit)
+    assert got == old_trim_hit(sg, req, hit)
+    assert got[0] == hit[:7] and got[2] == 0  # only the first 7 blocks' window (blocks 0..6) is whole
+    assert pool.lookups <= n
