@@ -126,18 +126,6 @@ class BlockPool:
             out.append(b)
         return out
 
-    def lookup_all(self, block_hashes: Sequence[int]) -> list[int] | None:
-        """Block ids of every one of ``block_hashes`` if all are cached, else None (takes no reference)."""
-        if not self.enable_prefix_caching:
-            return None if block_hashes else []
-        out: list[int] = []
-        for h in block_hashes:
-            b = self._cached.get(h)
-            if b is None:
-                return None
-            out.append(b)
-        return out
-
     def cached_id(self, block_hash: int) -> int | None:
         """Block id cached under ``block_hash``, else None (takes no reference)."""
         return self._cached.get(block_hash) if self.enable_prefix_caching else None
