@@ -158,11 +158,9 @@ def _nnls(a, b):
 
 def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_scheduling: bool = False,
                  weights: str = "sqrt", trim: float = 3.0, max_rounds: int = 40,
-                 free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0,
-                 init: tuple[dict, ...] = ()) -> tuple[TimelineModel, float]:
+                 free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0) -> tuple[TimelineModel, float]:
     """Fit (module docstring). Only ``free`` parameters are fitted (others stay 0). Returns the model and the
-    mean |relative error| of the predicted periods on the iterations kept. ``init``: extra start points of the
-    descent (parameter name -> seconds), tried with the built-in ones; the best end point wins.
+    mean |relative error| of the predicted periods on the iterations kept.
 
     The replay's branches make local minima (a host-bound and a device-bound story can explain the same periods
     about as well), so besides two fixed starts the descent restarts ``restarts`` times from the best point so far
@@ -219,11 +217,6 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         a, c, _ = _replay(its, np.zeros(_NP), graphs, False, roofline_sum=True)
         t0 = solve(a, c, ok)
         starts.append(descend(t0, dev_first)[1])
-    for d in init:  # caller's start points (parameter name -> seconds)
-        t0 = np.zeros(_NP)
-        for k, v in d.items():
-            t0[_IDX[k]] = float(v)
-        starts.append(t0)
     best = (math.inf, None, ok)
     for t0 in starts:
         got = descend(t0, full)
