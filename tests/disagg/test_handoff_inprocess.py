@@ -181,8 +181,9 @@ def poison(eng):
 @pytest.mark.parametrize("sabotage", [False, True])
 def test_v4_decode_side_hits_read_only_received_rows(monkeypatch, sabotage):
     """deepseek-v4 in P/D: the decode side registers the blocks it received (whole rows, entries, the window's
-    sliding blocks) and computed; later handoffs hit them only where the hit's window is there (r3 via r2's rows,
-    r4 via r0's window, a follow-up turn via the rows r0 decoded there). Every unreceived / freed row is POISON,
+    sliding blocks) and computed; later handoffs hit them where the last window's sliding blocks the hit covers are
+    there (r3 via r2's rows, r4 via r0's window, a follow-up turn via the rows r0 decoded there, M on L's entries
+    with no sliding block at all). Every unreceived / freed row is POISON,
     so a read of one turns the tokens into garbage: ``sabotage`` moves one sliding block fewer than the decode side
     registers (its rows stay POISON), and the tokens must differ (the check can fail)."""
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
@@ -190,9 +191,13 @@ def test_v4_decode_side_hits_read_only_received_rows(monkeypatch, sabotage):
     params = [greedy, seeded, greedy, seeded, greedy]
     ref = colocated(engine("deepseek-v4"), params)
     follow = prompts()[0] + ref[0] + [3, 4]  # r0's next turn: its prompt, its answer, a new message
+    g = torch.Generator().manual_seed(9)
+    long = torch.randint(0, 200, (24,), generator=g).tolist()
+    other = long[:12] + torch.randint(0, 200, (12,), generator=g).tolist()  # shares long's first three blocks
     colo = engine("deepseek-v4")
-    colo.add_request("f", follow, greedy)
-    ref_follow = colo.run_to_completion()["f"].token_ids
+    for rid, p in (("f", follow), ("L", long), ("M", other)):
+        colo.add_request(rid, p, greedy)
+    later = colo.run_to_completion()
 
     if sabotage:
         real_unpack = unpack_kv
@@ -216,8 +221,13 @@ def test_v4_decode_side_hits_read_only_received_rows(monkeypatch, sabotage):
         assert [r[1:] for r in ref] != got
         return
     assert [r[1:] for r in ref] == got
-    assert handoff(pre, dec, "f", follow, greedy) == (16, 20)  # r0's rows [0, 16) and window [8, 16) hit
-    assert decode_all(dec)["f"] == ref_follow[1:]
-    assert dec.core.pool.prefix_hits == 8 + 12 + 16
+    assert handoff(pre, dec, "f", follow, greedy) == (16, 20)  # r0's rows [0, 16) and its window's [12, 16) hit
+    assert handoff(pre, dec, "L", long, greedy) == (0, 24)  # sliding rows [16, 24) only
+    # M hits L's whole blocks 0..2 though their window [4, 12) never came: M's steps read sliding rows from 16 on,
+    # which arrive (trim_handoff_hit); a computing engine could not hit there (trim_hit)
+    assert handoff(pre, dec, "M", other, greedy) == (12, 24)
+    toks = decode_all(dec)
+    assert [toks[r] for r in "fLM"] == [later[r].token_ids[1:] for r in "fLM"]
+    assert dec.core.pool.prefix_hits == 8 + 12 + 16 + 12
     assert dec.core.pool.num_free == dec.core.pool.num_blocks
     assert dec.core.sliding_pool.num_free == dec.core.sliding_pool.num_blocks

@@ -91,3 +91,31 @@ def test_trim_hit_cost_is_linear_in_the_hit():
     assert got == old_trim_hit(sg, req, hit)
     assert got[0] == hit[:7] and got[2] == 0  # only the first 7 blocks' window (blocks 0..6) is whole
     assert lookups <= n
+
+
+def handoff_reference(sg: SlidingGroup, req, hit, num_tokens):
+    """A receiver's hit (nothing computed there), by brute force: the longest ``k`` whose blocks from the last
+    window's first (``first_kept(num_tokens)``) up to ``k`` all have a cached sliding copy."""
+    fk = sg.first_kept(num_tokens)
+    for k in range(len(hit), -1, -1):
+        ids = lookup_all(sg.pool, req.block_hashes[fk:k])
+        if ids is not None:
+            return hit[:k], ids, min(fk, k)
+    raise AssertionError("k = 0 always fits")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_trim_handoff_hit_equals_brute_force_and_never_trims_more_than_trim_hit(seed):
+    rng = random.Random(100 + seed)
+    longer = 0
+    for _ in range(400):
+        sg, req, hit = random_case(rng)
+        n = len(hit) * sg.block_size + rng.randint(0, 3 * sg.window)  # the prompt may run past the hit
+        n = min(n, len(req.block_hashes) * sg.block_size + sg.block_size - 1)  # hashes cover its full blocks
+        got = sg.trim_handoff_hit(req, hit, n)
+        assert got == handoff_reference(sg, req, hit, n), (sg.block_size, sg.window, len(hit), n)
+        whole, ids, j0 = got
+        assert j0 + len(ids) == len(whole)  # admit's list: -1 * j0, the cached ids, then the rest
+        assert len(whole) >= len(sg.trim_hit(req, hit)[0])  # its window's blocks include the last window's
+        longer += len(whole) > len(sg.trim_hit(req, hit)[0])
+    assert longer > 20  # cases where the receiver hits more than a computing engine could

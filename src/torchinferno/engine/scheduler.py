@@ -203,7 +203,8 @@ class Scheduler:
     def reserve_prefilled(self, req: Request) -> tuple[int, int] | None:
         """Decode role: allocate blocks for ``req``'s prompt, whose KV another engine computed.
 
-        Reuses the longest cached prefix of the prompt's full blocks (their KV is already here), allocates the
+        Reuses the longest cached prefix of the prompt's full blocks (their KV is already here; hybrid specs: and
+        those of the last window's sliding blocks it covers, ``SlidingGroup.trim_handoff_hit``), allocates the
         rest and returns ``(start, stop)``: the token rows ``[start, stop)`` (``stop`` = prompt length) to receive.
         ``None`` (nothing changed) when the free blocks do not suffice, keeping one spare block per running
         request: the caller retries later, in order.
@@ -216,8 +217,8 @@ class Scheduler:
             self._ensure_hashes(req, (n // self.block_size) * self.block_size)
             hit = self.pool.lookup(req.block_hashes[: n // self.block_size])
         sg, shit, j0 = self.sliding, [], 0
-        if hit and sg is not None:
-            hit, shit, j0 = sg.trim_hit(req, hit)
+        if hit and sg is not None:  # nothing is computed here: only the last window's sliding blocks must be cached
+            hit, shit, j0 = sg.trim_handoff_hit(req, hit, n)
         need = _cdiv(n, self.block_size) - len(hit)
         # Leave one free block per running request (its next decode block), so a handoff does not simply
         # preempt a running request to make room: it waits instead (back-pressure).

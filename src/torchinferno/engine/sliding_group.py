@@ -12,7 +12,11 @@ Invariants (the scheduler calls these and nothing else touches the lists):
   the request still holds it; every held sliding block has all its rows written (computed, hit or received whole),
   so a cached one is complete;
 * a prefix hit of ``k`` blocks needs the sliding blocks ``j0 .. k-1`` (``j0 = (k*bs - window) // bs``) cached:
-  ``trim_hit`` takes the longest such ``k``.
+  ``trim_hit`` takes the longest such ``k``;
+* a handoff's receiver (P/D decode side, ``Scheduler.reserve_prefilled``) computes no prompt token: its first step
+  reads sliding rows from block ``first_kept(n)`` on (``n`` = prompt length) and the rows after the hit arrive
+  (``disagg.kv_io`` moves sliding rows from ``max(k*bs, first_kept(n)*bs)``), so a hit of ``k`` blocks there needs
+  only the sliding blocks ``first_kept(n) .. k-1`` cached (none when ``k <= first_kept(n)``): ``trim_handoff_hit``.
 """
 
 from __future__ import annotations
@@ -83,6 +87,19 @@ class SlidingGroup:
                 return hit[:k], ids, j0
             k = i
         return [], [], 0
+
+    def trim_handoff_hit(self, req: Request, hit: list[int], num_tokens: int) -> tuple[list[int], list[int], int]:
+        """``trim_hit`` for a receiver of ``num_tokens`` prompt rows (module docstring) -> (whole ids [k], sliding ids
+        of blocks ``j0 .. k-1``, ``j0``) with ``j0 = min(k, first_kept(num_tokens))``: ``k`` = the first block in
+        ``first_kept .. len(hit)-1`` whose sliding copy is not cached, else ``len(hit)``."""
+        fk = self.first_kept(num_tokens)
+        ids: list[int] = []
+        for i in range(fk, len(hit)):
+            b = self.pool.cached_id(req.block_hashes[i])
+            if b is None:
+                return hit[:i], ids, fk
+            ids.append(b)
+        return hit, ids, min(fk, len(hit))
 
     def has_room(self, need: int, hit_ids: list[int], spare: int = 0) -> bool:
         """``need`` fresh blocks fit after touching ``hit_ids``, leaving ``spare`` free."""
