@@ -16,6 +16,17 @@ sliding group's only the blocks a later step can read: rows ``[max(start, s), st
 down to a block start (``W = spec.sliding_window``), through ``sliding_block_ids``; a tensor with a rate m (one
 row per window: V4's entries, packed or not) moves only the rows of the windows closing in ``[start, stop)``.
 ``payload_bytes`` is the size.
+
+What the receiver's prefix cache then serves (``Scheduler.add_prefilled`` registers every full block it holds): the
+whole group's blocks ``[0, stop)`` and the sliding blocks from ``max(start, s)`` on, all complete. A later handoff
+there (``reserve_prefilled``, ``SlidingGroup.trim_handoff_hit``) computes nothing, so a hit of ``k`` blocks needs only
+the sliding blocks of its own last window that lie before ``k`` (none for a prompt longer than ``k`` blocks plus a
+window): a long shared prefix reuses the whole group (the entries, the bulk of a long V4 prompt) wherever it is. What
+it cannot reuse: sliding rows the receiver never held -- a prompt whose last window reaches back before an earlier
+handoff's ``s`` (e.g. a prompt shorter than a window plus a block, sharing a prefix whose window was not sent) trims
+the hit to the first sliding block of that window it lacks and moves the rest, at most a window plus a block of rows
+more than a colocated engine, which keeps every row it computed. Sending every sliding row instead would give that
+back for the whole prompt's sliding bytes, which this layout exists to avoid.
 """
 
 from __future__ import annotations

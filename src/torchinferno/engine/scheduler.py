@@ -23,7 +23,8 @@ group's blocks, one per block of ``block_ids`` (``Request.sliding_block_ids``, a
 tokens all lie before ``num_computed_tokens - window`` (-1 stays in their place; no forward reads them), so a
 sequence holds about ``window / block_size + 1`` sliding blocks plus its current chunk. A prefix hit of ``k``
 blocks needs all ``k`` whole-group blocks and the sliding blocks covering ``[k * block_size - window,
-k * block_size)`` cached: the lookup takes the longest such ``k``. Preemption frees both groups; recompute then
+k * block_size)`` cached: the lookup takes the longest such ``k`` (a P/D decode side, which computes no prompt token,
+needs only the blocks of its last window: ``reserve_prefilled``). Preemption frees both groups; recompute then
 equals the full pass.
 
 Async scheduling (``LLMEngine`` with ``async_scheduling``): step k is scheduled before step
