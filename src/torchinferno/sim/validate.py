@@ -72,6 +72,8 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
         wall_real = time.perf_counter() - t0
         sim_ex = SimulatedExecutor(calibration.model_for(vc.cost_model), real_ex.config, num_blocks=real_ex.num_blocks,
                                    max_model_len=real_ex.max_model_len, device=str(real_ex.device))
+        if real_ex.num_sliding_blocks is not None:  # hybrid KV spec: the real engine's plan_kv_cache pools, mirrored
+            sim_ex.num_sliding_blocks, sim_ex.sliding_window = real_ex.num_sliding_blocks, real_ex.sliding_window
         t0 = time.perf_counter()
         predicted = run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")], max_concurrency=c).summary()
         wall_sim = time.perf_counter() - t0
@@ -82,7 +84,7 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
             log(f"  {k:<18} predicted {v['predicted']:>10.4f}  measured {v['measured']:>10.4f}  "
                 f"error {v['relative_error'] * 100:+6.1f}%")
     errs = [abs(v["relative_error"]) for lv in levels.values() for v in lv["figures"].values()]
-    return {"calibration": calibration.to_dict(), "engine": real_ex.describe(),
+    return {"calibration": calibration.to_dict(), "engine": real_ex.describe(), "simulated_engine": sim_ex.describe(),
             "workload": {"input_len": vc.input_len, "output_len": vc.output_len, "seed": vc.seed}, "clock": vc.clock,
             "levels": levels, "max_abs_relative_error": max(errs), "mean_abs_relative_error": sum(errs) / len(errs)}
 
