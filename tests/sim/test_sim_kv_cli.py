@@ -108,3 +108,43 @@ def test_validate_mirrors_the_real_hybrid_pools(tmp_path):
     real, sim = res["engine"], res["simulated_engine"]
     sliding = real[real.index("+ "):].split(" sliding-window blocks")[0]
     assert sliding[2:].isdigit() and f"{sliding} sliding-window blocks (window " in sim
+
+
+def test_served_validation_keeps_the_logged_sliding_pool(tmp_path):
+    """A served V4 engine's step log records its sliding pool; sim-calibrate --from-step-log keeps it in the engine
+    limits and the served validation's replica gets it (a simulated V4 core stands in for the served engine)."""
+    from torchinferno.engine.core import EngineCore
+    from torchinferno.engine.step_log import StepLog, step_log_meta
+    from torchinferno.models.deepseek_v4.config import tiny_deepseek_v4_config
+    from torchinferno.sim.cost_model import CostModel
+    from torchinferno.sim.driver import Replica, run_workload
+    from torchinferno.sim.executor import SimulatedExecutor
+    from torchinferno.sim.step_log_fit import calibration_from_step_logs
+    from torchinferno.sim.traffic import TrafficSpec, generate
+    from torchinferno.sim.validate import served_run
+
+    spec = get_family("deepseek-v4").kv_spec(tiny_deepseek_v4_config())
+    ex = SimulatedExecutor(CostModel(c0=1e-3, coef={"prefill_tokens": 1e-5}),
+                           EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, block_size=4, max_model_len=64),
+                           kv_spec=spec, kv_dtype=torch.float32, kv_cache_memory=2**20)
+    core = EngineCore(ex)
+    core.record_shapes = True
+    path = tmp_path / "steps.jsonl"
+    log = StepLog(str(path), step_log_meta(core))
+    rep = Replica(core, ex.clock, "r")
+
+    def hook(t0, t1):
+        log.record(t0, t1, core.last_shape, 0, 0.0, core.last_launched, core.last_resolved)
+        core.last_shape = None
+
+    rep.step_hook = hook
+    reqs = generate(TrafficSpec(num_requests=24, prompt_len="uniform:8:40", output_len="uniform:2:16", seed=1))
+    run_workload(reqs, [rep], max_concurrency=8)
+    log.close()
+    cal = calibration_from_step_logs([str(path)], log=lambda *_: None)
+    cal.device = "cpu"  # a simulated executor logs no device
+    limits = cal.extra["engine_limits"]
+    assert (limits["num_sliding_blocks"], limits["sliding_window"]) == (ex.num_sliding_blocks, 8)
+    seen = []
+    served_run(cal, {"max_concurrency": 8}, reqs, cost_model="linear", replica_hook=lambda r: seen.append(r.core))
+    assert seen[0].sliding_pool.num_blocks == ex.num_sliding_blocks

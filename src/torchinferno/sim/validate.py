@@ -4,8 +4,8 @@ For each concurrency level the same seeded workload (``requests`` prompts of ``i
 ``output_len`` tokens, all available at t=0, at most ``concurrency`` in flight: bench-serve's closed loop) is
 served twice through ``driver.run_workload``: by the real ``EngineCore`` over a ``UniprocExecutor`` on a wall
 clock, or on this process's CPU-time clock with ``clock="cpu"`` (in process: no HTTP), and by the same core
-class over a ``SimulatedExecutor`` with the calibration's cost model and the real executor's KV pool size and
-step limits. Figures: output throughput, TTFT p50/p99,
+class over a ``SimulatedExecutor`` with the calibration's cost model and the real executor's KV pool size (both
+pools for a hybrid spec: the sliding-window pool mirrored) and step limits. Figures: output throughput, TTFT p50/p99,
 TPOT p50/p99; each as ``{"predicted", "measured", "relative_error"}`` (``(predicted - measured) / measured``).
 """
 
@@ -152,6 +152,8 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
     cfg, limits = _served_config(calibration)
     sim_ex = SimulatedExecutor(calibration.model_for(cost_model), cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
+    if limits.get("num_sliding_blocks"):  # a hybrid KV spec's served engine: its sliding pool too
+        sim_ex.num_sliding_blocks, sim_ex.sliding_window = int(limits["num_sliding_blocks"]), int(limits["sliding_window"])
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
     stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
     lat = calibration.extra.get("latency_s", 0.0) if latency_s is None else latency_s
