@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 
+from torchinferno.cli.sim_kv_args import add_kv_spec_args, kv_from_args
 from torchinferno.errors import ConfigError
 
 
@@ -32,6 +33,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--kv-cache-dtype", default="auto", help="auto, bfloat16, float16, float32, fp8, fp8_e5m2")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="KV pool bytes per replica, e.g. 20GiB (default: sim commands --num-blocks blocks; a model: "
+                        "the engine's default sizing)")
 
 
 def _engine_config(a):
@@ -39,7 +43,8 @@ def _engine_config(a):
 
     return EngineConfig(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                         block_size=a.block_size, max_model_len=a.max_model_len,
-                        kv_cache_dtype=None if a.kv_cache_dtype == "auto" else a.kv_cache_dtype)
+                        kv_cache_dtype=None if a.kv_cache_dtype == "auto" else a.kv_cache_dtype,
+                        kv_cache_memory=a.kv_cache_memory)
 
 
 def _load_model(a):
@@ -247,6 +252,7 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None)
     _cost_model_arg(p)
     _engine_args(p)
+    add_kv_spec_args(p)
 
 
 def _calibration(a):
@@ -277,13 +283,24 @@ def _base_spec(a, cal, **kw):
     return ClusterSpec(router=a.router, device=cal.device, num_blocks=a.num_blocks, max_model_len=a.max_model_len or 8192,
                        engine=_engine_config(a), tp_link=LinkModel(a.tp_latency_us * 1e-6, a.tp_gbps * 1e9 / 8),
                        pd_link=LinkModel(a.network_latency_us * 1e-6, a.network_gbps * 1e9 / 8),
-                       cost_model=a.cost_model, **kw)
+                       cost_model=a.cost_model, kv=kv_from_args(a), **kw)
 
 
 def _row(name: str, s: dict) -> str:
     return (f"  {name:<34} makespan {s['duration_s']:8.3f} s  {s['output_throughput']:9.0f} tok/s  "
             f"TTFT p50/p99 {s['p50_ttft_s'] * 1e3:8.2f}/{s['p99_ttft_s'] * 1e3:8.2f} ms  "
             f"TPOT p50/p99 {s['p50_tpot_s'] * 1e3:6.3f}/{s['p99_tpot_s'] * 1e3:6.3f} ms")
+
+
+def _kv_line(s: dict) -> str | None:
+    """The replicas' KV pools (summaries of runs given a KV spec or --kv-cache-memory only)."""
+    kv = s.get("kv")
+    if kv is None:
+        return None
+    sliding = (f" + {kv['num_sliding_blocks']} sliding blocks (window {kv['sliding_window']})"
+               if kv["num_sliding_blocks"] is not None else "")
+    return (f"    KV per replica: {kv['num_blocks']} blocks x {kv['block_size']}{sliding}"
+            f"{' of ' + kv['model'] if kv['model'] else ''}; largest batch {kv['max_batch_seqs']} sequences")
 
 
 def _cmd_sim_smoke(a) -> int:
@@ -301,6 +318,8 @@ def _cmd_sim_smoke(a) -> int:
         _, s = simulate_cluster(spec, cal, reqs, a.max_concurrency)
         out[name] = s
         print(_row(f"{name} ({spec.describe()})", s))
+        if _kv_line(s):
+            print(_kv_line(s))
     if a.json_output:
         with open(a.json_output, "w") as f:
             json.dump(out, f, indent=2)
@@ -318,6 +337,8 @@ def _cmd_traffic_smoke(a) -> int:
           f"mean output {arr['mean_output_len']:.0f} tokens")
     _, s = simulate_cluster(_base_spec(a, cal, replicas=a.gpus), cal, reqs, a.max_concurrency)
     print(_row(f"{a.gpus} replica(s), costs from {cal.source}", s))
+    if _kv_line(s):
+        print(_kv_line(s))
     print(f"  achieved {s['request_throughput']:.1f} req/s; TTFT p90 {s['p90_ttft_s'] * 1e3:.2f} ms; "
           f"TPOT p90 {s['p90_tpot_s'] * 1e3:.3f} ms; preemptions {s['preemptions']}")
     if a.json_output:
@@ -336,6 +357,8 @@ def _cmd_plan(a) -> int:
                _ints(a.tp_sizes, "--tp-sizes"), not a.no_disagg)
     best = res["best"]
     print(f"sim-plan: {best['plan'] if best else 'no plan meets the SLO within --max-gpus'}")
+    if best and _kv_line(best):
+        print(_kv_line(best))
     if a.json_output:
         with open(a.json_output, "w") as f:
             json.dump(res, f, indent=2)

@@ -95,6 +95,9 @@ def step_log_meta(core) -> dict:
             "num_blocks": core.pool.num_blocks, "max_model_len": core.max_model_len, "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens, "enable_prefix_caching": cfg.enable_prefix_caching,
             "engine": core.describe()}
+    sp = getattr(core, "sliding_pool", None)
+    if sp is not None:  # hybrid KV spec: the sliding group's pool and the window the scheduler frees behind
+        meta["num_sliding_blocks"], meta["sliding_window"] = sp.num_blocks, ex.sliding_window
     inner = getattr(ex, "inner", ex)  # a recording wrapper delegates to the executor it wraps
     model = getattr(inner, "model", None)
     mcfg = getattr(model, "config", None) or getattr(inner, "model_config", None)

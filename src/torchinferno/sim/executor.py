@@ -210,5 +210,7 @@ class SimulatedExecutor(Executor):
 
     def describe(self) -> str:
         c = self.config
-        return (f"simulated: {self.num_blocks} blocks x {self.block_size} tokens, max_model_len={self.max_model_len}, "
+        sliding = ("" if self.num_sliding_blocks is None
+                   else f" + {self.num_sliding_blocks} sliding-window blocks (window {self.sliding_window})")
+        return (f"simulated: {self.num_blocks} blocks x {self.block_size} tokens{sliding}, max_model_len={self.max_model_len}, "
                 f"max_num_seqs={c.max_num_seqs}, max_num_batched_tokens={c.max_num_batched_tokens}")

@@ -54,6 +54,8 @@ def plan(base: ClusterSpec, cal: Calibration, requests: list[SimRequest], slo: S
         row = {"plan": spec.describe(), "gpus": spec.num_gpus, "tp": spec.tp, "replicas": spec.replicas,
                "prefill_replicas": spec.prefill_replicas, "meets_slo": ok, "p99_ttft_s": s["p99_ttft_s"],
                "p99_tpot_s": s["p99_tpot_s"], "output_throughput": s["output_throughput"]}
+        if "kv" in s:  # a KV spec or memory was given: the pools and the largest batch they allowed
+            row["kv"] = s["kv"]
         rows.append(row)
         log(f"  {row['plan']:<34} p99 TTFT {s['p99_ttft_s'] * 1e3:9.1f} ms  p99 TPOT {s['p99_tpot_s'] * 1e3:7.2f} ms  "
             f"{s['output_throughput']:9.0f} tok/s  {'meets' if ok else 'misses'} SLO")

@@ -4,8 +4,8 @@ For each concurrency level the same seeded workload (``requests`` prompts of ``i
 ``output_len`` tokens, all available at t=0, at most ``concurrency`` in flight: bench-serve's closed loop) is
 served twice through ``driver.run_workload``: by the real ``EngineCore`` over a ``UniprocExecutor`` on a wall
 clock, or on this process's CPU-time clock with ``clock="cpu"`` (in process: no HTTP), and by the same core
-class over a ``SimulatedExecutor`` with the calibration's cost model and the real executor's KV pool size and
-step limits. Figures: output throughput, TTFT p50/p99,
+class over a ``SimulatedExecutor`` with the calibration's cost model and the real executor's KV pool size (both
+pools for a hybrid spec: the sliding-window pool mirrored) and step limits. Figures: output throughput, TTFT p50/p99,
 TPOT p50/p99; each as ``{"predicted", "measured", "relative_error"}`` (``(predicted - measured) / measured``).
 """
 
@@ -72,6 +72,8 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
         wall_real = time.perf_counter() - t0
         sim_ex = SimulatedExecutor(calibration.model_for(vc.cost_model), real_ex.config, num_blocks=real_ex.num_blocks,
                                    max_model_len=real_ex.max_model_len, device=str(real_ex.device))
+        if real_ex.num_sliding_blocks is not None:  # hybrid KV spec: the real engine's plan_kv_cache pools, mirrored
+            sim_ex.num_sliding_blocks, sim_ex.sliding_window = real_ex.num_sliding_blocks, real_ex.sliding_window
         t0 = time.perf_counter()
         predicted = run_workload(reqs, [Replica(EngineCore(sim_ex), sim_ex.clock, "sim")], max_concurrency=c).summary()
         wall_sim = time.perf_counter() - t0
@@ -82,7 +84,7 @@ def validate(model, calibration: Calibration, engine_config: EngineConfig, vc: V
             log(f"  {k:<18} predicted {v['predicted']:>10.4f}  measured {v['measured']:>10.4f}  "
                 f"error {v['relative_error'] * 100:+6.1f}%")
     errs = [abs(v["relative_error"]) for lv in levels.values() for v in lv["figures"].values()]
-    return {"calibration": calibration.to_dict(), "engine": real_ex.describe(),
+    return {"calibration": calibration.to_dict(), "engine": real_ex.describe(), "simulated_engine": sim_ex.describe(),
             "workload": {"input_len": vc.input_len, "output_len": vc.output_len, "seed": vc.seed}, "clock": vc.clock,
             "levels": levels, "max_abs_relative_error": max(errs), "mean_abs_relative_error": sum(errs) / len(errs)}
 
@@ -150,6 +152,8 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
     cfg, limits = _served_config(calibration)
     sim_ex = SimulatedExecutor(calibration.model_for(cost_model), cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
+    if limits.get("num_sliding_blocks"):  # a hybrid KV spec's served engine: its sliding pool too
+        sim_ex.num_sliding_blocks, sim_ex.sliding_window = int(limits["num_sliding_blocks"]), int(limits["sliding_window"])
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
     stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
     lat = calibration.extra.get("latency_s", 0.0) if latency_s is None else latency_s
