@@ -1,6 +1,7 @@
 # Sourced by the device scripts (benchmarks/device_*.sh) on the GPU machine, from the repo root: the environment
 # every run needs (NVLink multicast off, as the device README requires), $OUT, and the carried wheels (.whl:
-# fastapi/uvicorn/pydantic/pyzmq/msgspec/helion, see the device README) installed to /tmp/site.
+# fastapi/uvicorn/pydantic/pyzmq/msgspec/helion, see the device README; fastapi >= 0.16x also imports opentelemetry-api
+# and annotated-doc, so carry those wheels too or serve exits at startup) installed to /tmp/site.
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
