@@ -64,6 +64,19 @@ def test_v2_lite_shape_counts():
     assert mb.active_bytes(model, [6] * 15) == pytest.approx(2.56e9, rel=0.01)  # without the embedding table
 
 
+def test_v3_scaled_shape(monkeypatch):
+    """--model-shape v3-scaled: DeepSeek-V3's layers (first dense, the rest 256 experts top-8), fewer of them."""
+    monkeypatch.setattr(mb, "_randomize", lambda m: None)
+    monkeypatch.setattr("torchinferno.models.common.module_utils.materialize", lambda m, dev, dt: m.to(dtype=dt))
+    model = mb.build_model_shape(torch.device("meta"), "v3-scaled", 3)
+    assert model.config.layer_mlp_types == ("dense", "sparse", "sparse")
+    assert model.config.hidden_size == 7168 and model.config.n_routed_experts == 256
+    moe_bytes = 256 * 3 * 7168 * 2048 * 2
+    assert sum(p.numel() * 2 for p in model.parameters()) == pytest.approx(2 * moe_bytes + 4.6e9, rel=0.05)
+    with pytest.raises(ValueError, match="v2-lite"):
+        mb.build_model_shape(torch.device("meta"), "v4", 1)
+
+
 def test_tune_grid_bounds():
     from torchinferno.bench.moe_tune import grid
 

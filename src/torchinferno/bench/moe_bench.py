@@ -12,7 +12,8 @@ Two sections, each beside a same-run bound:
 * ``model``: the whole V2-Lite-like model (``deepseek_v32`` size ``v2-lite-shape``, random bf16): a decode step
   at each batch (context 128 per sequence): replayed from CUDA graphs (``CudaGraphDecodeRunner``: paged MLA decode
   + fused MoE, no host sync), the same module path eagerly, and eagerly with the torch MoE; a 2048-token prefill;
-  transformers' eager ``DeepseekV3ForCausalLM`` on the same tensors (``--no-hf`` skips it).
+  transformers' eager ``DeepseekV3ForCausalLM`` on the same tensors (``--no-hf`` skips it). ``--model-shape v3-scaled``
+  runs the same section on DeepSeek-V3's layer shape with fewer layers (:func:`build_model_shape`).
 
 Active bytes per decode step: every layer's non-expert weights, the experts the step's routing hits (measured
 from the router on that step's input) and the LM head; KV bytes are small at context 128 and are added.
@@ -141,16 +142,33 @@ def _graph_ms(fn, calls: int = 10) -> float:
     return cuda_time_ms(g.replay, iters=10, warmup=2) / calls
 
 
+MODEL_SHAPES = ("v2-lite", "v3-scaled")
+
+
 def build_v2_lite(dev, layers: int | None = None):
+    return build_model_shape(dev, "v2-lite", layers)
+
+
+def build_model_shape(dev, shape: str = "v2-lite", layers: int | None = None):
+    """A random bf16 ``deepseek_v3`` model of one of :data:`MODEL_SHAPES` on ``dev``: ``v2-lite`` (size
+    ``v2-lite-shape``, 16 layers) or ``v3-scaled`` (DeepSeek-V3's layer shape: hidden 7168, 128 heads, q-LoRA 1536,
+    256 experts of 2048 top-8 in 8 groups keeping 4, one shared expert; ``layers`` layers (default 4), the first
+    dense; 22.5 GB per MoE layer in bf16, so 4 layers fit an H200 and 3 an H100)."""
+    from dataclasses import replace
+
     from torchinferno.models.common.module_utils import materialize
     from torchinferno.models.registry import get_family
 
     fam = get_family("deepseek-v3.2")
-    cfg = fam.size("v2-lite-shape")
-    if layers:
-        from dataclasses import replace
-
-        cfg = replace(cfg, num_hidden_layers=layers)
+    if shape == "v2-lite":
+        cfg = fam.size("v2-lite-shape")
+        if layers:
+            cfg = replace(cfg, num_hidden_layers=layers)
+    elif shape == "v3-scaled":
+        cfg = replace(fam.size("deepseek-v3"), num_hidden_layers=layers or 4, first_k_dense_replace=1,
+                      num_nextn_predict_layers=0)
+    else:
+        raise ValueError(f"model shape must be one of {MODEL_SHAPES}, got {shape!r}")
     model = fam.build(cfg, device="meta", variant="v1")
     materialize(model, dev, torch.bfloat16)
     _randomize(model)
@@ -360,8 +378,9 @@ def hf_rows(model, batches=(1, 64), ctx: int = 128, new_tokens: int = 8, log=pri
 
 def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill: int = 2048, hf: bool = True,
                   layers: int | None = None, layer_shapes=("v2-lite", "v3"), log=print,
-                  layer_batches: tuple[int, ...] | None = None) -> dict:
-    """``layer_batches``: token counts of the layer section (default: ``batches``)."""
+                  layer_batches: tuple[int, ...] | None = None, model_shape: str = "v2-lite") -> dict:
+    """``layer_batches``: token counts of the layer section (default: ``batches``); ``model_shape``: the model
+    section's :data:`MODEL_SHAPES` entry (:func:`build_model_shape`)."""
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     bw = copy_bandwidth(dev)
@@ -377,9 +396,11 @@ def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill:
                                             G, TG)
             torch.cuda.empty_cache()
     if "model" in sections:
-        model = build_v2_lite(dev, layers)
+        model = build_model_shape(dev, model_shape, layers)
         n = sum(p.numel() for p in model.parameters())
-        log(f"V2-Lite-like model: {n / 1e9:.2f} B params ({time.perf_counter() - t0:.0f} s so far)")
+        log(f"{model_shape} model ({model.config.num_hidden_layers} layers): {n / 1e9:.2f} B params "
+            f"({time.perf_counter() - t0:.0f} s so far)")
+        rep["model_shape"] = model_shape
         rep["model"] = model_rows(model, dev, batches=batches, prefill=prefill, bw=bw, mm=mm, log=log)
         if hf:
             try:

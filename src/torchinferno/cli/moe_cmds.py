@@ -23,7 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--layer-batches", type=int, nargs="+", default=None,
                    help="token counts of the layer section (default: --batches)")
     b.add_argument("--prefill-tokens", type=int, default=2048)
-    b.add_argument("--layers", type=int, default=None, help="model layers (default: the shape's 16)")
+    b.add_argument("--layers", type=int, default=None,
+                   help="model layers (default: 16 for v2-lite, 4 for v3-scaled)")
+    b.add_argument("--model-shape", default="v2-lite", choices=["v2-lite", "v3-scaled"],
+                   help="the model section's shape: V2-Lite-like, or DeepSeek-V3's layers scaled down in depth")
     b.add_argument("--layer-shapes", nargs="+", default=["v2-lite", "v3"], choices=["v2-lite", "v3"],
                    help="MoE layer shapes of the layer section")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers eager peer")
@@ -54,7 +57,8 @@ def cmd_bench_moe(a) -> int:
     from torchinferno.bench.moe_bench import run_bench_moe
 
     rep = run_bench_moe(tuple(a.sections), tuple(a.batches), a.prefill_tokens, not a.no_hf, a.layers,
-                        tuple(a.layer_shapes), layer_batches=tuple(a.layer_batches) if a.layer_batches else None)
+                        tuple(a.layer_shapes), layer_batches=tuple(a.layer_batches) if a.layer_batches else None,
+                        model_shape=a.model_shape)
     if a.json_output:
         with open(a.json_output, "w") as f:
             json.dump(rep, f, indent=1, default=str)
