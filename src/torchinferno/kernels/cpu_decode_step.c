@@ -8,7 +8,8 @@
  *
  * Built and loaded by cpu_decode_step.py (the flags of cpu_gemv.c and cpu_qgemv.c together). The
  * GEMV tiles are those two files' own (included below), so a linear computes the same numbers here
- * as through its PackedLinear / QuantLinear call.
+ * as through its PackedLinear / QuantLinear call (AMX tiles for bf16 linears where cpu_gemv.c takes them,
+ * each thread a contiguous range of 64-row groups with all B rows).
  *
  * Numerics (the module path's roundings, so the step agrees with it to bf16 rounding; not bitwise:
  * rsqrt/exp/the attention's summation order differ from ATen's):
@@ -146,7 +147,10 @@ static void silu_mul_row(const uint16_t *gu, uint16_t *act, int64_t I, int64_t j
  * activation was quantized into (qx, dx, sx) before the barrier that precedes this call. */
 static void linear_part(const ti_linear *L, const uint16_t *x, const int8_t *qx, const float *dx, const float *sx,
                         uint16_t *y, int64_t M, int t, int nt) {
-    if (L->kind == LIN_BF16) { /* units = (group, tile of rows): balanced when groups are few and M > 4 */
+    if (L->kind == LIN_BF16 && amx_for(L->k)) { /* AMX: every row of a group in one pass, units = groups */
+        const int64_t NG = (L->n + NBLK * 16 - 1) / (NBLK * 16);
+        amx_groups(x, L->k, (const uint16_t *)L->w, L->bias, y, L->n, M, L->n, L->k, 0, NG * t / nt, NG * (t + 1) / nt);
+    } else if (L->kind == LIN_BF16) { /* units = (group, tile of rows): balanced when groups are few and M > 4 */
         const int64_t NG = (L->n + NBLK * 16 - 1) / (NBLK * 16), tiles = (M + BF_TILE_ROWS - 1) / BF_TILE_ROWS;
         const int64_t U = NG * tiles, u0 = U * t / nt, u1 = U * (t + 1) / nt;
         const uint16_t *w = (const uint16_t *)L->w;
@@ -326,6 +330,7 @@ int ti_decode_step(const ti_step *S) {
     float *scores = sx + B * (kmax / 32 + 1);
     int8_t *qx = (int8_t *)(scores + nt * MAX_REP * maxlen);
     uint16_t *h = S->h;
+    (void)amx_for(32); /* probe (and ask the kernel for) AMX here, on the calling thread, before the team starts */
 
 #pragma omp parallel num_threads(nt)
     {

@@ -18,8 +18,10 @@ dynamic loader binds it to that already-loaded runtime: one OpenMP thread pool s
 intra-op parallelism, not two pools fighting over the cores (checked by
 ``test_one_openmp_runtime``: /proc/self/maps lists a single libgomp).
 
-Numerics (the .c file's invariant): each output is one fp32 lane summed over k in order, bias
-added in fp32, rounded to bf16 once, independent of M, of the other rows and of the thread count.
+Numerics (the .c file's invariant): each output is summed in fp32 over k in order (one lane, or with AMX tiles
+32-wide chunks in order), bias added in fp32, rounded to bf16 once, independent of M, of the other rows and of
+the thread count. AMX (Intel, where the CPU and kernel allow it; :func:`set_amx`) makes a batch of rows cost
+about what one row does.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ import torch
 from torchinferno.kernels import native_lib
 
 SOURCE = Path(__file__).with_name("cpu_gemv.c")
-CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp", "-shared", "-fPIC"]
+# -mamx-*: the AMX path is compiled in (gcc >= 11) and taken only where CPUID and the kernel allow it at run time
+CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp",
+          "-shared", "-fPIC"]
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 ABI_VERSION = 2
 
@@ -53,6 +57,21 @@ def build(cache_dir: Path, compiler: str = "gcc", source: Path = SOURCE, cflags:
 def load() -> ctypes._CFuncPtr | None:
     """The kernel's entry point, built on first use; ``None`` when unavailable (never raises)."""
     return _LIB.load()
+
+
+def set_amx(enabled: bool) -> bool:
+    """Allow (the default) or forbid the AMX tiles of this GEMV and of the native decode step (which includes it);
+    returns whether AMX is in use now (False where the CPU or the kernel lacks it, or a library did not load).
+    For A/B runs and tests: either path keeps the numerics invariants, but their roundings differ."""
+    from torchinferno.kernels import cpu_decode_step
+
+    on = False
+    for lib in (_LIB, cpu_decode_step._LIB):
+        lib.load()
+        fn = lib.symbol("ti_gemv_amx", [ctypes.c_int], ctypes.c_int)
+        if fn is not None:
+            on = bool(fn(int(enabled))) or on
+    return on
 
 
 def unavailable_reason() -> str:

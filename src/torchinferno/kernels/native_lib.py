@@ -100,6 +100,7 @@ class NativeLibrary:
         self.spec = spec
         self._loaded = False
         self._fn: ctypes._CFuncPtr | None = None
+        self._lib: ctypes.CDLL | None = None
         self._reason = ""
 
     @classmethod
@@ -138,9 +139,17 @@ class NativeLibrary:
         """Why :meth:`load` returned ``None`` ("" if it did not, or was not called)."""
         return self._reason
 
+    def symbol(self, name: str, argtypes: Sequence[type], restype: type | None) -> ctypes._CFuncPtr | None:
+        """Another function of the loaded library (None when it did not load, or was not loaded yet)."""
+        if self._lib is None:
+            return None
+        fn = getattr(self._lib, name)
+        fn.argtypes, fn.restype = list(argtypes), restype
+        return fn
+
     def _bind(self, path: Path) -> ctypes._CFuncPtr:
         s = self.spec
-        lib = ctypes.CDLL(str(path))  # after `import torch`: binds libgomp.so.1 to torch's copy
+        lib = self._lib = ctypes.CDLL(str(path))  # after `import torch`: binds libgomp.so.1 to torch's copy
         abi = getattr(lib, s.abi_symbol)()
         if abi != s.abi_version:
             raise RuntimeError(f"{path.name}: ABI {abi} != {s.abi_version}")
