@@ -82,8 +82,8 @@ def fused_fp8_block_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.T
     c1, c2 = configs
     xq, xs = quantize_fp8_groups_triton(x.contiguous())  # [T, D] e4m3, [T, D/128]
     sp1, be1, n1 = fused_moe.align_pairs(ids, E, c1["BLOCK_M"])
-    act = moe_gate_up_fp8(xq, xs, gate_up, gate_up_s, sp1, be1, n1, top_k, c1, x.dtype)  # [P, I]
-    aq, a_s = quantize_fp8_groups_triton(act)  # rows of dropped pairs are unset: quantized, never read
+    act = moe_gate_up_fp8(xq, xs, gate_up, gate_up_s, sp1, be1, n1, top_k, c1, x.dtype, zero=may_drop)  # [P, I]
+    aq, a_s = quantize_fp8_groups_triton(act)  # rows of dropped pairs: zero with may_drop, never read
     sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else fused_moe.align_pairs(ids, E, c2["BLOCK_M"])
     y = moe_down_fp8(aq, a_s, down, down_s, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, x.dtype,
                      zero=may_drop)  # [P, D] fp32
@@ -98,7 +98,7 @@ class Fp8BlockExperts(nn.Module):
     """
 
     def __init__(self, gate_up: torch.Tensor, gate_up_s: torch.Tensor, down: torch.Tensor, down_s: torch.Tensor,
-                 kernel: str = "auto"):
+                 kernel: str = "auto", ops=None):
         super().__init__()
         if kernel not in FP8_BLOCK_KERNELS:
             raise ConfigError(f"unknown FP8 block kernel {kernel!r}; valid: {', '.join(FP8_BLOCK_KERNELS)}")
@@ -119,6 +119,7 @@ class Fp8BlockExperts(nn.Module):
                               f"Triton (device {gate_up.device}); valid here: torch, auto")
         self.kernel = ("triton" if triton_supported(gate_up.device) else "torch") if kernel == "auto" else kernel
         self.moe_backend = "auto"
+        self.ops = ops  # the replaced RoutedExperts' ops module (read by SparseMoE's path checks)
         self.configs: tuple[dict, dict] | None = None  # fixed (gate_up, down) tiles; None: the fused MoE's lookup
 
     @classmethod
@@ -126,7 +127,7 @@ class Fp8BlockExperts(nn.Module):
         """Quantize a ``RoutedExperts``' ``gate_up_proj [E, 2I, D]`` / ``down_proj [E, D, I]`` to 128x128 blocks."""
         gu, gs = quantize_expert_blocks(experts.gate_up_proj.detach())
         dn, ds = quantize_expert_blocks(experts.down_proj.detach())
-        return cls(gu, gs, dn, ds, kernel)
+        return cls(gu, gs, dn, ds, kernel, getattr(experts, "ops", None))
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         from torchinferno.kernels import triton as tri
@@ -162,7 +163,7 @@ def swap_experts_for_fp8_block(model: nn.Module, kernel: str = "auto",
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             dev = child.gate_up_proj.device
             if name in kept:
-                new = Fp8BlockExperts(*(t.to(dev) for t in kept.pop(name)), kernel=kernel)
+                new = Fp8BlockExperts(*(t.to(dev) for t in kept.pop(name)), kernel=kernel, ops=child.ops)
             else:
                 new = Fp8BlockExperts.from_experts(child, kernel)
             setattr(parent, child_name, new)

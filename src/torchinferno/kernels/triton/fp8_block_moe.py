@@ -115,12 +115,12 @@ def _check(a, a_s, b, b_s) -> None:
 
 def moe_gate_up_fp8(xq: torch.Tensor, xs: torch.Tensor, gate_up: torch.Tensor, gate_up_s: torch.Tensor,
                     sorted_pairs: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor, top_k: int,
-                    cfg: dict, out_dtype: torch.dtype) -> torch.Tensor:
+                    cfg: dict, out_dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
     """xq [T, D] e4m3, xs [T, D/128] fp32, gate_up [E, 2I, D] e4m3, gate_up_s [E, 2I/128, D/128] fp32 ->
-    act [T * top_k, I] in ``out_dtype``, row = pair id (rows of dropped pairs unset)."""
+    act [T * top_k, I] in ``out_dtype``, row = pair id (rows of dropped pairs: 0 with ``zero``, else unset)."""
     _check(xq, xs, gate_up, gate_up_s)
     inter = gate_up.shape[1] // 2
-    act = torch.empty((xq.shape[0] * top_k, inter), dtype=out_dtype, device=xq.device)
+    act = (torch.zeros if zero else torch.empty)((xq.shape[0] * top_k, inter), dtype=out_dtype, device=xq.device)
     if act.numel():
         _launch(xq, xs, gate_up, gate_up_s, act, act, sorted_pairs, block_expert, num_padded, inter, top_k, inter,
                 cfg, True, False, 0)
