@@ -79,6 +79,11 @@ def check_matmul(device, dtype) -> None:
             got = fp8_block_matmul(xq, xs, wq, ws, dtype, cfg, bias)
             err = _rel(got, ref)
             assert err <= _tol(device, dtype), f"{(M, N, K)} {cfg}: rel err {err:.2e}"
+            fused = fp8_block_matmul(x, None, wq, ws, dtype, cfg, bias)  # quantized inside: the same codes
+            if torch.device(device).type == "cpu":
+                assert torch.equal(fused, got), f"{(M, N, K)} {cfg}: in-GEMM quantization differs"
+            else:  # the same codes; the compiler may schedule the fp32 sums differently
+                assert _rel(fused, ref) <= _tol(device, dtype), f"{(M, N, K)} {cfg}: in-GEMM quantization"
 
 
 def _silu_and_mul(h):
@@ -109,6 +114,11 @@ def check_experts(device, dtype, cases=((37, 4, 8, 192, 160), (3, 2, 4, 128, 128
             got = fm.fused_fp8_block_experts(x, ids, w, gu, gus, dn, dns)
             err = _rel(got, ref)
             assert err <= _tol(device, dtype), f"{name} {(T, k, E, D, inter)} {dtype}: rel err {err:.2e}"
+            other = fm.fused_fp8_block_experts(x, ids, w, gu, gus, dn, dns, quant_inline=T > fm.FUSE_QUANT_MAX_TOKENS)
+            if torch.device(device).type == "cpu":  # quantized inside the GEMMs or by their own launches: same codes
+                assert torch.equal(other, got), f"{name}: in-GEMM vs separate quantization differ"
+            else:
+                assert _rel(other, ref) <= _tol(device, dtype), f"{name}: the other quantization placement"
             if name == "random":
                 deq = grouped_expert_mlp(x, ids, w, dequantize_weight_blocks(gu, gus, dtype),
                                          dequantize_weight_blocks(dn, dns, dtype), _silu_and_mul)

@@ -144,13 +144,22 @@ def test_fp8_block_kernels_compile(out, even_k, bias):
         compile_sm90(fp8_block._block_mm_kernel, {"A": "*fp8e4nv", "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32",
                                                   "C": out, "BIAS": out},
                      dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
-                          HAS_BIAS=bias), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                          HAS_BIAS=bias, QUANT_A=False, QMAX=448.0, INV_QMAX=fp8_block.INV_E4M3_MAX,
+                          FLOOR=fp8_block.EPS), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cfg = M_TILES[0][1]  # decode rows: the GEMM quantizes the activation itself
+    compile_sm90(fp8_block._block_mm_kernel, {"A": out, "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "C": out,
+                                              "BIAS": out},
+                 dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
+                      HAS_BIAS=bias, QUANT_A=True, QMAX=448.0, INV_QMAX=fp8_block.INV_E4M3_MAX, FLOOR=fp8_block.EPS),
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     ptrs = {"A": "*fp8e4nv", "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "W": "*fp32", "sorted_pairs": "*i32",
             "block_expert": "*i32", "num_padded": "*i32"}
     for swiglu in (True, False):
-        compile_sm90(fp8_block_moe._moe_fp8_kernel, dict(ptrs, C=out if swiglu else "*fp32"),
-                     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, EVEN_K=even_k, SWIGLU=swiglu,
-                          MUL_WEIGHT=not swiglu, ROUND=1 if out == "*bf16" else 0), num_stages=3)
+        for quant_a in (False, True):  # quant_a: the unquantized activation, quantized in the kernel (decode)
+            compile_sm90(fp8_block_moe._moe_fp8_kernel, dict(ptrs, A=out if quant_a else "*fp8e4nv",
+                                                             C=out if swiglu else "*fp32"),
+                         dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, EVEN_K=even_k, SWIGLU=swiglu,
+                              MUL_WEIGHT=not swiglu, ROUND=1 if out == "*bf16" else 0, QUANT_A=quant_a), num_stages=3)
 
 
 def test_compile_harness_rejects_what_does_not_compile():

@@ -13,8 +13,9 @@ activation quantization only (tests bound the gap).
 
 Fused path (CUDA sm89+, Triton): the per-token-group quantizer on ``x``, ``kernels.fused_moe.align_pairs``, one
 grouped block-FP8 GEMM with SwiGLU fused (``kernels.triton.fp8_block_moe``), the quantizer on the ``[P, I]``
-activations, one grouped GEMM with the routing weight fused, ``moe_sum``: five launches, no host sync (CUDA-graph
-capturable). Shared experts stay a separate MLP of :class:`~torchinferno.kernels.fp8_block.Fp8BlockLinear`s.
+activations, one grouped GEMM with the routing weight fused, ``moe_sum``: six launches, no host sync (CUDA-graph
+capturable); up to :data:`FUSE_QUANT_MAX_TOKENS` tokens the GEMMs quantize their rows themselves (four launches).
+Shared experts stay a separate MLP of :class:`~torchinferno.kernels.fp8_block.Fp8BlockLinear`s.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from torchinferno.kernels.fp8_block import (
     quantize_weight_blocks,
     triton_supported,
 )
+
+FUSE_QUANT_MAX_TOKENS = 16  # up to here the grouped GEMMs quantize their rows themselves (decode: 4 launches, not 6)
 
 __all__ = ["Fp8BlockExperts", "fp8_block_experts_reference", "fused_fp8_block_experts", "swap_experts_for_fp8_block",
            "quantize_expert_blocks"]
@@ -64,10 +67,12 @@ def fp8_block_experts_reference(x: torch.Tensor, ids: torch.Tensor, weights: tor
 
 def fused_fp8_block_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
                             gate_up_s: torch.Tensor, down: torch.Tensor, down_s: torch.Tensor,
-                            configs: tuple[dict, dict] | None = None, may_drop: bool = False) -> torch.Tensor:
+                            configs: tuple[dict, dict] | None = None, may_drop: bool = False,
+                            quant_inline: bool | None = None) -> torch.Tensor:
     """:func:`fp8_block_experts_reference` through the Triton kernels (module docstring); ``configs`` = (gate_up
     tiles, down tiles) with ``BLOCK_M``, ``BLOCK_N``, ``GROUP_M``, ``num_warps``, ``num_stages`` (``BLOCK_K`` is
-    128). ``may_drop``: ids outside ``[0, E)`` may occur (their rows are zeroed)."""
+    128). ``may_drop``: ids outside ``[0, E)`` may occur (their rows are zeroed). ``quant_inline``: the GEMMs quantize
+    their rows themselves (the same codes as the quantizer launches); None: up to :data:`FUSE_QUANT_MAX_TOKENS`."""
     from torchinferno.kernels import fused_moe
     from torchinferno.kernels.triton import fused_moe as tk
     from torchinferno.kernels.triton.fp8_block import quantize_fp8_groups_triton
@@ -80,10 +85,13 @@ def fused_fp8_block_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.T
         configs = (fused_moe.config_for(P, E, two_i // 2, D, gate_up.dtype),
                    fused_moe.config_for(P, E, D, two_i // 2, gate_up.dtype))
     c1, c2 = configs
-    xq, xs = quantize_fp8_groups_triton(x.contiguous())  # [T, D] e4m3, [T, D/128]
+    inline = T <= FUSE_QUANT_MAX_TOKENS if quant_inline is None else quant_inline  # no quantizer launches
+    x = x.contiguous()
+    xq, xs = (x, None) if inline else quantize_fp8_groups_triton(x)  # [T, D] e4m3, [T, D/128]
     sp1, be1, n1 = fused_moe.align_pairs(ids, E, c1["BLOCK_M"])
     act = moe_gate_up_fp8(xq, xs, gate_up, gate_up_s, sp1, be1, n1, top_k, c1, x.dtype, zero=may_drop)  # [P, I]
-    aq, a_s = quantize_fp8_groups_triton(act)  # rows of dropped pairs: zero with may_drop, never read
+    # rows of dropped pairs: zero with may_drop, never read
+    aq, a_s = (act, None) if inline else quantize_fp8_groups_triton(act)
     sp2, be2, n2 = (sp1, be1, n1) if c2["BLOCK_M"] == c1["BLOCK_M"] else fused_moe.align_pairs(ids, E, c2["BLOCK_M"])
     y = moe_down_fp8(aq, a_s, down, down_s, weights.reshape(-1).float().contiguous(), sp2, be2, n2, c2, x.dtype,
                      zero=may_drop)  # [P, D] fp32

@@ -74,7 +74,11 @@ def quantize_fp8_groups_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 @triton.jit
 def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_A: tl.constexpr = False,
+                     QMAX: tl.constexpr = 448.0, INV_QMAX: tl.constexpr = 1.0 / 448.0, FLOOR: tl.constexpr = 1e-12):
+    # QUANT_A: A is the unquantized activation (bf16/fp16/fp32); each program quantizes its rows' K groups in
+    # registers with the quantizer's exact rule (same codes and scales), so no separate launch (small M only: every
+    # N tile repeats the rows' quantization)
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -103,7 +107,12 @@ def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stri
             ok_k = kb * BLOCK_K + rk < K
             a = tl.load(a_ptrs, mask=ok_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=ok_k[:, None], other=0.0)
-        a_s = tl.load(as_ptrs + kb)
+        if QUANT_A:
+            af = a.to(tl.float32)
+            a_s = tl.maximum(tl.max(tl.abs(af), axis=1), FLOOR) * INV_QMAX  # [BM]
+            a = _e4m3_rne(tl.clamp(tl.math.div_rn(af, a_s[:, None]), -QMAX, QMAX)).to(tl.float8e4nv)
+        else:
+            a_s = tl.load(as_ptrs + kb)
         b_s = tl.load(bs_ptrs + kb)
         acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]  # one scale group per dot, promoted to fp32
         a_ptrs += BLOCK_K
@@ -114,17 +123,24 @@ def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stri
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
 
 
-def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, out_dtype: torch.dtype,
-                     cfg: dict, bias: torch.Tensor | None = None) -> torch.Tensor:
+def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor | None, wq: torch.Tensor, ws: torch.Tensor,
+                     out_dtype: torch.dtype, cfg: dict, bias: torch.Tensor | None = None) -> torch.Tensor:
     """xq [M, K] e4m3, xs [M, ceil(K/128)] fp32, wq [N, K] e4m3, ws [ceil(N/128), ceil(K/128)] fp32 -> [M, N].
 
-    ``cfg``: ``BLOCK_M``, ``BLOCK_N`` (a power of two, at least 16), ``GROUP_M``, ``num_warps``, ``num_stages``
-    (``BLOCK_K`` is the scale group, 128). Rows of every operand contiguous in K."""
+    ``xs=None``: ``xq`` is the unquantized activation ``x [M, K]``, quantized inside the GEMM (bitwise as
+    :func:`quantize_fp8_groups_triton`; one launch instead of two, for small M). ``cfg``: ``BLOCK_M``, ``BLOCK_N``
+    (a power of two, at least 16), ``GROUP_M``, ``num_warps``, ``num_stages`` (``BLOCK_K`` is the scale group, 128).
+    Rows of every operand contiguous in K."""
     M, K = xq.shape
     N = wq.shape[0]
-    assert wq.shape[1] == K and xq.stride(1) == 1 and wq.stride(1) == 1 and xs.stride(1) == 1 and ws.stride(1) == 1
+    assert wq.shape[1] == K and xq.stride(1) == 1 and wq.stride(1) == 1 and ws.stride(1) == 1
     G = triton.cdiv(K, GROUP)
-    assert tuple(xs.shape) == (M, G) and tuple(ws.shape) == (triton.cdiv(N, GROUP), G)
+    assert tuple(ws.shape) == (triton.cdiv(N, GROUP), G)
+    fused = xs is None
+    if fused:
+        xs = ws  # unused by the kernel
+    else:
+        assert tuple(xs.shape) == (M, G) and xs.stride(1) == 1 and xq.dtype == torch.float8_e4m3fn
     out = torch.empty((M, N), dtype=out_dtype, device=xq.device)
     if M and N:
         bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
@@ -132,5 +148,6 @@ def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor, wq: torch.Tensor, ws: t
         _block_mm_kernel[grid](xq, xs, wq, ws, out, out if bias is None else bias, M, N, K, xq.stride(0),
                                xs.stride(0), wq.stride(0), ws.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
                                BLOCK_K=GROUP, GROUP_M=cfg["GROUP_M"], EVEN_K=K % GROUP == 0,
-                               HAS_BIAS=bias is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                               HAS_BIAS=bias is not None, QUANT_A=fused, QMAX=E4M3_MAX, INV_QMAX=INV_E4M3_MAX,
+                               FLOOR=EPS, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out

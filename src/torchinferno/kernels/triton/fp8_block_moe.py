@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.fp8_block import _e4m3_rne
+
 GROUP = 128
 
 
@@ -27,7 +29,10 @@ GROUP = 128
 def _moe_fp8_kernel(A, AS, B, BS, C, W, sorted_pairs, block_expert, num_padded, N, K, num_pairs, row_div, up_rows,
                     stride_am, stride_asm, stride_be, stride_bn, stride_bse, stride_bsn, stride_cm,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    EVEN_K: tl.constexpr, SWIGLU: tl.constexpr, MUL_WEIGHT: tl.constexpr, ROUND: tl.constexpr):
+                    EVEN_K: tl.constexpr, SWIGLU: tl.constexpr, MUL_WEIGHT: tl.constexpr, ROUND: tl.constexpr,
+                    QUANT_A: tl.constexpr = False):
+    # QUANT_A: A is the unquantized activation; each program quantizes its rows per 128-group in registers with the
+    # quantizer's exact rule (kernels.triton.fp8_block), so decode-sized steps need no quantizer launches
     pid = tl.program_id(0)
     num_m = tl.cdiv(tl.load(num_padded), BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -67,7 +72,12 @@ def _moe_fp8_kernel(A, AS, B, BS, C, W, sorted_pairs, block_expert, num_padded, 
             ok_k = kb * BLOCK_K + rk < K
             a = tl.load(a_ptrs, mask=ok_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=ok_k[:, None], other=0.0)
-        a_s = tl.load(as_ptrs + kb)[:, None]
+        if QUANT_A:
+            af = a.to(tl.float32)
+            a_s = (tl.maximum(tl.max(tl.abs(af), axis=1), 1e-12) * (1.0 / 448.0))[:, None]
+            a = _e4m3_rne(tl.clamp(tl.math.div_rn(af, a_s), -448.0, 448.0)).to(tl.float8e4nv)
+        else:
+            a_s = tl.load(as_ptrs + kb)[:, None]
         acc += tl.dot(a, b) * a_s * tl.load(bs_ptrs + kb)[None, :]
         if SWIGLU:
             if EVEN_K:
@@ -95,29 +105,35 @@ def _moe_fp8_kernel(A, AS, B, BS, C, W, sorted_pairs, block_expert, num_padded, 
 
 def _launch(a, a_s, b, b_s, c, w, sorted_pairs, block_expert, num_padded, n, row_div, up_rows, cfg, swiglu,
             mul_weight, round_to: int) -> None:
+    """``a_s=None``: ``a`` is unquantized and the kernel quantizes it (``QUANT_A``)."""
     K = a.shape[1]
+    quant_a = a_s is None
+    if quant_a:
+        a_s = b_s  # unused by the kernel
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     grid = (triton.cdiv(sorted_pairs.numel(), bm) * triton.cdiv(n, bn),)
     _moe_fp8_kernel[grid](
         a, a_s, b, b_s, c, w, sorted_pairs, block_expert, num_padded, n, K, c.shape[0], row_div, up_rows,
         a.stride(0), a_s.stride(0), b.stride(0), b.stride(1), b_s.stride(0), b_s.stride(1), c.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=GROUP, GROUP_M=cfg["GROUP_M"], EVEN_K=K % GROUP == 0, SWIGLU=swiglu,
-        MUL_WEIGHT=mul_weight, ROUND=round_to, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        MUL_WEIGHT=mul_weight, ROUND=round_to, QUANT_A=quant_a, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def _check(a, a_s, b, b_s) -> None:
     E, N, K = b.shape
     G = triton.cdiv(K, GROUP)
-    assert a.stride(1) == 1 and b.stride(2) == 1 and a_s.stride(1) == 1 and b_s.stride(2) == 1
-    assert a.shape[1] == K and tuple(a_s.shape) == (a.shape[0], G)
+    assert a.stride(1) == 1 and b.stride(2) == 1 and b_s.stride(2) == 1 and a.shape[1] == K
+    if a_s is not None:
+        assert a_s.stride(1) == 1 and tuple(a_s.shape) == (a.shape[0], G) and a.dtype == torch.float8_e4m3fn
     assert tuple(b_s.shape) == (E, triton.cdiv(N, GROUP), G), (tuple(b_s.shape), (E, N, K))
 
 
-def moe_gate_up_fp8(xq: torch.Tensor, xs: torch.Tensor, gate_up: torch.Tensor, gate_up_s: torch.Tensor,
+def moe_gate_up_fp8(xq: torch.Tensor, xs: torch.Tensor | None, gate_up: torch.Tensor, gate_up_s: torch.Tensor,
                     sorted_pairs: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor, top_k: int,
                     cfg: dict, out_dtype: torch.dtype, zero: bool = False) -> torch.Tensor:
     """xq [T, D] e4m3, xs [T, D/128] fp32, gate_up [E, 2I, D] e4m3, gate_up_s [E, 2I/128, D/128] fp32 ->
-    act [T * top_k, I] in ``out_dtype``, row = pair id (rows of dropped pairs: 0 with ``zero``, else unset)."""
+    act [T * top_k, I] in ``out_dtype``, row = pair id (rows of dropped pairs: 0 with ``zero``, else unset).
+    ``xs=None``: ``xq`` is the unquantized ``x [T, D]``, quantized inside the kernel (the same codes)."""
     _check(xq, xs, gate_up, gate_up_s)
     inter = gate_up.shape[1] // 2
     act = (torch.zeros if zero else torch.empty)((xq.shape[0] * top_k, inter), dtype=out_dtype, device=xq.device)
@@ -127,11 +143,12 @@ def moe_gate_up_fp8(xq: torch.Tensor, xs: torch.Tensor, gate_up: torch.Tensor, g
     return act
 
 
-def moe_down_fp8(aq: torch.Tensor, a_s: torch.Tensor, down: torch.Tensor, down_s: torch.Tensor,
+def moe_down_fp8(aq: torch.Tensor, a_s: torch.Tensor | None, down: torch.Tensor, down_s: torch.Tensor,
                  weights: torch.Tensor, sorted_pairs: torch.Tensor, block_expert: torch.Tensor,
                  num_padded: torch.Tensor, cfg: dict, act_dtype: torch.dtype, zero: bool = True) -> torch.Tensor:
     """aq [P, I] e4m3, a_s [P, I/128], down [E, D, I] e4m3, down_s [E, D/128, I/128], weights [P] fp32 ->
-    fp32 [P, D] = weights[p] * round_{act_dtype}(aq[p] . down[e(p)]^T) (rows of dropped pairs: 0 with ``zero``)."""
+    fp32 [P, D] = weights[p] * round_{act_dtype}(aq[p] . down[e(p)]^T) (rows of dropped pairs: 0 with ``zero``).
+    ``a_s=None``: ``aq`` is the unquantized ``act [P, I]``, quantized inside the kernel."""
     _check(aq, a_s, down, down_s)
     assert act_dtype in (torch.bfloat16, torch.float16, torch.float32)
     alloc = torch.zeros if zero else torch.empty
