@@ -2,7 +2,7 @@
 V2-Lite-like model's logits under fp8-block vs bf16.
 
 Run on the GPU machine from the repo root: ``PYTHONPATH=src python3 benchmarks/probe_fp8_block.py OUT.json [sections]``
-(sections: ``micro``, ``sweep``, ``accuracy``; default all).
+(sections: ``micro``, ``sweep``, ``moe``, ``accuracy``; default all).
 
 * ``micro``: at M = 1, 16, 128, 2048 rows and real DeepSeek [N, K] shapes (V2-Lite-like: q_proj 3072x2048, o_proj
   2048x2048, dense gate_up 21888x2048 and down 2048x10944; V3: q_b 24576x1536, o_proj 7168x16384, dense down
@@ -11,6 +11,8 @@ Run on the GPU machine from the repo root: ``PYTHONPATH=src python3 benchmarks/p
   fp8-block module (quantizer + GEMM, default tiles), the GEMM alone, and the per-channel FP8 module
   (``kernels.fp8_linear``) for reference; TFLOP/s and GB/s (weight + activation + output bytes) beside the same-run
   copy bandwidth and bf16 matmul rate.
+* ``moe``: the routed experts alone at V2-Lite-like and V3 layer shapes, 1 / 16 / 128 / 2048 tokens: the bf16 fused
+  MoE vs the block-FP8 fused MoE on the same weights (ms, GB/s of the experts hit, relative error vs bf16).
 * ``sweep``: a few tile configs of the GEMM alone per (shape, M): what ``kernels.fp8_block.M_TILES`` should say.
 * ``accuracy``: the V2-Lite-like model (random bf16, ``bench.moe_bench.build_model_shape``): logits of a 64-token
   prefill bf16 vs fp8-block linears only vs fp8-block linears + experts (max / mean abs diff, relative to the
@@ -131,6 +133,41 @@ def sweep(dev, log=print) -> list[dict]:
     return rows
 
 
+MOE_SHAPES = {"v2-lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048)}  # name -> (E, top_k, D, I)
+
+
+def moe(dev, log=print, tokens=(1, 16, 128, 2048)) -> list[dict]:
+    """Routed experts alone: the bf16 fused MoE (``kernels.fused_moe``) vs the block-FP8 fused MoE on the same
+    weights, uniform random routing, CUDA-graph replays; bytes = the experts the routing hits."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.kernels.fp8_block_moe import fused_fp8_block_experts, quantize_expert_blocks
+
+    rows = []
+    for name, (E, k, D, inter) in MOE_SHAPES.items():
+        gu = torch.randn(E, 2 * inter, D, device=dev, dtype=torch.bfloat16) * 0.02
+        dn = torch.randn(E, D, inter, device=dev, dtype=torch.bfloat16) * 0.02
+        q = (*quantize_expert_blocks(gu), *quantize_expert_blocks(dn))
+        for T in tokens:
+            x = torch.randn(T, D, device=dev, dtype=torch.bfloat16)
+            ids = torch.stack([torch.randperm(E, device=dev)[:k] for _ in range(T)])
+            w = torch.rand(T, k, device=dev)
+            hit = int(torch.unique(ids).numel())
+            t_bf16 = _per_call_ms([lambda: fused_moe.fused_experts(x, ids, w, gu, dn)])
+            t_fp8 = _per_call_ms([lambda: fused_fp8_block_experts(x, ids, w, *q)])
+            want, got = fused_moe.fused_experts(x, ids, w, gu, dn), fused_fp8_block_experts(x, ids, w, *q)
+            err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+            row = {"shape": name, "tokens": T, "experts_hit": hit, "bf16_ms": t_bf16, "fp8_block_ms": t_fp8,
+                   "bf16_gb_s": hit * 3 * D * inter * 2 / t_bf16 / 1e6, "fp8_block_gb_s": hit * 3 * D * inter / t_fp8 / 1e6,
+                   "tflop_s_fp8": 2 * T * k * 3 * D * inter / t_fp8 / 1e9, "rel_err_vs_bf16": err}
+            rows.append(row)
+            log(f"moe {name:7s} T={T:4d} hit {hit:3d}: bf16 {t_bf16 * 1e3:8.1f}us {row['bf16_gb_s']:5.0f}GB/s | fp8b "
+                f"{t_fp8 * 1e3:8.1f}us {row['fp8_block_gb_s']:5.0f}GB/s {row['tflop_s_fp8']:4.0f}TF | "
+                f"{t_bf16 / t_fp8:.2f}x | rel err vs bf16 {err:.3f}")
+        del gu, dn, q
+        torch.cuda.empty_cache()
+    return rows
+
+
 def _prefill_logits(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model.compute_logits(model(ids, torch.arange(ids.numel(), device=ids.device), None, None)).float()
@@ -176,7 +213,7 @@ def main(path: str, sections: tuple[str, ...]) -> dict:
     bw, mm = copy_bandwidth(dev, nbytes=2 * 1024**3, iters=5), matmul_rate(dev, torch.bfloat16, n=8192, iters=5)
     rep = {"device": torch.cuda.get_device_name(dev), "copy_gb_s": bw / 1e9, "bf16_tflop_s": mm / 1e12}
     print(f"ceilings: copy {bw / 1e9:.0f} GB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s ({rep['device']})")
-    for name, fn in (("micro", micro), ("sweep", sweep), ("accuracy", accuracy)):
+    for name, fn in (("micro", micro), ("sweep", sweep), ("moe", moe), ("accuracy", accuracy)):
         if name in sections:
             rep[name] = fn(dev)
             with open(path, "w") as f:  # partial results survive a timeout
@@ -185,4 +222,4 @@ def main(path: str, sections: tuple[str, ...]) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else ("micro", "sweep", "accuracy"))
+    main(sys.argv[1], tuple(sys.argv[2].split(",")) if len(sys.argv) > 2 else ("micro", "sweep", "moe", "accuracy"))
