@@ -1,7 +1,7 @@
 """Block-FP8 checks shared by the Triton interpreter run (tests/kernels/test_fp8_block.py, ``TRITON_INTERPRET=1``
 subprocess, CPU tensors) and the CUDA run (same test file, on a GPU).
 
-* ``check_quant``: the Triton per-token-group quantizer == ``kernels.fp8_block.quantize_fp8_groups`` bitwise (codes
+* ``check_quant``: the kernels' E4M3 rounding == torch's cast on every tie; the Triton per-token-group quantizer == ``kernels.fp8_block.quantize_fp8_groups`` bitwise (codes
   and scales), including values that round across a binade (the interpreter's own fp32 -> fp8 cast gets 127.99
   wrong; the kernel rounds before the cast), zero groups, partial groups, saturation.
 * ``check_matmul``: the block GEMM == ``fp8_block_linear_reference`` for even / partial / sub-128 shapes, several
@@ -38,9 +38,31 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
 
 
+def check_e4m3_rounding(device) -> None:
+    """The kernels' fp32 -> E4M3 rounding (``_e4m3_rne`` + cast) == torch's cast on every exact tie between two
+    E4M3 values, the fp32 neighbours of each tie, every E4M3 value and random magnitudes over 2^-17 .. 448."""
+    import triton
+
+    from torchinferno.kernels.triton.fp8_block import _e4m3_round_kernel
+
+    grid = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[torch.isfinite(grid)].sort().values
+    ties = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator().manual_seed(5)
+    v = torch.cat([ties, ties.nextafter(torch.tensor(1e9)), ties.nextafter(torch.tensor(-1e9)), grid,
+                   torch.randn(20000, generator=g) * torch.logspace(-5, 2.6, 20000)]).to(device)
+    out = torch.empty(v.numel(), dtype=torch.float8_e4m3fn, device=device)
+    _e4m3_round_kernel[(triton.cdiv(v.numel(), 1024),)](v, out, v.numel(), BLOCK=1024)
+    want = v.clamp(-448, 448).to(torch.float8_e4m3fn)
+    bad = (out.view(torch.uint8) != want.view(torch.uint8)).nonzero().flatten()
+    assert bad.numel() == 0, f"{bad.numel()} values round differently, e.g. {v[bad[:3]].tolist()}"
+
+
 def check_quant(device) -> None:
     from torchinferno.kernels.fp8_block import quantize_fp8_groups
     from torchinferno.kernels.triton.fp8_block import quantize_fp8_groups_triton
+
+    check_e4m3_rounding(device)
 
     g = torch.Generator().manual_seed(0)
     cases = [torch.randn(7, 300, generator=g) * 5, torch.randn(3, 128, generator=g), torch.randn(2, 1, generator=g),

@@ -36,9 +36,18 @@ def _e4m3_rne(v):
     bits = v.to(tl.int32, bitcast=True)
     expo = tl.maximum((bits >> 23) & 0xFF, 121)  # below 2^-6 the subnormal spacing 2^-9 applies
     ulp = ((expo - 3) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits: spacing 2^(e - 3)
-    a = tl.abs(v) / ulp  # exact: a power of two
+    inv_ulp = ((257 - expo) << 23).to(tl.float32, bitcast=True)  # 2^-(e - 3): a multiply, exact (no approx. divide)
+    a = tl.abs(v) * inv_ulp
     r = ((a + 12582912.0) - 12582912.0) * ulp  # 1.5 * 2^23: fp32 addition rounds |a| to an integer, ties to even
     return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_round_kernel(V, O, n, BLOCK: tl.constexpr):
+    # tests only: O = e4m3(clamp(V, +-448)) through _e4m3_rne, to hold it against torch's cast
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.clamp(tl.load(V + o, mask=o < n), -448.0, 448.0)
+    tl.store(O + o, _e4m3_rne(v).to(tl.float8e4nv), mask=o < n)
 
 
 @triton.jit
