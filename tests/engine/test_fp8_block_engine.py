@@ -51,15 +51,28 @@ def fp8_ckpt(tmp_path_factory):
     return d, _save_fp8(d)
 
 
-def test_llm_keeps_checkpoint_fp8_blocks_and_matches_dequantized_tokens(fp8_ckpt):
+@pytest.fixture(scope="module")
+def llms(fp8_ckpt):
+    """(dequantized LLM, fp8-block LLM) of the FP8 checkpoint, CPU fp32."""
     from torchinferno.engine.llm import LLM
+
+    d, _ = fp8_ckpt
+    return (LLM(str(d), dtype="float32", tokenizer="byte"),
+            LLM(str(d), dtype="float32", tokenizer="byte", quantization="fp8-block"))
+
+
+def _logits(model, ids: list[int]) -> torch.Tensor:
+    t = torch.tensor(ids)
+    with torch.no_grad():
+        return model.compute_logits(model(t, torch.arange(len(ids)), None, None))
+
+
+def test_llm_keeps_checkpoint_fp8_blocks(fp8_ckpt, llms):
     from torchinferno.kernels.fp8_block import Fp8BlockLinear
     from torchinferno.kernels.fp8_block_moe import Fp8BlockExperts
 
-    d, tensors = fp8_ckpt
-    sp = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
-    deq = LLM(str(d), dtype="float32", tokenizer="byte")
-    fp8 = LLM(str(d), dtype="float32", tokenizer="byte", quantization="fp8-block")
+    _, tensors = fp8_ckpt
+    deq, fp8 = llms
     m = fp8.model
     lin = m.model.layers[1].self_attn.o_proj
     assert isinstance(lin, Fp8BlockLinear) and lin.kernel == "torch"
@@ -75,6 +88,15 @@ def test_llm_keeps_checkpoint_fp8_blocks_and_matches_dequantized_tokens(fp8_ckpt
     assert torch.equal(ex.gate_up_fp8[3, up3.shape[0]:].view(torch.uint8), up3.view(torch.uint8))
     assert m.fp8_block_kept == sum(isinstance(x, (Fp8BlockLinear, Fp8BlockExperts)) for x in m.modules())
     assert type(m.model.layers[1].self_attn.kv_b_proj).__name__ == "DirectWeightLinear"  # read as a weight: dequantized
+    a, b = _logits(deq.model, PROMPTS[0]), _logits(m, PROMPTS[0])
+    gap = float((a - b).abs().max() / a.abs().max())
+    assert 0 < gap < 0.12, gap  # the activation quantization only
+
+
+def test_fp8_block_greedy_tokens_match_dequantized(llms):
+    deq, fp8 = llms
+    m = fp8.model
+    sp = SamplingParams(max_tokens=GREEDY_TOKENS, temperature=0.0, ignore_eos=True)
     want = [o.token_ids for o in deq.generate(PROMPTS, sp)]
     got = [o.token_ids for o in fp8.generate(PROMPTS, sp)]
     assert got == want
@@ -83,12 +105,9 @@ def test_llm_keeps_checkpoint_fp8_blocks_and_matches_dequantized_tokens(fp8_ckpt
     agree = total = 0
     gap = 0.0
     for p, t in zip(PROMPTS, long):
-        ids = torch.tensor(p + t)
-        with torch.no_grad():
-            a = deq.model.compute_logits(deq.model(ids, torch.arange(len(ids)), None, None))
-            b = m.compute_logits(m(ids, torch.arange(len(ids)), None, None))
+        a, b = _logits(deq.model, p + t), _logits(m, p + t)
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        total += len(ids)
+        total += a.shape[0]
         gap = max(gap, float((a - b).abs().max() / a.abs().max()))
     assert agree / total >= MIN_AGREEMENT, agree / total
     assert 0 < gap < 0.12, gap
