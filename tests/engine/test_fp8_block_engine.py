@@ -4,7 +4,8 @@ in DeepSeek's FP8 release layout (``X.weight`` e4m3 + ``X.weight_scale_inv``, 12
 dequantized model for the first GREEDY_TOKENS tokens. The two differ only by the per-token activation quantization,
 so on a random model greedy decoding diverges after some tokens (near-tied logits): the model's matrices are scaled
 down (tests/kernels/fp8_block_checks.tiny_deepseek) so the random network is not chaotic, and beside the short
-greedy check the teacher-forced argmax agreement and the logits gap are asserted at their measured levels. Gate/up projections whose rows are not a multiple of 128 cannot keep their blocks
+greedy check the teacher-forced argmax agreement and the logits gap are asserted at their measured levels.
+Gate/up projections whose rows are not a multiple of 128 cannot keep their blocks
 (one-line ConfigError); bad spellings list the valid values."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Block-FP8 checks shared by the Triton interpreter run (tests/kernels/test_fp8_block.py, ``TRITON_INTERPRET=1``
 subprocess, CPU tensors) and the CUDA run (same test file, on a GPU).
 
-* ``check_quant``: the kernels' E4M3 rounding == torch's cast on every tie; the Triton per-token-group quantizer == ``kernels.fp8_block.quantize_fp8_groups`` bitwise (codes
+* ``check_quant``: the kernels' E4M3 rounding == torch's cast on every tie; the Triton per-token-group quantizer
+  == ``kernels.fp8_block.quantize_fp8_groups`` bitwise (codes
   and scales), including values that round across a binade (the interpreter's own fp32 -> fp8 cast gets 127.99
   wrong; the kernel rounds before the cast), zero groups, partial groups, saturation.
 * ``check_matmul``: the block GEMM == ``fp8_block_linear_reference`` for even / partial / sub-128 shapes, several

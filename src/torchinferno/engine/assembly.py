@@ -24,8 +24,9 @@ TINY_MODEL = "tiny"
 """``--model tiny``: a tiny random model (of ``--model-kind``'s family, default llama3) instead of a checkpoint."""
 QUANTIZATIONS = ("none", "fp8", "fp8-block", "gguf", "q8_0", "q4_0", "q4_1")
 """fp8: W8A8 per channel (kernels/fp8_linear); fp8-block: W8A8 with 128x128 weight blocks, DeepSeek's format, a
-checkpoint's own FP8 blocks kept (kernels/fp8_block, fp8_block_moe for the routed experts); gguf: a GGUF model's own Q8_0/Q4_0/Q4_1 blocks, q8_0/q4_0/q4_1: ggml's
-quantizers on any model, both multiplied natively on CPU (kernels/cpu_quant_linear)."""
+checkpoint's own FP8 blocks kept (kernels/fp8_block, fp8_block_moe for the routed experts); gguf: a GGUF model's own
+Q8_0/Q4_0/Q4_1 blocks, q8_0/q4_0/q4_1: ggml's quantizers on any model, both multiplied natively on CPU
+(kernels/cpu_quant_linear)."""
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 """auto: bfloat16, and a GGUF model on CPU keeps its quantized blocks (``--quantization gguf``)."""
 
