@@ -131,6 +131,37 @@ def test_fp8_and_fused_mlp_kernels_compile():
                      dict(cfg, EVEN_K=True), num_warps=warps, num_stages=stages)
 
 
+@pytest.mark.parametrize("out,even_k,bias", [("*bf16", True, False), ("*fp32", False, True)])
+def test_fp8_block_kernels_compile(out, even_k, bias):
+    """The block-FP8 quantizer, GEMM (every default tile row) and grouped MoE GEMMs (gate_up with SwiGLU, down with
+    the routing weight) for sm_90 (kernels/triton/fp8_block.py, fp8_block_moe.py)."""
+    from torchinferno.kernels.fp8_block import M_TILES
+    from torchinferno.kernels.triton import fp8_block, fp8_block_moe
+
+    compile_sm90(fp8_block._group_quant_kernel, {"X": out, "Q": "*fp8e4nv", "S": "*fp32"},
+                 dict(GB=8, QMAX=448.0, INV_QMAX=fp8_block.INV_E4M3_MAX, FLOOR=fp8_block.EPS, GROUP_K=128))
+    for _, cfg in M_TILES:
+        compile_sm90(fp8_block._block_mm_kernel, {"A": "*fp8e4nv", "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32",
+                                                  "C": out, "BIAS": out},
+                     dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
+                          HAS_BIAS=bias, QUANT_A=False, QMAX=448.0, INV_QMAX=fp8_block.INV_E4M3_MAX,
+                          FLOOR=fp8_block.EPS), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cfg = M_TILES[0][1]  # decode rows: the GEMM quantizes the activation itself
+    compile_sm90(fp8_block._block_mm_kernel, {"A": out, "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "C": out,
+                                              "BIAS": out},
+                 dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
+                      HAS_BIAS=bias, QUANT_A=True, QMAX=448.0, INV_QMAX=fp8_block.INV_E4M3_MAX, FLOOR=fp8_block.EPS),
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ptrs = {"A": "*fp8e4nv", "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "W": "*fp32", "sorted_pairs": "*i32",
+            "block_expert": "*i32", "num_padded": "*i32"}
+    for swiglu in (True, False):
+        for quant_a in (False, True):  # quant_a: the unquantized activation, quantized in the kernel (decode)
+            compile_sm90(fp8_block_moe._moe_fp8_kernel, dict(ptrs, A=out if quant_a else "*fp8e4nv",
+                                                             C=out if swiglu else "*fp32"),
+                         dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, EVEN_K=even_k, SWIGLU=swiglu,
+                              MUL_WEIGHT=not swiglu, ROUND=1 if out == "*bf16" else 0, QUANT_A=quant_a), num_stages=3)
+
+
 def test_compile_harness_rejects_what_does_not_compile():
     """The harness reports a kernel Triton rejects (so a passing test above means something)."""
     import triton.language as tl

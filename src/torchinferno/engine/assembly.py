@@ -22,9 +22,11 @@ __all__ = ["ModelSpec", "build_model", "check_device", "tokenizer_spec", "tiny_k
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TINY_MODEL = "tiny"
 """``--model tiny``: a tiny random model (of ``--model-kind``'s family, default llama3) instead of a checkpoint."""
-QUANTIZATIONS = ("none", "fp8", "gguf", "q8_0", "q4_0", "q4_1")
-"""fp8: W8A8 (kernels/fp8_linear); gguf: a GGUF model's own Q8_0/Q4_0/Q4_1 blocks, q8_0/q4_0/q4_1: ggml's
-quantizers on any model, both multiplied natively on CPU (kernels/cpu_quant_linear)."""
+QUANTIZATIONS = ("none", "fp8", "fp8-block", "gguf", "q8_0", "q4_0", "q4_1")
+"""fp8: W8A8 per channel (kernels/fp8_linear); fp8-block: W8A8 with 128x128 weight blocks, DeepSeek's format, a
+checkpoint's own FP8 blocks kept (kernels/fp8_block, fp8_block_moe for the routed experts); gguf: a GGUF model's own
+Q8_0/Q4_0/Q4_1 blocks, q8_0/q4_0/q4_1: ggml's quantizers on any model, both multiplied natively on CPU
+(kernels/cpu_quant_linear)."""
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 """auto: bfloat16, and a GGUF model on CPU keeps its quantized blocks (``--quantization gguf``)."""
 
@@ -55,7 +57,7 @@ class ModelSpec:
 
     Exactly one of ``model`` (registry name, HF dir, ``.gguf`` file or hub id) and ``model_kind`` (a
     family name: a tiny random model of size ``size``, seeded with ``seed``) is set. ``quantization``
-    is ``"none"`` or ``"fp8"``; ``prepack`` pre-packs bf16 CPU linears for the GEMV kernel.
+    is one of :data:`QUANTIZATIONS`; ``prepack`` pre-packs bf16 CPU linears for the GEMV kernel.
     """
 
     model: str | None = None
@@ -73,6 +75,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if (self.model is None) == (self.model_kind is None):
             raise ConfigError("give exactly one of a model (name, directory, .gguf, hub id) or a model kind")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"unknown quantization '{self.quantization}' (valid: {', '.join(QUANTIZATIONS)})")
 
     @property
     def name(self) -> str:

@@ -47,7 +47,8 @@ class LLM:
 
     ``model`` is a built ``nn.Module`` (with ``.family``) or anything ``load_model_auto`` accepts
     (registry name, HF dir, ``.gguf``, hub id), built through ``engine.assembly.build_model`` like every
-    other entry point (``quantization``: ``"none"`` | ``"fp8"``; bf16 CPU weights are pre-packed).
+    other entry point (``quantization``: one of ``engine.assembly.QUANTIZATIONS``, e.g. ``"fp8"`` or
+    ``"fp8-block"``; bf16 CPU weights are pre-packed).
     ``dtype`` defaults to bfloat16 on CUDA and float32 elsewhere. ``tokenizer``: a ``Tokenizer``,
     ``"byte"``, a path, or ``None`` (the checkpoint's ``tokenizer.json`` if there is one; without a
     tokenizer prompts must be token-id lists and outputs have empty text). Extra keyword arguments are

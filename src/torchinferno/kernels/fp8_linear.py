@@ -34,7 +34,7 @@ E4M3_MAX = 448.0
 INV_E4M3_MAX = 1.0 / E4M3_MAX  # a scale is amax times this fp32 constant (a product rounds the same on every device)
 EPS = 1e-12  # floor of a row's amax, so an all-zero row has a finite scale
 FP8_LINEAR_KERNELS = ("auto", "torch", "scaled_mm")
-QUANTIZATION_METHODS = ("none", "fp8")  # what --quantization accepts
+QUANTIZATION_METHODS = ("none", "fp8", "fp8-block")  # what this module's quantize_model accepts
 
 __all__ = ["quantize_model", "QUANTIZATION_METHODS", "quantize_fp8_rows", "fp8_linear_reference", "Fp8Linear",
            "swap_linear_for_fp8", "scaled_mm_supported", "FP8_LINEAR_KERNELS"]
@@ -148,11 +148,17 @@ def swap_linear_for_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), 
 
 def quantize_model(model: nn.Module, method: str | None) -> list[str]:
     """Apply ``--quantization METHOD`` to a loaded model (before any CPU pre-packing): ``none`` does
-    nothing, ``fp8`` swaps every linear but the head for :class:`Fp8Linear`. Returns the names swapped."""
+    nothing, ``fp8`` swaps every linear but the head for :class:`Fp8Linear`, ``fp8-block`` every linear but the head
+    and the routed experts for block-scaled FP8 (``kernels.fp8_block.quantize_model_fp8_block``: a checkpoint's
+    own FP8 blocks kept). Returns the names swapped."""
     if method in (None, "none"):
         return []
     if method not in QUANTIZATION_METHODS:
         raise ConfigError(f"unknown quantization {method!r}; valid: {', '.join(QUANTIZATION_METHODS)}")
+    if method == "fp8-block":
+        from torchinferno.kernels.fp8_block import quantize_model_fp8_block
+
+        return quantize_model_fp8_block(model)
     names = swap_linear_for_fp8(model)
     if not names:
         raise ConfigError("--quantization fp8: the model has no nn.Linear layers to quantize")
