@@ -8,8 +8,13 @@ compact summary.
 * ``kernel``: the Triton sparse-sink decode vs its torch reference at V4-Flash's attention shape (64 heads of 512,
   window 128, top-512 entries) and the small config's, batch 1 / 8 / 64: max abs error, microseconds each.
 * ``artifacts``: prepare-deepseek-v4-kernels for the small config (tuned here), then the graph decode with them.
+* ``prefill``: prefill attention (``kernels.sparse_sink_prefill``: the decode kernel, one row per query) vs the torch
+  ``_attend`` at V4-Flash's attention shape (64 heads of 512, window 128), fresh prompts of 512 / 2048 / 4096 tokens,
+  sliding-only, CSA (top-512 of Q/4 entries) and HCA (Q/128 entries): ms, peak memory above the inputs (torch may
+  OOM: reported), error vs an fp32 oracle computed in query chunks; a tile sweep at 4096 CSA; and the small
+  config's whole-model prefill (2048 tokens, bf16) with the kernel on / off.
 
-Usage: python3 benchmarks/v4_gpu_bench.py OUT [kernel,models,artifacts]
+Usage: python3 benchmarks/v4_gpu_bench.py OUT [kernel,models,artifacts,prefill]
 """
 
 from __future__ import annotations
@@ -155,6 +160,118 @@ def artifacts(out: Path, summary: list[str]) -> None:
                    f"{tuned['ms_per_step']:.2f} ms/step, tokens equal {base['tokens'] == tuned['tokens']}")
 
 
+def _peak(fn) -> tuple[float, float]:
+    """-> (ms per call, peak MiB allocated above what was live before the call)."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    return _time(fn, iters=10) / 1000, peak
+
+
+def _prefill_inputs(Q: int, kind: str, H=64, D=512, W=128, topk=512, seed=0) -> tuple[dict, int | None]:
+    """A fresh prompt of Q tokens at one layer: q [Q, H, D], keys [Q, D], entries + visibility/selection."""
+    from torchinferno.models.deepseek_v4.compressor import visible_entries
+
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q = torch.randn(Q, H, D, generator=g, device=DEV).to(torch.bfloat16)
+    keys = torch.randn(Q, D, generator=g, device=DEV).to(torch.bfloat16)
+    pos = torch.arange(Q, device=DEV)
+    ent = vis = width = None
+    if kind != "sliding":
+        rate = 4 if kind == "csa" else 128
+        n = Q // rate
+        ent = torch.randn(n, D, generator=g, device=DEV).to(torch.bfloat16)
+        vis = visible_entries(pos, n, rate)
+        if kind == "csa":
+            width = min(topk, n)
+            if topk < n:
+                scores = torch.randn(Q, n, generator=g, device=DEV).masked_fill(~vis, float("-inf"))
+                idx = torch.topk(scores, topk, dim=-1).indices
+                vis = torch.zeros_like(vis).scatter_(1, idx, True) & vis
+    sinks = torch.randn(H, generator=g, device=DEV)
+    return dict(q=q, pos=pos, keys=keys, lo=0, ent=ent, vis=vis, sinks=sinks, scale=D**-0.5, window=W), width
+
+
+def _oracle_err(a: dict, got: torch.Tensor, chunk: int = 256) -> tuple[float, float]:
+    """(max abs, relative Frobenius) error of ``got`` vs the fp32 reference, computed ``chunk`` queries at a time."""
+    from torchinferno.kernels import sparse_sink_prefill as spp
+
+    num = den = mx = 0.0
+    f32 = {**a, "keys": a["keys"].float(), "ent": None if a["ent"] is None else a["ent"].float()}
+    for i in range(0, a["q"].shape[0], chunk):
+        sl = slice(i, i + chunk)
+        want = spp.reference(**{**f32, "q": a["q"][sl].float(), "pos": a["pos"][sl],
+                                "vis": None if a["vis"] is None else a["vis"][sl]})
+        d = got[sl].float() - want
+        num, den, mx = num + float(d.square().sum()), den + float(want.square().sum()), max(mx, float(d.abs().max()))
+    return mx, (num / max(den, 1e-30)) ** 0.5
+
+
+def prefill(out: Path, summary: list[str], sizes=(512, 2048, 4096), H: int = 64, D: int = 512,
+            model_tokens: int = 2048) -> None:
+    from torchinferno.kernels import sparse_sink_prefill as spp
+
+    res = []
+    for Q in sizes:
+        for kind in ("sliding", "csa", "hca"):
+            a, width = _prefill_inputs(Q, kind, H, D)
+            row = {"Q": Q, "kind": kind, "entries": 0 if a["ent"] is None else a["ent"].shape[0], "width": width}
+            kern = lambda: spp.sparse_sink_prefill(**a, width=width)  # noqa: E731
+            row["ms_kernel"], row["mib_kernel"] = _peak(kern)
+            row["max_err_kernel"], row["rel_err_kernel"] = _oracle_err(a, kern())
+            win = lambda: spp.window_slots(a["pos"], 0, a["window"])  # noqa: E731
+            ents = (lambda: spp.entry_slots(a["vis"], width)) if a["vis"] is not None else (lambda: None)
+            row["ms_slot_lists"] = _time(lambda: (win(), ents()), iters=10) / 1000
+            try:
+                ref = lambda: spp.reference(**a)  # noqa: E731
+                row["ms_torch"], row["mib_torch"] = _peak(ref)
+                row["max_err_torch"], row["rel_err_torch"] = _oracle_err(a, ref())
+            except torch.OutOfMemoryError:
+                row["ms_torch"] = row["mib_torch"] = "OOM"
+            torch.cuda.empty_cache()
+            res.append(row)
+            t = row["ms_torch"]
+            summary.append(
+                f"prefill {kind:7s} Q={Q:4d} n={row['entries']:4d}: kernel {row['ms_kernel']:7.2f} ms "
+                f"{row['mib_kernel']:7.0f} MiB (slots {row['ms_slot_lists']:.2f} ms) rel err {row['rel_err_kernel']:.1e}"
+                + ("  torch OOM" if t == "OOM" else f"  torch {t:7.2f} ms {row['mib_torch']:7.0f} MiB rel err "
+                   f"{row['rel_err_torch']:.1e}  x{t / row['ms_kernel']:.1f}"))
+            (out / "prefill.json").write_text(json.dumps(res, indent=2))
+    a, width = _prefill_inputs(sizes[-1], "csa", H, D)
+    sweep = []
+    for cfg in ({"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4}, {"BLOCK_H": 16, "BLOCK_N": 64, "num_warps": 4},
+                {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 8}, {"BLOCK_H": 32, "BLOCK_N": 32, "num_warps": 8},
+                {"BLOCK_H": 32, "BLOCK_N": 16, "num_warps": 4}, {"BLOCK_H": 64, "BLOCK_N": 16, "num_warps": 8}):
+        try:
+            ms = _time(lambda: spp.sparse_sink_prefill(**a, width=width, config=cfg), iters=10) / 1000
+            sweep.append({**cfg, "ms": ms})
+        except Exception as e:  # a tile that does not fit
+            sweep.append({**cfg, "error": type(e).__name__})
+    summary.append(f"prefill tiles (csa Q={sizes[-1]}): " + "  ".join(
+        f"H{c['BLOCK_H']}/N{c['BLOCK_N']}/w{c['num_warps']} " + (f"{c['ms']:.2f} ms" if "ms" in c else c["error"])
+        for c in sweep))
+    (out / "prefill_tiles.json").write_text(json.dumps(sweep, indent=2))
+    model = v4("small", torch.bfloat16)
+    ids = torch.randint(0, 256, (model_tokens,), generator=torch.Generator().manual_seed(0)).to(DEV)
+    pos = torch.arange(model_tokens, device=DEV)
+    attns = [m for m in model.modules() if isinstance(m, V4Attention)]
+    outs = {}
+    for on in (True, False):
+        for m in attns:
+            m.sparse_kernel = on
+        with torch.no_grad():
+            ms, mib = _peak(lambda: model(ids, pos))
+            outs[on] = model.compute_logits(model(ids, pos)).float()
+        summary.append(f"prefill model small bf16 T={model_tokens} sparse_kernel={on}: {ms:.1f} ms, peak {mib:.0f} MiB")
+    d = (outs[True] - outs[False]).norm() / outs[False].norm()
+    agree = float((outs[True].argmax(-1) == outs[False].argmax(-1)).float().mean())
+    summary.append(f"prefill model small: kernel vs torch logits rel diff {float(d):.1e}, argmax agreement {agree:.4f}")
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -164,7 +281,7 @@ def main() -> None:
     for st in stages:
         n0 = len(summary)
         try:
-            {"models": models, "kernel": kernel, "artifacts": artifacts}[st](out, summary)
+            {"models": models, "kernel": kernel, "artifacts": artifacts, "prefill": prefill}[st](out, summary)
         except Exception as e:  # one stage failing must not hide the others' results
             import traceback
 

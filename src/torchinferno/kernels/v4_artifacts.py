@@ -215,7 +215,8 @@ def load(directory: str | Path, cfg, dtype: torch.dtype, local_heads: int) -> tu
 
 def apply(model, directory: str | Path, log=None) -> bool:
     """Load the artifact for ``model`` (a deepseek-v4 model) and give its attention layers the tile config; else turn
-    their Triton decode attention off with one notice line. -> whether the artifact was loaded."""
+    their Triton sparse attention off (decode, and the prefill through the same kernel) with one notice line.
+    -> whether the artifact was loaded."""
     from torchinferno.models.deepseek_v4.model import V4Attention
 
     layers = [m for m in model.modules() if isinstance(m, V4Attention)]
@@ -228,6 +229,7 @@ def apply(model, directory: str | Path, log=None) -> bool:
         m.sparse_kernel = m.sparse_kernel and config is not None
     if config is None:
         (log or (lambda s: print(s, file=sys.stderr, flush=True)))(
-            f"notice: deepseek-v4 kernel artifacts not used, decode attention falls back to torch: {why}")
+            f"notice: deepseek-v4 kernel artifacts not used, sparse attention (decode and prefill) falls back to torch: "
+            f"{why}")
         return False
     return True

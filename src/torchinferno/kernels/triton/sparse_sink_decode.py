@@ -28,15 +28,20 @@ MAX_SPLITS = 16
 
 @triton.jit
 def _attend_rows(acc, m_i, l_i, q, C, SLOTS, lo, hi, stride_row, offs_d, d_mask, scale, BLOCK_N: tl.constexpr,
-                 PRECISION: tl.constexpr):
-    """Rows ``lo .. hi-1`` of one slot list into the running (acc, m_i, l_i)."""
+                 PRECISION: tl.constexpr, ROUND_LOGITS: tl.constexpr):
+    """Rows ``lo .. hi-1`` of one slot list into the running (acc, m_i, l_i). ``ROUND_LOGITS``: the logits rounded
+    as the torch path makes them (q.k in q's dtype, then times ``scale`` in q's dtype) before the fp32 softmax."""
     for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         slot = tl.load(SLOTS + offs_n, mask=offs_n < hi, other=-1).to(tl.int64)
         valid = slot >= 0
         k = tl.load(C + slot[:, None] * stride_row + offs_d[None, :], mask=valid[:, None] & d_mask[None, :],
                     other=0.0).to(q.dtype)  # [BLOCK_N, BLOCK_D]
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_H, BLOCK_N] fp32
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BLOCK_H, BLOCK_N] fp32
+        if ROUND_LOGITS:
+            s = (s.to(q.dtype).to(tl.float32) * scale).to(q.dtype).to(tl.float32)
+        else:
+            s = s * scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -51,7 +56,7 @@ def _attend_rows(acc, m_i, l_i, q, C, SLOTS, lo, hi, stride_row, offs_d, d_mask,
 def _sparse_sink_kernel(Q, KV, WIN, ENT_C, ENT, SINKS, OUT, PM, PL, n_win, n_ent, H, D, stride_qb, stride_qh,
                         stride_kv, stride_ent, stride_wb, stride_eb, stride_ob, stride_oh, scale,
                         BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                        PRECISION: tl.constexpr):
+                        PRECISION: tl.constexpr, ROUND_LOGITS: tl.constexpr):
     """Program (b, head block, split): split ``s`` takes its share of the window rows and of the entries. One split:
     the normalized output into OUT [B, H, D]. Several: each split's unnormalized acc into OUT [B, H, SPLITS, D]
     (fp32) and its (max, sum) into PM / PL [B, H, SPLITS], every split counting the sink once (the merge takes the
@@ -71,9 +76,10 @@ def _sparse_sink_kernel(Q, KV, WIN, ENT_C, ENT, SINKS, OUT, PM, PL, n_win, n_ent
     cw = tl.cdiv(n_win, SPLITS)
     ce = tl.cdiv(n_ent, SPLITS)
     acc, m_i, l_i = _attend_rows(acc, m_i, l_i, q, KV, WIN + b * stride_wb, sp * cw, tl.minimum(sp * cw + cw, n_win),
-                                 stride_kv, offs_d, d_mask, scale, BLOCK_N, PRECISION)
+                                 stride_kv, offs_d, d_mask, scale, BLOCK_N, PRECISION, ROUND_LOGITS)
     acc, m_i, l_i = _attend_rows(acc, m_i, l_i, q, ENT_C, ENT + b * stride_eb, sp * ce,
-                                 tl.minimum(sp * ce + ce, n_ent), stride_ent, offs_d, d_mask, scale, BLOCK_N, PRECISION)
+                                 tl.minimum(sp * ce + ce, n_ent), stride_ent, offs_d, d_mask, scale, BLOCK_N, PRECISION,
+                                 ROUND_LOGITS)
     hd_mask = h_mask[:, None] & d_mask[None, :]
     if SPLITS == 1:
         out = acc / l_i[:, None]
@@ -115,9 +121,12 @@ def _row_stride(cache: torch.Tensor) -> int:
 
 
 def sparse_sink_decode(q: torch.Tensor, kv_cache: torch.Tensor, win_slots: torch.Tensor, ent_cache, ent_slots,
-                       sinks: torch.Tensor, scale: float, config: dict | None = None) -> torch.Tensor:
+                       sinks: torch.Tensor, scale: float, config: dict | None = None,
+                       round_logits: bool = False) -> torch.Tensor:
     """q [B, H, hd]; kv_cache / ent_cache [N, bs, hd]; win_slots [B, W], ent_slots [B, K] int (-1 masked; ent may be
-    None); sinks [H] -> out [B, H, hd] in q's dtype. ``config``: BLOCK_H, BLOCK_N, num_warps."""
+    None); sinks [H] -> out [B, H, hd] in q's dtype. ``config``: BLOCK_H, BLOCK_N, num_warps, SPLITS.
+    ``round_logits``: round each logit to q's dtype as the torch path does (prefill: ``kernels.sparse_sink_prefill``);
+    off (decode), the logits stay fp32."""
     B, H, D = q.shape
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     if q.stride(-1) != 1:
@@ -145,7 +154,8 @@ def sparse_sink_decode(q: torch.Tensor, kv_cache: torch.Tensor, win_slots: torch
         q.stride(0), q.stride(1), _row_stride(kv_cache), _row_stride(ent_cache), win_slots.stride(0),
         max(ent_slots.stride(0), 1), out.stride(0), out.stride(1), float(scale),
         BLOCK_H=bh, BLOCK_D=bd, BLOCK_N=int(cfg["BLOCK_N"]), SPLITS=splits,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=int(cfg["num_warps"]))
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        ROUND_LOGITS=bool(round_logits) and q.dtype != torch.float32, num_warps=int(cfg["num_warps"]))
     if splits > 1:
         _merge_kernel[(B, H)](part, pm, pl, sinks, out, H, D, out.stride(0), out.stride(1), SPLITS=splits,
                               BLOCK_S=next_pow2(splits), BLOCK_D=bd, num_warps=4)

@@ -16,7 +16,9 @@ prefix hit / preemption equals the full pass. In the engine the per-token rows a
 and the entries a whole-sequence group (``meta.entry_block_tables``; packed at one row per window where the block
 size allows, addressed by ``protocol.packed_slot``). Decode-only batches of an ops module with ``STATIC_DECODE``
 (v1) take ``decode.py`` instead: the same numbers from batch-fixed shapes and device tensors only (CUDA-graph
-capturable), attention through ``kernels.sparse_sink_decode`` (Triton on CUDA).
+capturable), attention through ``kernels.sparse_sink_decode`` (Triton on CUDA). Prefill (and any eager step)
+attends per sequence through ``kernels.sparse_sink_prefill``: the same Triton kernel, one row per query, where
+``sparse_kernel`` is on; ``_attend`` (logits [H, Q, K] materialized) elsewhere and as its oracle.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchinferno.kernels import sparse_sink_prefill as spp
 from torchinferno.models.common.attention import write_kv
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack
@@ -152,7 +155,7 @@ class V4Attention(KeepFP32Tensors, nn.Module):
                 if comp.indexer is not None:
                     ikeys = seq.entries(comp.indexer, "ikv", "igate", "ientry", cos_c, sin_c)
                     vis = comp.indexer.select(h[s : s + qlen], q_res[s : s + qlen], cos_c[pos], sin_c[pos], ikeys, vis)
-            out[s : s + qlen] = self._attend(q[s : s + qlen], positions[s : s + qlen], keys, lo, ent, vis)
+            out[s : s + qlen] = self._attend_sparse(q[s : s + qlen], positions[s : s + qlen], keys, lo, ent, vis)
         return self._output(out, cos, sin)
 
     def _output(self, out, cos, sin):
@@ -163,18 +166,19 @@ class V4Attention(KeepFP32Tensors, nn.Module):
 
     def _attend(self, q, pos, keys, lo: int, ent, vis):
         """One sequence: q [Q, H, hd] at positions pos [Q]; keys [S - lo, hd] = K=V rows of positions lo..S-1;
-        ent [n, hd] compressed entries with their visibility/selection vis [Q, n] (None: sliding only) -> [Q, H, hd]."""
-        j = lo + torch.arange(keys.shape[0], device=q.device)
-        mask = (j[None, :] <= pos[:, None]) & (pos[:, None] - j[None, :] < self.cfg.sliding_window)  # [Q, S - lo]
-        if ent is not None:
-            keys = torch.cat([keys, ent.to(keys.dtype)], dim=0)
-            mask = torch.cat([mask, vis], dim=1)
-        logits = torch.einsum("qhd,kd->hqk", q, keys) * self.scale  # [H, Q, K] in the activation dtype
-        logits = logits.masked_fill(~mask[None], float("-inf")).float()
-        sinks = self.sinks.float()[:, None, None].expand(-1, logits.shape[1], 1)
-        full = torch.cat([logits, sinks], dim=-1)  # softmax in fp32 with the fp32 sink (as transformers promotes)
-        probs = torch.softmax(full - full.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
-        return torch.einsum("hqk,kd->qhd", probs.to(keys.dtype), keys)
+        ent [n, hd] compressed entries with their visibility/selection vis [Q, n] (None: sliding only) -> [Q, H, hd].
+        Materializes the logits [H, Q, K]: the torch path and the oracle (``kernels.sparse_sink_prefill.reference``)."""
+        return spp.reference(q, pos, keys, lo, ent, vis, self.sinks, self.scale, self.cfg.sliding_window)
+
+    def _attend_sparse(self, q, pos, keys, lo: int, ent, vis):
+        """``_attend`` through ``kernels.sparse_sink_prefill``: the Triton kernel on CUDA where the decode kernel is
+        used (``sparse_kernel``, not batch-invariant), no [H, Q, K] logits; ``_attend`` itself elsewhere."""
+        comp = self.compressor
+        width = None
+        if ent is not None and comp is not None and comp.indexer is not None:
+            width = min(comp.indexer.topk, ent.shape[0])  # CSA: at most top-k true columns per row
+        return spp.sparse_sink_prefill(q, pos, keys, lo, ent, vis, self.sinks, self.scale, self.cfg.sliding_window,
+                                       use_triton=self.sparse_kernel and not self.batch_invariant, width=width)
 
 
 class _SeqView:
