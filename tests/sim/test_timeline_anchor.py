@@ -91,3 +91,17 @@ def test_device_bound_fit_prices_the_first_token_step(anchor_options):
     assert dev == pytest.approx(5 * MS, rel=0.05)  # the decode period is the device's
     for rows in (1, 16, 64):
         assert got.step_seconds(dec(rows)) == pytest.approx(truth.step_seconds(dec(rows)), rel=0.05), rows
+
+
+def test_fixed_parameters_are_held_and_named():
+    from torchinferno.errors import ConfigError
+
+    truth = TimelineModel(DEVICE_BOUND, graphs=True, overlap=True, async_scheduling=True)
+    its = _log(truth, seed=2, bursts=6)
+    got, _ = fit_timeline(its, graphs=True, overlap=True, weights="time", restarts=0, anchor=True,
+                          fixed={"host_step": 0.8 * MS, "launch_graph": 0.0})
+    assert got.params["host_step"] == 0.8 * MS and got.params["launch_graph"] == 0.0
+    default, _ = fit_timeline(its, graphs=True, overlap=True, weights="time", restarts=0)
+    assert default.params["launch_eager_seq"] == 0.0  # the default fit keeps the per-row eager term out
+    with pytest.raises(ConfigError):
+        fit_timeline(its, graphs=True, overlap=True, fixed={"bogus": 1.0})
