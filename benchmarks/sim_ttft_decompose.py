@@ -28,77 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchinferno.sim.first_token import CoreRequest, follow_requests
+
 COMPONENTS = ("ttft", "api", "sched_wait", "prefill", "first_tok")
-
-
-@dataclass
-class CoreRequest:
-    arrival: float
-    first_sched: float = float("nan")  # start of the iteration that launched its first prefill chunk
-    prefill_end: float = float("nan")  # end of the iteration that launched its last chunk
-    first_token: float = float("nan")  # end of the iteration that took that chunk's result
-    last_step: object = None  # id of the batch holding its last chunk
-    extra: dict = field(default_factory=dict)
-
-
-def follow_requests(rows: list[dict], budget: int) -> list[CoreRequest]:
-    """Per request (arrival order) core times from step-log-shaped rows: ``t``, ``dt``, ``gap``, ``idle``,
-    ``arrival_times`` (list, or ``arrivals`` count placed as ``arrival_replay`` does), ``step``, ``resolved``, ``seqs``,
-    ``decode_seqs``, ``prefill_tokens``, ``tokens``."""
-    reqs: list[CoreRequest] = []
-    waiting: deque[CoreRequest] = deque()
-    by_last: dict = {}
-    cut: CoreRequest | None = None  # a prompt the previous batch cut at the token budget
-    prev, prev_wait = None, 0
-    recorded = any("arrivals" in r or "arrival_times" in r for r in rows)
-    for r in rows:
-        start = r["t"] - max(0.0, (r.get("gap") or 0.0) - r.get("idle", 0.0))
-        times = r.get("arrival_times")
-        if times is None:
-            if recorded:
-                n = int(r.get("arrivals", 0))
-            elif "running" in r:  # no arrivals field (run 37): inferred from the queues, as arrival_replay does
-                n = int(r["seqs"]) - int(r["decode_seqs"]) - (1 if cut is not None else 0) + int(r["waiting"]) - prev_wait
-            else:
-                n = 0
-            at = r["t"] if prev is None or r.get("idle", 0) > 0 else 0.5 * (prev["t"] + r["t"])
-            times = [at] * n
-        for a in times:
-            req = CoreRequest(a)
-            reqs.append(req)
-            waiting.append(req)
-        resolved = r.get("resolved")
-        if resolved is not None:
-            for req in by_last.pop(resolved, []):
-                req.first_token = r["t"] + r["dt"]
-                req.extra["ft_row"] = r
-        step = r.get("step")
-        if step is not None and "seqs" in r:
-            n_pre = int(r["seqs"]) - int(r["decode_seqs"])
-            sched: list[CoreRequest] = []
-            if cut is not None and n_pre > 0:
-                sched.append(cut)
-                n_pre -= 1
-            for _ in range(min(n_pre, len(waiting))):
-                req = waiting.popleft()
-                req.first_sched = start
-                sched.append(req)
-            filled = budget > 0 and int(r["tokens"]) >= budget and int(r["prefill_tokens"]) > 0
-            cut = sched[-1] if filled and sched else None
-            prev_wait = int(r.get("waiting", 0))
-            for req in sched:
-                if req is cut:
-                    continue
-                req.last_step = step
-                req.prefill_end = r["t"] + r["dt"]
-                req.extra["pre_row"] = r
-                by_last.setdefault(step, []).append(req)
-        prev = r
-    return reqs
 
 
 def components(req: CoreRequest, ttft: float) -> dict:
