@@ -110,12 +110,16 @@ def main(argv=None) -> int:
     p.add_argument("--finish-latency", action="store_true",
                    help="with --replay-arrivals: the client's finish latency per level fitted on the calibration run "
                         "(sim.first_token.fit_finish_latency; needs per-request TTFTs in the results)")
+    p.add_argument("--trim", type=float, default=None,
+                   help="timeline fit: drop iterations measured more than this many times slower than predicted (3)")
     p.add_argument("--fix", default=None, metavar="NAME=SECONDS,...",
                    help="timeline fit: hold these parameters at these values (not fitted)")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)
     tf = {"anchor": a.anchor_device, "device_bound_graphs": a.device_bound_graphs}
+    if a.trim is not None:
+        tf["trim"] = a.trim
     if a.fix:
         tf["fixed"] = {k: float(v) for k, v in (kv.split("=") for kv in a.fix.split(","))}
     (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
