@@ -5,7 +5,8 @@ No GPU and no model: everything comes from the files of a run directory (``steps
 
     PYTHONPATH=src python3 benchmarks/sim_offline_validate.py benchmarks/results/run37 --json-output out.json
 
-``--replay-arrivals``: each predicted run's arrivals at the engine core replayed from its own step log (a diagnosis;
+``--anchor-device --device-bound-graphs``: the timeline fit option of issue 21 (sim.timeline_fit; ``--fix NAME=S,...``
+holds parameters). ``--replay-arrivals``: each predicted run's arrivals at the engine core replayed from its own step log (a diagnosis;
 docs/SIMULATION.md); ``--api gaps``: the API stage fitted to the calibration run's recorded arrival delays.
 """
 
@@ -45,7 +46,8 @@ def noise_floor(bench_a: list[str], bench_b: list[str]) -> dict:
 
 
 def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str,
-            api: str = "admission", pred_steps: Path | None = None) -> dict:
+            api: str = "admission", pred_steps: Path | None = None, timeline_fit: dict | None = None,
+            finish_latency: bool = False) -> dict:
     """Calibrate on ``steps`` + ``fit_bench``, predict ``pred_bench``. ``pred_steps``: replay the predicted run's
     arrivals at the core from its step log (``--replay-arrivals``); the API stage is then the streaming cost only,
     fitted with the calibration run's own arrivals replayed."""
@@ -54,10 +56,14 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
 
     t0 = time.perf_counter()
     cal = calibration_from_step_logs([str(steps)], log=lambda *a: None, cost_model=cost_model,
-                                     timeline_weights=weights)
+                                     timeline_weights=weights, timeline_fit=timeline_fit)
     fit_s = time.perf_counter() - t0
     if pred_steps is not None:
         adm = 0.0
+        if finish_latency:
+            from torchinferno.sim.first_token import fit_finish_latency
+
+            cal.extra["finish_latency_s"] = fit_finish_latency(str(steps), fit_bench)
         stream, _ = fit_stream_replay(cal, fit_bench, str(steps), cost_model=cost_model)
         cal.extra["stream_s"] = stream
     elif api == "gaps":
@@ -77,6 +83,7 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     return {"calibrated_on": str(steps), "fit_seconds": fit_s, "admission_s": adm,
             "replayed_arrivals": str(pred_steps) if pred_steps is not None else None,
             "stream_s": cal.extra.get("stream_s", 0.0), "latency_s": cal.extra.get("latency_s", 0.0),
+            "finish_latency_s": cal.extra.get("finish_latency_s"),
             "timeline": cal.timeline,
             "levels": {c: {k: v for k, v in lv.items() if k != "result"} for c, lv in res["levels"].items()},
             **_stats(errs)}
@@ -94,14 +101,34 @@ def main(argv=None) -> int:
     p.add_argument("--replay-arrivals", action="store_true",
                    help="replay each predicted run's request arrivals at the engine core from its own step log "
                         "(a diagnosis: what is left when the admission process is known); API stage: streaming only")
+    p.add_argument("--anchor-device", action="store_true",
+                   help="timeline fit: re-anchor the replay's device clock to each measured result wait (fit_timeline's "
+                        "anchor)")
+    p.add_argument("--device-bound-graphs", action="store_true",
+                   help="timeline fit: a decode graph's host side read off the iterations right after small prefills, "
+                        "its device side fitted (fit_timeline's device_bound_graphs)")
+    p.add_argument("--finish-latency", action="store_true",
+                   help="with --replay-arrivals: the client's finish latency per level fitted on the calibration run "
+                        "(sim.first_token.fit_finish_latency; needs per-request TTFTs in the results)")
+    p.add_argument("--trim", type=float, default=None,
+                   help="timeline fit: drop iterations measured more than this many times slower than predicted (3)")
+    p.add_argument("--fix", default=None, metavar="NAME=SECONDS,...",
+                   help="timeline fit: hold these parameters at these values (not fitted)")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)
+    tf = {"anchor": a.anchor_device, "device_bound_graphs": a.device_bound_graphs}
+    if a.trim is not None:
+        tf["trim"] = a.trim
+    if a.fix:
+        tf["fixed"] = {k: float(v) for k, v in (kv.split("=") for kv in a.fix.split(","))}
     (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
-    out = {"run": str(run), "cost_model": a.cost_model, "noise_floor_a_vs_b": noise_floor(ba, bb),
+    out = {"run": str(run), "cost_model": a.cost_model, "timeline_fit": tf, "noise_floor_a_vs_b": noise_floor(ba, bb),
            "api": "replay" if a.replay_arrivals else a.api,
-           "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api, sb if a.replay_arrivals else None),
-           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api, sa if a.replay_arrivals else None)}
+           "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api, sb if a.replay_arrivals else None, tf,
+                             a.finish_latency),
+           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api, sa if a.replay_arrivals else None, tf,
+                             a.finish_latency)}
     for name in ("noise_floor_a_vs_b", "a_to_b", "b_to_a"):
         r = out[name]
         print(f"{name:<20} mean |error| {r['mean_abs'] * 100:5.1f}%  max {r['max_abs'] * 100:5.1f}%  "

@@ -95,7 +95,9 @@ def _cmd_calibrate(a) -> int:
 
         if a.from_steps or a.from_bench_generate:
             raise ConfigError("--from-step-log fits a served engine alone: leave out --from-steps / --from-bench-generate")
-        cal = calibration_from_step_logs(a.from_step_log, weights=a.fit_weights or "sqrt", cost_model=a.cost_model)
+        tf = {"anchor": True, "device_bound_graphs": True} if a.timeline_fit == "device-bound" else None
+        cal = calibration_from_step_logs(a.from_step_log, weights=a.fit_weights or "sqrt", cost_model=a.cost_model,
+                                         timeline_fit=tf)
         if a.fit_admission_to and a.api_model == "gaps":
             from torchinferno.sim.fit_api_gaps import fit_api_from_arrivals
 
@@ -389,6 +391,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-admission-to", nargs="+", default=None, metavar="JSON",
                    help="with --from-step-log: bench-serve results of the same served run; fit the API server's "
                         "per-request admission time (HTTP, tokenization, the hop to the core) to their p50 TTFT")
+    p.add_argument("--timeline-fit", default="default", choices=["default", "device-bound"],
+                   help="with --from-step-log: the timeline fit as before, or with the device clock anchored to the "
+                        "measured waits and a decode graph's host side read off the steps right after small prefills "
+                        "(issue 21: C 1 TTFT; docs/SIMULATION.md)")
     p.add_argument("--api-model", default="admission", choices=["admission", "fifo", "gaps"],
                    help="with --fit-admission-to: admission time only, or one FIFO API stage of admissions and "
                         "streamed tokens fitted to p50 TTFT and TPOT (fifo) or to when the step log says the results' "

@@ -138,7 +138,7 @@ def summarize(records: list[RequestRecord]) -> dict:
 def run_workload(requests: list[SimRequest], replicas: list[Replica], router=None, *,
                  max_concurrency: int | None = None, transfer=None, max_steps: int | None = None,
                  admission_s: float = 0.0, stream_s: float = 0.0, entry_delays: dict | None = None,
-                 latency_s: float = 0.0) -> RunResult:
+                 latency_s: float = 0.0, finish_latency_s: float = 0.0) -> RunResult:
     """Serve ``requests`` on ``replicas`` (module docstring). ``router(req, candidates) -> Replica`` picks among
     the replicas that take new requests (default: the first). P/D: when some replicas have role ``prefill``,
     a request is prefilled there (one token), then moved to a ``decode`` replica after ``transfer(req)``
@@ -151,7 +151,9 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     that server. ``entry_delays`` (request id -> seconds; ``sim.arrival_replay``): replayed admission instead of ``admission_s``:
     a request reaches the core that long after the event that released it, i.e. its send for the first
     ``max_concurrency`` requests (send order), else the core-side finish of the request whose slot it took (the
-    ``(i - max_concurrency)``-th finish); never before its send."""
+    ``(i - max_concurrency)``-th finish); never before its send. ``finish_latency_s``: the client holds a request
+    finished (and sends the next one into its slot) this long after its last token was streamed: the last token's
+    trip (finish reason, ``[DONE]``) beyond a first token's, plus the client's turnaround (``sim.first_token``)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ConfigError(f"max concurrency must be >= 1, got {max_concurrency}")
     entry = [r for r in replicas if r.role in ("both", "prefill")]
@@ -242,10 +244,10 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
                     heapq.heappush(moves, (now + transfer(by_id[o.request_id]), seq, o.request_id,
                                            o.new_token_ids[-1] if o.new_token_ids else 0))
                     continue
-                rec.finish_s = now
+                rec.finish_s = now + finish_latency_s
                 rec.core_finish_s = step_end
                 finish_core.append(step_end)
                 if inflight >= cap:
-                    gate = now
+                    gate = rec.finish_s
                 inflight -= 1
     return RunResult(list(recs.values()), replicas, steps)

@@ -107,7 +107,8 @@ def timeline_flags(meta: dict) -> dict:
 
 
 def calibration_from_step_logs(paths: list[str], log=print, weights: str = "sqrt",
-                               cost_model: str = "auto", timeline_weights: str = "time") -> Calibration:
+                               cost_model: str = "auto", timeline_weights: str = "time",
+                               timeline_fit: dict | None = None) -> Calibration:
     """Fit one calibration from the steps of one or more step logs of the same engine (same meta). ``weights``:
     ``cost_model.fit``'s; ``sqrt`` by default here: a served log holds thousands of decode steps and a few long
     prefills that set TTFT under load (run 37: out-of-sample mean error 38% relative, 26% sqrt, 21% time).
@@ -136,8 +137,10 @@ def calibration_from_step_logs(paths: list[str], log=print, weights: str = "sqrt
     cost, err = fit_rows(steps, async_steps=async_steps, weights=weights)
     timeline = None
     if cost_model in ("auto", "timeline"):
-        tl, tl_err = fit_timeline(its, weights=timeline_weights, **timeline_flags(meta))
+        tl, tl_err = fit_timeline(its, weights=timeline_weights, **timeline_flags(meta), **(timeline_fit or {}))
         timeline = {**tl.as_dict(), "fit_error": tl_err, "num_samples": len(its)}
+        if timeline_fit:
+            timeline["fit_options"] = dict(timeline_fit)
         log(f"sim-calibrate: timeline fitted on {len(its)} loop iterations (mean |error| of periods {tl_err * 100:.1f}%)")
     return Calibration(timeline=timeline, 
         cost=cost, model=str(meta.get("model", "unknown")), device=str(meta.get("device", "unknown")),

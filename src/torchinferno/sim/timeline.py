@@ -8,8 +8,10 @@ value per name, all >= 0):
   side of the step-shaped cost between one row and two, the counterpart of the device's ``batched``: run 37's
   logged decode step is 4.09 ms at 1 row, 4.90 at 2, 5.11 at 16, 10.0 at 256, which a row-linear host story
   cannot follow);
-* host, the launch itself: ``launch_eager`` for a step that runs op by op (a step with a prefill chunk, or every
-  step without CUDA graphs), ``launch_graph`` for a replayed graph (``graphs=True``: pure decode steps);
+* host, the launch itself: ``launch_eager + launch_eager_seq * rows`` for a step that runs op by op (a step with a
+  prefill chunk, or every step without CUDA graphs; run 45's eager launch grows from ~20 ms at one row to ~30 at 64
+  and ~45 at 256 while a graph step's host side stays ~1-4 ms), ``launch_graph`` for a replayed graph
+  (``graphs=True``: pure decode steps);
 * host, applying a result (``update_from_output``, output encoding): ``apply_row * rows`` of the resolved batch;
 * device, a roofline: ``max(weights + kv_token * decode_ctx + kv_padded * decode_rows * longest_ctx,
   flop_token * tokens) + token * tokens + seq * rows + attn_pair * prefill_pairs / 1e3 + batched * [rows > 1]``
@@ -39,7 +41,8 @@ from torchinferno.errors import ConfigError
 
 __all__ = ["DEVICE_PARAMS", "HOST_PARAMS", "PARAMS", "BatchShape", "Timeline", "TimelineModel", "batch_shape"]
 
-HOST_PARAMS = ("host_step", "host_seq", "host_token", "host_batched", "launch_eager", "launch_graph", "apply_row")
+HOST_PARAMS = ("host_step", "host_seq", "host_token", "host_batched", "launch_eager", "launch_eager_seq", "launch_graph",
+               "apply_row")
 DEVICE_PARAMS = ("weights", "kv_token", "kv_padded", "flop_token", "token", "seq", "attn_pair", "batched")
 PARAMS = HOST_PARAMS + DEVICE_PARAMS
 
@@ -90,7 +93,7 @@ def param_features(shape: BatchShape, graphs: bool) -> tuple[dict, dict, dict, d
     eager = shape.prefill_tokens > 0 or not graphs
     pre = {"host_step": 1.0, "host_seq": float(shape.seqs), "host_token": float(shape.tokens),
            "host_batched": 1.0 if shape.seqs > 1 else 0.0}
-    launch = {"launch_eager": 1.0} if eager else {"launch_graph": 1.0}
+    launch = {"launch_eager": 1.0, "launch_eager_seq": float(shape.seqs)} if eager else {"launch_graph": 1.0}
     apply = {"apply_row": float(shape.seqs)}
     mem = {"weights": 1.0, "kv_token": float(shape.decode_ctx),
            "kv_padded": float(shape.decode_seqs * shape.decode_ctx_max)}
@@ -131,7 +134,7 @@ class TimelineModel:
         eager = shape.prefill_tokens > 0 or not self.graphs
         pre = p["host_step"] + p["host_seq"] * shape.seqs + p["host_token"] * shape.tokens \
             + (p["host_batched"] if shape.seqs > 1 else 0.0)
-        launch = p["launch_eager"] if eager else p["launch_graph"]
+        launch = p["launch_eager"] + p["launch_eager_seq"] * shape.seqs if eager else p["launch_graph"]
         mem = p["weights"] + p["kv_token"] * shape.decode_ctx + p["kv_padded"] * shape.decode_seqs * shape.decode_ctx_max
         comp = p["flop_token"] * shape.tokens
         dev = (mem if mem > comp else comp) + p["token"] * shape.tokens + p["seq"] * shape.seqs \

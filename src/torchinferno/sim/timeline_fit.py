@@ -14,6 +14,14 @@ redone until the branches stop changing (a Gauss-Newton step on a piecewise-line
 kept). The host start of every iteration is the measured one, so an error in one step does not shift the rest.
 Iterations measured more than ``trim`` times slower than predicted (a compile, interference) are dropped from
 the least squares after the first pass (they still drive the replay).
+
+Host-bound vs device-bound (issue 21, run 45): a steady decode period is explained equally well by a long host
+launch or a long device step, and the replay on measured starts favours the host story (a device story's per-step
+error accumulates along a decode run). The step right after a small prefill tells them apart (run 45: 0.6-1.6 ms,
+where the host story prices 5.3 ms, which a C 1 first token pays): ``fit_timeline(anchor=True,
+device_bound_graphs=True)`` anchors the device clock to the measured waits and reads the graph step's host side off
+those iterations (``graph_host_from_tail``). An option; the default fit is unchanged (docs/SIMULATION.md: better on
+run 45, worse on run 37).
 """
 
 from __future__ import annotations
@@ -71,6 +79,39 @@ def iterations_from_probe_rows(rows: list[tuple[tuple, float]]) -> list[Iteratio
     return out
 
 
+def graph_host_from_tail(its: list[Iteration], graphs: bool, max_prefill: int = 512) -> dict | None:
+    """The host side of a replayed decode graph, read off the iterations that reveal it: a graph launch right after
+    an eager batch of at most ``max_prefill`` prefill tokens, whose device work ended under its own launch, so the
+    period is the graph step's host time alone (scheduling, inputs, launch, the prefill's apply: run 45 ~0.9 ms at
+    one row, ~1.6 at 64, against a ~5.3 ms device step). Kept: periods under half the median period of the graph
+    iterations with the same rows (the rest waited for the device). Returns ``{"host_step", "host_seq"}``
+    (intercept at one row, slope per row, medians) or None without such iterations."""
+    import statistics
+
+    if not graphs:
+        return None
+    shapes = {it.launched: it.shape for it in its if it.launched is not None and it.shape is not None}
+    steady: dict[int, list[float]] = {}
+    tail: list[tuple[int, float]] = []
+    for it in its:
+        s = it.shape
+        if it.launched is None or s is None or s.prefill_tokens > 0 or s.seqs == 0:
+            continue
+        prev = shapes.get(it.resolved)
+        period = it.end - it.start
+        if prev is not None and 0 < prev.prefill_tokens <= max_prefill:
+            tail.append((s.seqs, period))
+        elif prev is not None and prev.prefill_tokens == 0:
+            steady.setdefault(s.seqs, []).append(period)
+    kept = [(r, p) for r, p in tail if r in steady and p < 0.5 * statistics.median(steady[r])]
+    one = [p for r, p in kept if r == 1]
+    if not one:
+        return None
+    base = statistics.median(one)
+    many = [(p - base) / (r - 1) for r, p in kept if r > 1]
+    return {"host_step": base, "host_seq": max(0.0, statistics.median(many)) if many else 0.0}
+
+
 def _vec(d: dict):
     import numpy as np
 
@@ -88,9 +129,17 @@ def _const(c: float):
     return v
 
 
-def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_sum: bool = False):
+def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_sum: bool = False,
+            anchor: bool = False):
     """``(A [N, P], c [N], branches)``: each iteration's predicted period ``A . theta + c`` under the branch choices
-    ``theta`` makes (module docstring); ``branches`` is a tuple of the choices, for convergence."""
+    ``theta`` makes (module docstring); ``branches`` is a tuple of the choices, for convergence.
+
+    ``anchor`` (a device separate from the host): the device clock is re-anchored to the measurement at every
+    result taken with nothing else in flight, as the host clock is at every iteration's measured start. When the
+    host waited for the result (measured end less the apply after the predicted launch end), the device finished
+    then; else it finished no later than the launch end. Without it, a device-bound story accumulates its per-step
+    error along a run of decode steps (measured starts advance by the real period, the device by the predicted
+    one), so a fit can only follow the periods with host-bound terms."""
     import numpy as np
 
     th = np.append(theta, 1.0)
@@ -103,12 +152,28 @@ def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_s
         choices.append(pick)
         return a if pick else b
 
+    def vmin(a, b):
+        pick = float(a @ th) <= float(b @ th)
+        choices.append(pick)
+        return a if pick else b
+
     device_free = None
     pending: dict = {}
     rows = np.zeros((len(its), _NP + 1))
     feats_cache: dict = {}
+
+    def place(key, after_pre, host, dev, apply, eager):  # the launched batch's device work (module docstring)
+        nonlocal device_free
+        if eager:
+            dev_end = vmax(vmax(device_free, after_pre) + dev, host)
+        else:
+            dev_end = vmax(device_free, host) + dev
+        device_free = vmax(device_free, dev_end)
+        pending[key] = (dev_end, apply)
+
     for i, it in enumerate(its):
         s = _const(it.start)
+        deferred = None
         if it.launched is not None and it.shape is not None and it.shape.seqs > 0:
             key = (it.shape, graphs)
             if key not in feats_cache:
@@ -121,29 +186,37 @@ def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_s
             host = after_pre + launch
             if not overlap:
                 host = host + dev
-                dev_end = host
-            elif it.shape.prefill_tokens > 0 or not graphs:
-                dev_end = vmax(vmax(device_free, after_pre) + dev, host)
+                device_free = host
+                pending[it.launched] = (host, apply)
             else:
-                dev_end = vmax(device_free, host) + dev
-            device_free = vmax(device_free, dev_end)
-            pending[it.launched] = (dev_end, apply)
+                args = (it.launched, after_pre, host, dev, apply, it.shape.prefill_tokens > 0 or not graphs)
+                if anchor and it.resolved is not None and it.resolved != it.launched and it.resolved in pending:
+                    deferred = args  # queued behind the batch resolved below: placed once that one is anchored
+                else:
+                    place(*args)
         else:
             host = s + _vec({"host_step": 1.0})
         if it.resolved is not None and it.resolved in pending:
             dev_end, apply = pending.pop(it.resolved)
+            launch_end = host
             host = vmax(host, dev_end) + apply
+            if anchor and overlap and not pending:
+                measured = _const(it.end) - apply
+                device_free = measured if vmax(measured, launch_end) is measured else vmin(dev_end, launch_end)
+        if deferred is not None:
+            place(*deferred)
         rows[i] = host
         rows[i, -1] -= it.start
     return rows[:, :_NP], rows[:, _NP], tuple(choices)
 
 
-def replay_periods(its: list[Iteration], model: TimelineModel) -> list[float]:
-    """Predicted period (``end - start``) of every iteration under ``model`` (measured starts)."""
+def replay_periods(its: list[Iteration], model: TimelineModel, anchor: bool = False) -> list[float]:
+    """Predicted period (``end - start``) of every iteration under ``model`` (measured starts; ``anchor``: measured
+    device ends too, ``_replay``)."""
     import numpy as np
 
     theta = np.array([model.params[k] for k in PARAMS])
-    a, c, _ = _replay(its, theta, model.graphs, model.overlap)
+    a, c, _ = _replay(its, theta, model.graphs, model.overlap, anchor=anchor)
     return list(a @ theta + c)
 
 
@@ -158,9 +231,18 @@ def _nnls(a, b):
 
 def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_scheduling: bool = False,
                  weights: str = "sqrt", trim: float = 3.0, max_rounds: int = 40,
-                 free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0) -> tuple[TimelineModel, float]:
-    """Fit (module docstring). Only ``free`` parameters are fitted (others stay 0). Returns the model and the
-    mean |relative error| of the predicted periods on the iterations kept.
+                 free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0,
+                 anchor: bool = False, fixed: dict | None = None,
+                 device_bound_graphs: bool = False) -> tuple[TimelineModel, float]:
+    """Fit (module docstring). Only ``free`` parameters are fitted (others stay 0; ``fixed``: name -> seconds held at
+    that value). Returns the model and the mean |relative error| of the predicted periods on the iterations kept.
+
+    ``anchor``: the replay's device clock follows the measured result waits (``_replay``). ``device_bound_graphs``
+    (a CUDA-graph engine on a separate device; implies nothing without ``anchor`` but is meant with it): the decode
+    graph's host side is read off the iterations that reveal it (``graph_host_from_tail``: ``host_step`` /
+    ``host_seq`` held there, ``launch_graph``, ``host_batched`` and ``host_token`` held at 0) and the eager launch gets
+    its per-row term ``launch_eager_seq``; the rest of a decode period is then the device's. Without it
+    ``launch_eager_seq`` stays 0 (the default fit is the one of sessions 13-15).
 
     The replay's branches make local minima (a host-bound and a device-bound story can explain the same periods
     about as well), so besides two fixed starts the descent restarts ``restarts`` times from the best point so far
@@ -175,11 +257,24 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     ok = y > 0
     w = {"relative": 1.0 / np.maximum(y, 1e-9), "sqrt": 1.0 / np.sqrt(np.maximum(y, 1e-9)),
          "time": np.ones_like(y)}[weights]
-    cols = [_IDX[k] for k in free]
+    fixed = dict(fixed or {})
+    host = graph_host_from_tail(its, graphs) if device_bound_graphs and overlap and graphs else None
+    if host is not None:
+        fixed = {"launch_graph": 0.0, "host_batched": 0.0, "host_token": 0.0, **host, **fixed}
+    else:  # the eager launch's per-row term is part of the device-bound story only (default fits unchanged)
+        fixed = {"launch_eager_seq": 0.0, **fixed}
+    unknown = set(fixed) - set(PARAMS)
+    if unknown:
+        raise ConfigError(f"unknown timeline parameters {sorted(unknown)} (valid: {', '.join(PARAMS)})")
+    theta_fixed = np.zeros(_NP)  # [P] held values (0 elsewhere)
+    for k, v in fixed.items():
+        theta_fixed[_IDX[k]] = float(v)
+    cols = [_IDX[k] for k in free if k not in fixed]
 
     def solve(a, c, keep):
-        sol = _nnls((a[keep][:, cols]) * w[keep, None], (y[keep] - c[keep]) * w[keep])
-        theta = np.zeros(_NP)
+        target = y[keep] - c[keep] - a[keep] @ theta_fixed
+        sol = _nnls((a[keep][:, cols]) * w[keep, None], target * w[keep])
+        theta = theta_fixed.copy()
         theta[cols] = np.maximum(sol, 0.0)
         return theta
 
@@ -190,7 +285,7 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         keep = ok
         seen = set()
         for rnd in range(max_rounds):
-            a, c, branches = _replay(its, theta, graphs, overlap)
+            a, c, branches = _replay(its, theta, graphs, overlap, anchor=anchor)
             pred = a @ theta + c
             rel = (pred - y) / np.maximum(y, 1e-12)
             if rnd > 0 and trim:
@@ -223,11 +318,11 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         if got[0] < best[0]:
             best = got
     rng = np.random.default_rng(seed)
-    a, c, _ = _replay(its, best[1], graphs, overlap, roofline_sum=True)
+    a, c, _ = _replay(its, best[1], graphs, overlap, roofline_sum=True, anchor=anchor)
     typical = np.median(y[ok]) / np.maximum(np.abs(a[ok]).mean(axis=0), 1e-30) * 0.1  # [P] a term worth 10%
     for _ in range(restarts if best[0] > 1e-6 else 0):
         base = np.where(best[1] > 0, best[1], typical)
-        t0 = np.zeros(_NP)
+        t0 = theta_fixed.copy()
         t0[full] = base[full] * np.exp(rng.uniform(-math.log(4), math.log(4), len(full)))
         got = descend(t0, full)
         if got[0] < best[0]:

@@ -148,7 +148,9 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
                cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None,
                replica_hook=None, latency_s: float | None = None):
     """``simulate_served``'s ``driver.RunResult`` (per-request records); ``replica_hook(replica)`` sees the
-    simulated replica before the run (``arrival_replay.StepRecorder``)."""
+    simulated replica before the run (``arrival_replay.StepRecorder``). With ``entry_delays``, the calibration's
+    ``extra["finish_latency_s"]`` (concurrency -> seconds, ``sim.first_token.fit_finish_latency``; absent: 0) delays
+    the client's finish of each request, as the replayed refill delays assume."""
     cfg, limits = _served_config(calibration)
     sim_ex = SimulatedExecutor(calibration.model_for(cost_model), cfg, num_blocks=int(limits["num_blocks"]),
                                max_model_len=int(limits["max_model_len"]), device=calibration.device)
@@ -157,14 +159,18 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
     stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
     lat = calibration.extra.get("latency_s", 0.0) if latency_s is None else latency_s
+    fin = 0.0
     if entry_delays is not None:
+        from torchinferno.sim.first_token import finish_latency_for
+
         adm = lat = 0.0
+        fin = finish_latency_for(calibration.extra.get("finish_latency_s"), doc.get("max_concurrency"))
     rep = Replica(EngineCore(sim_ex), sim_ex.clock, "sim")
     if replica_hook is not None:
         replica_hook(rep)
     return run_workload(reqs, [rep],
                         max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream,
-                        entry_delays=entry_delays, latency_s=lat)
+                        entry_delays=entry_delays, latency_s=lat, finish_latency_s=fin)
 
 
 def fit_stream_replay(calibration: Calibration, results: list[str], step_log: str, seed: int = 0,
