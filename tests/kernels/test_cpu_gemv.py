@@ -150,3 +150,30 @@ def test_unavailable_kernel(monkeypatch):
     assert PackedLinear(w).kernel == "onednn"  # auto falls back
     with pytest.raises(ConfigError, match="avx512bf16 is unavailable here .CPU lacks avx512_bf16"):
         PackedLinear(w, kernel="avx512bf16")
+
+
+def test_amx_path_keeps_the_invariants(fn):
+    """Opt-in AMX tiles (where the CPU has them): within fp32 accumulation of float64, rows independent of M,
+    multi-thread == one thread; off again afterwards (the default path)."""
+    if not cpu_gemv.set_amx(True):
+        cpu_gemv.set_amx(False)
+        pytest.skip("no AMX on this CPU")
+    try:
+        w, x = _data(1000, 576, 19)  # K % 32 == 0: the AMX path; 19 rows: a 16-row tile and a 3-row one
+        y32 = _gemv(fn, w, out_dtype=torch.float32)(x)
+        ref = x.double() @ w.double().T
+        bound = 2 * 576 * 2.0**-24 * (x.double().abs() @ w.double().abs().T) + 1e-30
+        assert ((y32.double() - ref).abs() <= bound).all()
+        gemv = _gemv(fn, w)
+        full = gemv(x)
+        for i in (0, 7, 18):
+            assert torch.equal(gemv(x[i:i + 1]), full[i:i + 1])
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(1)
+            one = gemv(x)
+        finally:
+            torch.set_num_threads(threads)
+        assert torch.equal(one, full)
+    finally:
+        assert cpu_gemv.set_amx(False) is False

@@ -17,8 +17,10 @@
  * call (up to 16 per tile) is multiplied by one TDPBF16PS per block and 32-wide k chunk. vdpbf16ps does
  * 32 multiply-adds per instruction, so a batch of 8 rows was compute-bound at ~22 GMAC/s a core (2.1 GHz
  * Xeon); TDPBF16PS does 16 x 16 x 32, and 8 rows cost what one does: the weight stream (measured: batch
- * 8 2.2 vs 4.1 ms for a 49152 x 576 head, batch 1 equal). ti_gemv_amx(mode) turns it off (0) or back to
- * auto (1); the same decision holds for every M, so the invariants below hold on either path.
+ * 8 2.2 vs 4.1 ms for a 49152 x 576 head, batch 1 equal). Opt-in: ti_gemv_amx(1) allows it, (0) forbids it
+ * (the default: in the whole SmolLM2 decode step batch 1 ran 33-42 tok/s with AMX vs 62-74 without on that
+ * Xeon, batch 8 252-369 vs 260-304: per-call tile configure/release is the suspect, not yet measured apart).
+ * The same decision holds for every M, so the invariants below hold on either path.
  *
  * Invariants:
  *   - An output y[m, n] is accumulated in fp32 over k in order (one lane per k-pair with vdpbf16ps;
@@ -100,7 +102,7 @@ static inline __attribute__((always_inline)) void tile(
 }
 
 #ifdef __AMX_BF16__
-static int amx_mode = 1;   /* 1: use AMX where available, 0: never (ti_gemv_amx) */
+static int amx_mode = 0;   /* 1: use AMX where available, 0: never (the default; ti_gemv_amx) */
 static int amx_state = -1; /* -1: not probed yet, 0: unavailable, 1: the CPU has it and the kernel granted it */
 
 /* Whether this process may run AMX bf16 tiles: CPUID leaf 7 (EDX bit 22 amx_bf16, bit 24 amx_tile) and
@@ -187,7 +189,7 @@ static void amx_groups(const uint16_t *x, int64_t ldx, const uint16_t *wp, const
 }
 #endif
 
-/* 1 to allow AMX where the CPU has it (the default), 0 to never use it; returns whether it is now in use. */
+/* 1 to allow AMX where the CPU has it, 0 to never use it (the default); returns whether it is now in use. */
 int ti_gemv_amx(int mode) {
 #ifdef __AMX_BF16__
     amx_mode = mode != 0;

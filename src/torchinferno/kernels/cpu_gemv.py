@@ -20,8 +20,8 @@ intra-op parallelism, not two pools fighting over the cores (checked by
 
 Numerics (the .c file's invariant): each output is summed in fp32 over k in order (one lane, or with AMX tiles
 32-wide chunks in order), bias added in fp32, rounded to bf16 once, independent of M, of the other rows and of
-the thread count. AMX (Intel, where the CPU and kernel allow it; :func:`set_amx`) makes a batch of rows cost
-about what one row does.
+the thread count. AMX (Intel, opt-in with :func:`set_amx`) makes a batch of rows cost about what one row does
+in the GEMV alone; in the whole decode step it was slower at batch 1, hence off by default.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def load() -> ctypes._CFuncPtr | None:
 
 
 def set_amx(enabled: bool) -> bool:
-    """Allow (the default) or forbid the AMX tiles of this GEMV and of the native decode step (which includes it);
+    """Allow or forbid (the default) the AMX tiles of this GEMV and of the native decode step (which includes it);
     returns whether AMX is in use now (False where the CPU or the kernel lacks it, or a library did not load).
     For A/B runs and tests: either path keeps the numerics invariants, but their roundings differ."""
     from torchinferno.kernels import cpu_decode_step
