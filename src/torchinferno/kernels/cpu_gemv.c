@@ -16,8 +16,8 @@
  * group's 16-row block over 16 k-pairs is 16 rows of 64 bytes at a 256-byte stride) and every x row of a
  * call (up to 16 per tile) is multiplied by one TDPBF16PS per block and 32-wide k chunk. vdpbf16ps does
  * 32 multiply-adds per instruction, so a batch of 8 rows was compute-bound at ~22 GMAC/s a core (2.1 GHz
- * Xeon); TDPBF16PS does 16 x 16 x 32, and 8 rows cost what one does: the weight stream (measured: batch
- * 8 2.2 vs 4.1 ms for a 49152 x 576 head, batch 1 equal). Opt-in: ti_gemv_amx(1) allows it, (0) forbids it
+ * Xeon); TDPBF16PS does 16 x 16 x 32, so 8 rows take 1.9-3.8x one row instead of 3.5-7.2x (measured, 2
+ * threads: 49152 x 576 head 2.15 vs 4.08 ms at 8 rows, 1.16 ms either way at 1; 3072 x 576 110 vs 217 us). Opt-in: ti_gemv_amx(1) allows it, (0) forbids it
  * (the default: in the whole SmolLM2 decode step batch 1 ran 33-42 tok/s with AMX vs 62-74 without on that
  * Xeon, batch 8 252-369 vs 260-304: per-call tile configure/release is the suspect, not yet measured apart).
  * The same decision holds for every M, so the invariants below hold on either path.
@@ -52,6 +52,14 @@ static inline __m512bh bcast_pair(const uint16_t *xrow, int64_t kp) {
     uint32_t v;
     memcpy(&v, xrow + 2 * kp, 4); /* (x[2 kp], x[2 kp + 1]) as one 32-bit lane */
     return (__m512bh)_mm512_set1_epi32((int)v);
+}
+
+/* One output vector: v (fp32, bias added) into y[m, n0 .. n0 + 15] under mask, as fp32 or rounded to bf16 (RNE). */
+static inline void store_out(void *y, int64_t ldy, int64_t m, int64_t n0, __mmask16 mask, __m512 v, int out_fp32) {
+    if (out_fp32)
+        _mm512_mask_storeu_ps((float *)y + m * ldy + n0, mask, v);
+    else
+        _mm256_mask_storeu_epi16((uint16_t *)y + m * ldy + n0, mask, (__m256i)_mm512_cvtneps_pbh(v));
 }
 
 /* One tile: group g (64 output rows), mr rows of x starting at m0. mr is a compile-time constant
@@ -91,12 +99,7 @@ static inline __attribute__((always_inline)) void tile(
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
 #pragma GCC unroll 6
         for (int r = 0; r < mr; r++) {
-            const __m512 v = bias ? _mm512_add_ps(acc[i][r], bv) : acc[i][r];
-            if (out_fp32) {
-                _mm512_mask_storeu_ps((float *)y + (m0 + r) * ldy + n0, mask, v);
-            } else {
-                _mm256_mask_storeu_epi16((uint16_t *)y + (m0 + r) * ldy + n0, mask, (__m256i)_mm512_cvtneps_pbh(v));
-            }
+            store_out(y, ldy, m0 + r, n0, mask, bias ? _mm512_add_ps(acc[i][r], bv) : acc[i][r], out_fp32);
         }
     }
 }
@@ -157,11 +160,8 @@ static void amx_tile(const uint16_t *x, int64_t ldx, const uint16_t *wp, const f
         const __mmask16 mask = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
         for (int r = 0; r < mr; r++) {
-            const __m512 v = _mm512_add_ps(_mm512_load_ps(c + r * 64 + i * 16), bv);
-            if (out_fp32)
-                _mm512_mask_storeu_ps((float *)y + (m0 + r) * ldy + n0, mask, v);
-            else
-                _mm256_mask_storeu_epi16((uint16_t *)y + (m0 + r) * ldy + n0, mask, (__m256i)_mm512_cvtneps_pbh(v));
+            const __m512 v = _mm512_load_ps(c + r * 64 + i * 16);
+            store_out(y, ldy, m0 + r, n0, mask, bias ? _mm512_add_ps(v, bv) : v, out_fp32); /* as tile(): -0 stays */
         }
     }
 }

@@ -20,8 +20,8 @@ intra-op parallelism, not two pools fighting over the cores (checked by
 
 Numerics (the .c file's invariant): each output is summed in fp32 over k in order (one lane, or with AMX tiles
 32-wide chunks in order), bias added in fp32, rounded to bf16 once, independent of M, of the other rows and of
-the thread count. AMX (Intel, opt-in with :func:`set_amx`) makes a batch of rows cost about what one row does
-in the GEMV alone; in the whole decode step it was slower at batch 1, hence off by default.
+the thread count. AMX (Intel, opt-in with :func:`set_amx`) halves the GEMV's 8-row time (2.15 vs 4.08 ms for a
+49152 x 576 head; 1 row equal) in the GEMV alone; in the whole decode step it was slower at batch 1, hence off by default.
 """
 
 from __future__ import annotations
