@@ -12,6 +12,7 @@ from torchinferno.sim.calibration import Calibration
 from torchinferno.sim.cost_model import CostModel
 from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import SimulatedExecutor
+from timeline_logs import EngineLoop  # tests/sim/timeline_logs.py (pytest puts this folder on sys.path)
 from torchinferno.sim.timeline import BatchShape, Timeline, TimelineModel
 from torchinferno.sim.timeline_fit import Iteration, fit_timeline, iterations_from_step_log, replay_periods
 from torchinferno.sim.traffic import SimRequest
@@ -90,30 +91,17 @@ def _synthetic(model: TimelineModel, seed: int = 0) -> list[Iteration]:
     """An async engine's loop under ``model``: bursts of prefills among decode batches of 1-256 rows, idle gaps
     between bursts (drained launches), loop overhead before steps."""
     rng = random.Random(seed)
-    t = Timeline(model)
-    its, now, step, prev = [], 0.0, 0, None
+    loop = EngineLoop(model, rng)
     for _burst in range(24):
-        now += rng.uniform(0.05, 0.2)  # idle: nothing in flight
+        loop.idle(rng.uniform(0.05, 0.2))  # idle: nothing in flight
         rows = rng.choice([1, 2, 4, 8, 16, 32, 64, 128, 256])
         shapes = [pre(rng.randrange(16, 4096), rows=rng.randrange(1, 32), decode_rows=rng.randrange(0, rows),
                       ctx=rng.randrange(16, 512))]
         shapes += [dec(rows, rng.randrange(16, 2048)) for _ in range(rng.randrange(3, 12))]
         if rng.random() < 0.5:
             shapes.insert(3, pre(rng.randrange(16, 2048), rows=rng.randrange(1, 8), decode_rows=rows, ctx=300))
-        for shape in [*shapes, None]:
-            start = now
-            end = t.launch(start, shape) if shape is not None else start + model.params["host_step"]
-            launched = None
-            if shape is not None:
-                step += 1
-                launched = (0, step)
-                dev_end = t.last_device_end
-            if prev is not None:
-                end = t.resolve(end, prev[1], prev[2])
-            its.append(Iteration(start, end, launched, shape, prev[0] if prev else None))
-            prev = (launched, dev_end, shape) if shape is not None else None
-            now = end + rng.uniform(0, 0.05) * MS
-    return its
+        loop.burst(shapes, (0, 0.05))
+    return loop.its
 
 
 def test_fit_recovers_synthetic_parameters():

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from torchinferno.sim.timeline import BatchShape, Timeline, TimelineModel
+from timeline_logs import EngineLoop  # tests/sim/timeline_logs.py (pytest puts this folder on sys.path)
+from torchinferno.sim.timeline import BatchShape, TimelineModel
 from torchinferno.sim.timeline_fit import Iteration, fit_timeline, graph_host_from_tail, replay_periods
 
 MS = 1e-3
@@ -29,27 +30,14 @@ def _log(model: TimelineModel, seed: int = 0, bursts: int = 16) -> list[Iteratio
     """An async engine's loop under ``model``: a prefill (small or large, alone or among running decodes), then a
     run of decode steps, then an idle gap; loop overhead (a busy gap) before every step."""
     rng = random.Random(seed)
-    t = Timeline(model)
-    its, now, step, prev = [], 0.0, 0, None
+    loop = EngineLoop(model, rng)
     for _ in range(bursts):
-        now += rng.uniform(0.05, 0.2)
+        loop.idle(rng.uniform(0.05, 0.2))
         rows = rng.choice([1, 1, 4, 16, 64])
         tokens = rng.choice([128, 256, 2048, 4096])
         shapes = [pre(tokens, rows=1, decode_rows=rows - 1)] + [dec(rows) for _ in range(rng.randrange(20, 40))]
-        for shape in [*shapes, None]:
-            start = now
-            end = t.launch(start, shape) if shape is not None else start + model.params["host_step"]
-            launched = None
-            if shape is not None:
-                step += 1
-                launched = (0, step)
-                dev_end = t.last_device_end
-            if prev is not None:
-                end = t.resolve(end, prev[1], prev[2])
-            its.append(Iteration(start, end, launched, shape, prev[0] if prev else None))
-            prev = (launched, dev_end, shape) if shape is not None else None
-            now = end + rng.uniform(0.05, 0.15) * MS
-    return its
+        loop.burst(shapes, (0.05, 0.15))
+    return loop.its
 
 
 def _rel(pred, its):

@@ -1,0 +1,38 @@
+"""Synthetic engine-loop logs for the timeline-fit tests: an async engine's iterations under a known
+:class:`~torchinferno.sim.timeline.TimelineModel` (shared by test_timeline.py and test_timeline_anchor.py)."""
+
+from __future__ import annotations
+
+import random
+
+from torchinferno.sim.timeline import Timeline, TimelineModel
+from torchinferno.sim.timeline_fit import Iteration
+
+
+class EngineLoop:
+    """Iterations of one async loop: :meth:`burst` launches shapes back to back (each iteration resolves the
+    previous launch; a busy gap of ``gap_ms`` before every step), then one closing iteration drains it."""
+
+    def __init__(self, model: TimelineModel, rng: random.Random):
+        self.model, self.rng, self.t = model, rng, Timeline(model)
+        self.its: list[Iteration] = []
+        self.now, self.step, self.prev = 0.0, 0, None
+
+    def idle(self, seconds: float) -> None:
+        self.now += seconds
+
+    def burst(self, shapes, gap_ms: tuple[float, float]) -> None:
+        t, dev_end = self.t, None
+        for shape in [*shapes, None]:
+            start = self.now
+            end = t.launch(start, shape) if shape is not None else start + self.model.params["host_step"]
+            launched = None
+            if shape is not None:
+                self.step += 1
+                launched = (0, self.step)
+                dev_end = t.last_device_end
+            if self.prev is not None:
+                end = t.resolve(end, self.prev[1], self.prev[2])
+            self.its.append(Iteration(start, end, launched, shape, self.prev[0] if self.prev else None))
+            self.prev = (launched, dev_end, shape) if shape is not None else None
+            self.now = end + self.rng.uniform(*gap_ms) * 1e-3
