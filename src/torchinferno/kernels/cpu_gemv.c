@@ -19,7 +19,9 @@
  * Xeon); TDPBF16PS does 16 x 16 x 32, so 8 rows take 1.9-3.8x one row instead of 3.5-7.2x (measured, 2
  * threads: 49152 x 576 head 2.15 vs 4.08 ms at 8 rows, 1.16 ms either way at 1; 3072 x 576 110 vs 217 us). Opt-in: ti_gemv_amx(1) allows it, (0) forbids it
  * (the default: in the whole SmolLM2 decode step batch 1 ran 33-42 tok/s with AMX vs 62-74 without on that
- * Xeon, batch 8 252-369 vs 260-304: per-call tile configure/release is the suspect, not yet measured apart).
+ * Xeon, batch 8 252-369 vs 260-304). The cause is the host, not tile configure/release: on that 2-vCPU KVM guest
+ * the same L1-resident AMX step takes 24-303 ns from one 0.2 s sample to the next while AVX512 stays at 52-58
+ * (benchmarks/probe_amx_stability.c), and a variant configuring once per thread without release was as bimodal.
  * The same decision holds for every M, so the invariants below hold on either path.
  *
  * Invariants:
