@@ -24,10 +24,15 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.tiles import grouped_tile
+
 GROUP = 128  # the scale block of both operands along K, and of the weight along N
 E4M3_MAX = 448.0
 INV_E4M3_MAX = 1.0 / E4M3_MAX
 EPS = 1e-12
+_QMAX = tl.constexpr(E4M3_MAX)  # the same three, as the jit functions read them
+_INV_QMAX = tl.constexpr(INV_E4M3_MAX)
+_FLOOR = tl.constexpr(EPS)
 
 
 @triton.jit
@@ -43,6 +48,16 @@ def _e4m3_rne(v):
 
 
 @triton.jit
+def quantize_e4m3_rows(x):
+    """fp32 ``x [R, C]`` (one 128-group per row; masked-out entries 0) -> (e4m3 [R, C], scale [R] fp32): the torch
+    rule of ``kernels.fp8_block.quantize_fp8_groups`` bitwise (exact amax, ``max(amax, 1e-12) * (1 / 448)`` as an
+    fp32 product, IEEE division, clamp to +-448, round to nearest even on the E4M3 grid)."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=1), _FLOOR) * _INV_QMAX  # [R]
+    q = _e4m3_rne(tl.clamp(tl.math.div_rn(x, scale[:, None]), -_QMAX, _QMAX)).to(tl.float8e4nv)
+    return q, scale
+
+
+@triton.jit
 def _e4m3_round_kernel(V, O, n, BLOCK: tl.constexpr):
     # tests only: O = e4m3(clamp(V, +-448)) through _e4m3_rne, to hold it against torch's cast
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -51,19 +66,16 @@ def _e4m3_round_kernel(V, O, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _group_quant_kernel(X, Q, S, stride_x, stride_q, stride_s, K, G, GB: tl.constexpr, QMAX: tl.constexpr,
-                        INV_QMAX: tl.constexpr, FLOOR: tl.constexpr, GROUP_K: tl.constexpr):
+def _group_quant_kernel(X, Q, S, stride_x, stride_q, stride_s, K, G, GB: tl.constexpr, GROUP_K: tl.constexpr):
     # grid (M, cdiv(G, GB)): GB groups of one row per program
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * GB + tl.arange(0, GB)  # [GB]
     cols = g[:, None] * GROUP_K + tl.arange(0, GROUP_K)[None, :]  # [GB, 128]
     ok = (cols < K) & (g[:, None] < G)
     x = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)  # [GB]
-    scale = tl.maximum(amax, FLOOR) * INV_QMAX  # an fp32 product, as the torch rule's
+    q, scale = quantize_e4m3_rows(x)  # [GB, 128], [GB]
     tl.store(S + row * stride_s + g, scale, mask=g < G)
-    q = tl.clamp(tl.math.div_rn(x, scale[:, None]), -QMAX, QMAX)
-    tl.store(Q + row * stride_q + cols, _e4m3_rne(q).to(tl.float8e4nv), mask=ok)
+    tl.store(Q + row * stride_q + cols, q, mask=ok)
 
 
 def quantize_fp8_groups_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +87,7 @@ def quantize_fp8_groups_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     if M and K:
         gb = min(8, triton.next_power_of_2(G))
         _group_quant_kernel[(M, triton.cdiv(G, gb))](x, q, s, x.stride(0), q.stride(0), s.stride(0), K, G, GB=gb,
-                                                     QMAX=E4M3_MAX, INV_QMAX=INV_E4M3_MAX, FLOOR=EPS, GROUP_K=GROUP,
+                                                     GROUP_K=GROUP,
                                                      num_warps=4)
     return q, s
 
@@ -83,19 +95,11 @@ def quantize_fp8_groups_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 @triton.jit
 def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_A: tl.constexpr = False,
-                     QMAX: tl.constexpr = 448.0, INV_QMAX: tl.constexpr = 1.0 / 448.0, FLOOR: tl.constexpr = 1e-12):
+                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_A: tl.constexpr = False):
     # QUANT_A: A is the unquantized activation (bf16/fp16/fp32); each program quantizes its rows' K groups in
     # registers with the quantizer's exact rule (same codes and scales), so no separate launch (small M only: every
     # N tile repeats the rows' quantization)
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
+    _, pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_m = rm < M
@@ -117,9 +121,7 @@ def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stri
             a = tl.load(a_ptrs, mask=ok_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=ok_k[:, None], other=0.0)
         if QUANT_A:
-            af = a.to(tl.float32)
-            a_s = tl.maximum(tl.max(tl.abs(af), axis=1), FLOOR) * INV_QMAX  # [BM]
-            a = _e4m3_rne(tl.clamp(tl.math.div_rn(af, a_s[:, None]), -QMAX, QMAX)).to(tl.float8e4nv)
+            a, a_s = quantize_e4m3_rows(a.to(tl.float32))  # [BM, BK] e4m3, [BM]
         else:
             a_s = tl.load(as_ptrs + kb)
         b_s = tl.load(bs_ptrs + kb)
@@ -157,6 +159,6 @@ def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor | None, wq: torch.Tensor
         _block_mm_kernel[grid](xq, xs, wq, ws, out, out if bias is None else bias, M, N, K, xq.stride(0),
                                xs.stride(0), wq.stride(0), ws.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
                                BLOCK_K=GROUP, GROUP_M=cfg["GROUP_M"], EVEN_K=K % GROUP == 0,
-                               HAS_BIAS=bias is not None, QUANT_A=fused, QMAX=E4M3_MAX, INV_QMAX=INV_E4M3_MAX,
-                               FLOOR=EPS, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                               HAS_BIAS=bias is not None, QUANT_A=fused, num_warps=cfg["num_warps"],
+                               num_stages=cfg["num_stages"])
     return out

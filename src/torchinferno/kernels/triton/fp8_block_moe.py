@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.triton.fp8_block import _e4m3_rne
+from torchinferno.kernels.triton.fp8_block import quantize_e4m3_rows
+from torchinferno.kernels.triton.tiles import grouped_tile, moe_tile_rows
 
 GROUP = 128
 
@@ -33,23 +34,14 @@ def _moe_fp8_kernel(A, AS, B, BS, C, W, sorted_pairs, block_expert, num_padded, 
                     QUANT_A: tl.constexpr = False):
     # QUANT_A: A is the unquantized activation; each program quantizes its rows per 128-group in registers with the
     # quantizer's exact rule (kernels.triton.fp8_block), so decode-sized steps need no quantizer launches
-    pid = tl.program_id(0)
     num_m = tl.cdiv(tl.load(num_padded), BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
+    first_m, pid_m, pid_n = grouped_tile(tl.program_id(0), num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if first_m >= num_m:
         return  # past the padded length actually used
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
     e = tl.load(block_expert + pid_m)
     if e < 0:
         return
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pairs + rm)  # [BM] pair ids; num_pairs marks padding
-    ok_m = pair < num_pairs
-    row = tl.where(ok_m, pair // row_div, 0).to(tl.int64)  # A row: the token (gate_up) or the pair (down)
+    pair, ok_m, row = moe_tile_rows(sorted_pairs, pid_m, num_pairs, row_div, BLOCK_M)  # [BM] each
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = rn < N
     rn_c = tl.where(ok_n, rn, 0).to(tl.int64)
@@ -73,9 +65,8 @@ def _moe_fp8_kernel(A, AS, B, BS, C, W, sorted_pairs, block_expert, num_padded, 
             a = tl.load(a_ptrs, mask=ok_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=ok_k[:, None], other=0.0)
         if QUANT_A:
-            af = a.to(tl.float32)
-            a_s = (tl.maximum(tl.max(tl.abs(af), axis=1), 1e-12) * (1.0 / 448.0))[:, None]
-            a = _e4m3_rne(tl.clamp(tl.math.div_rn(af, a_s), -448.0, 448.0)).to(tl.float8e4nv)
+            a, a_s = quantize_e4m3_rows(a.to(tl.float32))
+            a_s = a_s[:, None]
         else:
             a_s = tl.load(as_ptrs + kb)[:, None]
         acc += tl.dot(a, b) * a_s * tl.load(bs_ptrs + kb)[None, :]

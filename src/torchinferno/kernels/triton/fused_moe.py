@@ -34,6 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.tiles import grouped_tile, moe_tile_rows
+
 
 @triton.jit
 def _moe_gemm_kernel(A, B, C, W, S, sorted_pairs, block_expert, num_padded, N, K, num_pairs, row_div, up_offset,
@@ -42,23 +44,14 @@ def _moe_gemm_kernel(A, B, C, W, S, sorted_pairs, block_expert, num_padded, N, K
                      SWIGLU: tl.constexpr, CLAMP: tl.constexpr, MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr,
                      PRECISION: tl.constexpr, HAS_SHARED: tl.constexpr):
     # grid = (num_m_blocks(static bound) * num_n_blocks,): grouped order, GROUP_M row blocks share a weight tile
-    pid = tl.program_id(0)
     num_m = tl.cdiv(tl.load(num_padded), BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
+    first_m, pid_m, pid_n = grouped_tile(tl.program_id(0), num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
     if first_m >= num_m:
         return  # past the padded length actually used
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
     e = tl.load(block_expert + pid_m)
     if e < 0:
         return
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pairs + rm)  # [BM] pair ids; num_pairs marks padding
-    ok_m = pair < num_pairs
-    row = tl.where(ok_m, pair // row_div, 0).to(tl.int64)  # A row: the token (gate_up) or the pair (down)
+    pair, ok_m, row = moe_tile_rows(sorted_pairs, pid_m, num_pairs, row_div, BLOCK_M)  # [BM] each
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = rn < N
     rk = tl.arange(0, BLOCK_K)

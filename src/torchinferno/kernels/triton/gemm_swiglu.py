@@ -19,18 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.tiles import grouped_tile
+
 
 @triton.jit(do_not_specialize=["M"])  # M = tokens in the step: no recompile per step shape
 def _mm_swiglu_kernel(A, W, Y, M, N, K, up_offset, stride_am, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr):
     # grouped tile order: GROUP_M row tiles share each weight tile while it is in L2
-    pid = tl.program_id(0)
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * num_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
+    _, pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
