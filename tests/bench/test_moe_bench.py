@@ -61,12 +61,14 @@ def test_v2_lite_shape_counts():
     fam = get_family("deepseek-v3.2")
     model = fam.build(fam.size("v2-lite-shape"), device="meta").to(torch.bfloat16)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(9.27e9, rel=0.01)
-    assert mb.active_bytes(model, [6] * 15) == pytest.approx(2.56e9, rel=0.01)  # without the embedding table
+    # without the embedding table, with the shared experts (2.56e9 before session 17: the name filter for the routed
+    # experts' tensors also dropped the shared experts', which every step reads)
+    assert mb.active_bytes(model, [6] * 15) == pytest.approx(3.08e9, rel=0.01)
 
 
 def test_v3_scaled_shape(monkeypatch):
     """--model-shape v3-scaled: DeepSeek-V3's layers (first dense, the rest 256 experts top-8), fewer of them."""
-    monkeypatch.setattr(mb, "_randomize", lambda m: None)
+    monkeypatch.setattr("torchinferno.bench.moe_models._randomize", lambda m, seed=0: None)
     monkeypatch.setattr("torchinferno.models.common.module_utils.materialize", lambda m, dev, dt: m.to(dtype=dt))
     model = mb.build_model_shape(torch.device("meta"), "v3-scaled", 3)
     assert model.config.layer_mlp_types == ("dense", "sparse", "sparse")
