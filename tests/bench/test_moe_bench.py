@@ -85,3 +85,21 @@ def test_tune_grid_bounds():
     assert {c["BLOCK_M"] for c in grid(6 / 64)} == {16}
     assert max(c["BLOCK_M"] for c in grid(192)) == 128
     assert all(c["num_warps"] in (4, 8) for c in grid(24))
+
+
+def test_fp8_block_model_section_on_cpu(monkeypatch):
+    """--quantization fp8-block: the layer-by-layer built model runs the model section without the torch MoE
+    reference; its active weights are the bf16 model's elements in fewer bytes (FP8 buffers counted, scales aside)."""
+    from torchinferno.models.deepseek_v32.config import tiny_deepseek_v32_config
+
+    monkeypatch.setattr(mb, "cuda_time_ms", _wall_ms)
+    monkeypatch.setattr(mb, "_graph_ms", _wall_ms)
+    monkeypatch.setattr(mb, "device_time_ms", _wall_ms)
+    cfg = tiny_deepseek_v32_config(moe_intermediate_size=128, hidden_size=128)
+    bf16, fp8 = mb.build_random(cfg, "cpu"), mb.build_random(cfg, "cpu", "fp8-block")
+    (b_bytes, b_n), (f_bytes, f_n) = mb.active_weights(bf16, [2, 2]), mb.active_weights(fp8, [2, 2])
+    assert f_n == b_n and f_bytes < 0.75 * b_bytes
+    rep = mb.model_rows(fp8, torch.device("cpu"), batches=(1, 2), ctx=8, prefill=8, log=lambda *_: None,
+                        torch_moe=False)
+    assert [r["torch_ms"] for r in rep["decode"]] == [None, None] and rep["prefill"]["torch_ms"] is None
+    assert rep["prefill"]["flops_weights"] == 2 * 8 * mb.active_weights(fp8, [cfg.num_experts_per_tok] * 2)[1]

@@ -171,7 +171,8 @@ def _broken(src: Path, dst: Path, edit) -> Path:
      r"model\.layers\.3\.mlp\.experts\.5\.down_proj\.weight"),
     (lambda t: t.pop("model.layers.1.post_attention_layernorm.weight"),
      r"missing 1 tensor.*model\.layers\.1\.post_attention_layernorm\.weight"),
-    (lambda t: t.update({"model.layers.1.mlp.bogus.weight": torch.zeros(2)}), r"unexpected tensor 'model\.layers\.1\.mlp\.bogus"),
+    (lambda t: t.update({"model.layers.1.mlp.bogus.weight": torch.zeros(2)}),
+     r"unexpected tensor 'model\.layers\.1\.mlp\.bogus"),
 ])
 def test_bad_tensor_names_itself_before_any_layer_is_built(fp8_ckpt, tmp_path, monkeypatch, edit, match):
     from torchinferno.kernels import fp8_block_stream

@@ -375,12 +375,13 @@ def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill:
         if stats is not None:
             rep["build"]["stream"] = stats.summary()
             log(f"  layer-by-layer build: peak {(stats.cuda_peak_bytes or 0) / 1e9:.1f} GB allocated (model "
-                f"{rep['build']['allocated'] / 1e9:.1f} GB, largest layer in bf16 {stats.max_piece_bytes / 1e9:.1f} GB), "
-                f"{stats.kept} modules kept, {len(stats.swapped)} swapped")
+                f"{rep['build']['allocated'] / 1e9:.1f} GB, largest layer in bf16 {stats.max_piece_bytes / 1e9:.1f} "
+                f"GB, whole model in bf16 {stats.total_piece_bytes / 1e9:.1f} GB), {len(stats.swapped)} modules "
+                "swapped")
         fp8 = quantization != "none"
         if fp8:
-            log("  torch MoE reference and transformers peer skipped (fp8-block: the reference loops per 128-group over "
-                "every hit expert; transformers runs bf16 only)")
+            log("  torch MoE reference and transformers peer skipped (fp8-block: the reference loops per 128-group "
+                "over every hit expert; transformers runs bf16 only)")
         rep["model"] = model_rows(model, dev, batches=batches, prefill=prefill, bw=bw, mm=mm, log=log,
                                   torch_moe=not fp8)
         if hf and not fp8:

@@ -131,6 +131,7 @@ class BuildStats:
     peak_float_bytes: int = 0  # alive at once, highest over the samples taken after each piece's fill
     final_float_bytes: int = 0  # still alive when built (embedding, head, norms, MLA kv_b_proj, routers)
     max_piece_bytes: int = 0  # the largest piece as materialized
+    total_piece_bytes: int = 0  # every piece as materialized: the whole float model load-then-quantize holds at once
     kept: int = 0  # modules that took the checkpoint's own FP8 blocks
     swapped: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -176,6 +177,7 @@ def build_fp8_block_streamed(model: nn.Module, device: str | torch.device, dtype
             materialize(m, device, dtype)
         size = sum(meter.track(t) for _, t in (*piece.named_parameters(), *piece.named_buffers()))
         stats.max_piece_bytes = max(stats.max_piece_bytes, size)
+        stats.total_piece_bytes += size
         with torch.no_grad():
             kept_lin, kept_exp = fill(piece) or ({}, {})
         stats.peak_float_bytes = max(stats.peak_float_bytes, meter.live())
@@ -190,6 +192,8 @@ def build_fp8_block_streamed(model: nn.Module, device: str | torch.device, dtype
         left_lin.update(kept_lin)  # a piece's root module itself (only the whole-model pass below can replace it)
         left_exp.update(kept_exp)
         stats.pieces += 1
+        if device.type == "cuda":  # the float layer's cached blocks freed: the next layer won't fragment around FP8
+            torch.cuda.empty_cache()
     model.to_empty(device=device, recurse=False)  # the root's non-persistent buffers (CausalLMBase: rope tables)
     n = len(left_lin) + len(left_exp)
     stats.swapped += swap_linear_for_fp8_block(model, kernel=kernel, kept=left_lin)
