@@ -183,3 +183,22 @@ def test_bad_tensor_names_itself_before_any_layer_is_built(fp8_ckpt, tmp_path, m
                         lambda *a, **k: pytest.fail("the build started before the index was checked"))
     with pytest.raises(CheckpointError, match=match):
         load_model_fp8_block(d, dtype="float32")
+
+
+def test_one_layer_load_checks_its_own_tensors(fp8_ckpt):
+    """``load_weights(..., only=)`` (each piece's fill): the layer's tensors must all be there (a missing one is
+    named), another layer's tensor is refused by name, the rest of the model is neither written nor required."""
+    from torchinferno.checkpoint.auto import load_model_auto
+
+    d, _ = fp8_ckpt
+    m = load_model_auto(d, dtype="float32")
+    only = {k for k in m.state_dict() if k.startswith("model.layers.1.")}
+    layer1 = [(n, t) for n, t in safetensors_io.iter_tensors(d) if n.startswith("model.layers.1.")]
+    before = m.model.layers[2].input_layernorm.weight.clone()
+    m.family.load_weights(m, layer1, only=only)
+    with pytest.raises(CheckpointError, match=r"missing 1 tensor.*model\.layers\.1\.input_layernorm\.weight"):
+        m.family.load_weights(m, [x for x in layer1 if x[0] != "model.layers.1.input_layernorm.weight"], only=only)
+    with pytest.raises(CheckpointError, match=r"unexpected tensor 'model\.layers\.2\.input_layernorm\.weight'"):
+        m.family.load_weights(m, layer1 + [("model.layers.2.input_layernorm.weight", torch.zeros_like(before))],
+                              only=only)
+    assert torch.equal(m.model.layers[2].input_layernorm.weight, before)
