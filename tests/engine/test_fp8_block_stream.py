@@ -117,9 +117,22 @@ def test_streamed_load_equals_load_then_quantize(which, dtype, fp8_ckpt, bf16_ck
             reads[n] += 1
             yield n, t
 
+    from torchinferno.checkpoint import fp8
+
+    dequantized, real_dequant = [], fp8.dequantize_fp8_block
+
+    def dequant(w, s, block=128, out_dtype=torch.bfloat16, name="weight"):
+        if not w.is_meta:  # (the index check runs on meta tensors)
+            dequantized.append(name)
+        return real_dequant(w, s, block, out_dtype, name)
+
     monkeypatch.setattr(safetensors_io, "iter_tensors", counting)
+    monkeypatch.setattr(fp8, "dequantize_fp8_block", dequant)
     new = load_model_fp8_block(d, dtype=dtype)
     monkeypatch.undo()
+    # kept blocks are never dequantized: only the pairs of modules that stay float (MLA's kv_b_proj, read as a weight)
+    assert sorted(dequantized) == ([f"model.layers.{i}.self_attn.kv_b_proj.weight" for i in range(4)]
+                                   if which == "fp8" else [])
     assert assert_same_state(old, new) > 50
     assert set(reads.values()) == {1} and set(reads) == set(safetensors_io.tensor_index(d))  # each tensor read once
     n_fp8 = sum(isinstance(m, (Fp8BlockLinear, Fp8BlockExperts)) for m in new.modules())

@@ -96,6 +96,24 @@ class BlockPlan:
         """The HF names to keep raw (each weight and its scale), restricted to ``among`` when given."""
         return [n for base in self.wanted if among is None or base in among for n in (base, base + SCALE_SUFFIX)]
 
+    def module_of(self, base: str) -> str:
+        """The module a wanted HF weight name's pair goes to."""
+        kind, key = self.wanted[base]
+        return key if kind == "linear" else key[0]
+
+    def complete(self, bases: set[str]) -> dict[str, tuple[str, ...]]:
+        """The modules :meth:`assemble` keeps when given the pairs of ``bases`` (wanted HF weight names) -> the
+        internal names of the float tensors their FP8 blocks replace (``X.weight``; experts' two 3-D tensors)."""
+        need: dict[str, int] = {}
+        got: dict[str, int] = {}
+        for base in bases:
+            kind, _ = self.wanted[base]
+            mod = self.module_of(base)
+            need[mod] = 3 * self.experts[mod] if kind == "expert" else 2 if kind == "half" else 1
+            got[mod] = got.get(mod, 0) + 1
+        return {mod: (f"{mod}.gate_up_proj", f"{mod}.down_proj") if mod in self.experts else (f"{mod}.weight",)
+                for mod, n in got.items() if n == need[mod]}
+
     def assemble(self, raw: dict[str, torch.Tensor],
                  ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, tuple[torch.Tensor, ...]]]:
         """(linears, experts) as :func:`checkpoint_blocks` returns them, from the raw pairs in ``raw`` (HF name ->

@@ -16,11 +16,12 @@ Invariants:
   parameter order, so a fill drawing from one generator draws the same numbers;
 * float bytes alive at once <= the built model's float bytes + the largest piece's (:class:`BuildStats`: weak
   references to every tensor materialized, so a float copy kept alive by mistake stays counted);
-* a checkpoint load (:func:`load_model_fp8_block`) reads each tensor once: a piece's raw FP8 pairs
-  (``fp8_block_load.BlockPlan``) are kept as they stream into the family's ``load_weights(..., only=piece)``, which
-  dequantizes them into the piece's float weights, so its checks (names, shapes, every tensor present) hold per
-  piece; before anything is read, the whole index goes through ``load_weights`` on the meta model (meta tensors of
-  the stored shapes and dtypes): a bad or missing tensor names itself before the first layer is built.
+* a checkpoint load (:func:`load_model_fp8_block`) reads each tensor once. Before anything is read, the whole index
+  goes through the family's ``load_weights`` on the meta model (meta tensors of the stored shapes and dtypes): a bad
+  or missing tensor names itself before the first layer is built. Per piece, the raw FP8 pairs of the modules the
+  swap replaces (``fp8_block_load.BlockPlan``: whole modules only) are kept as they are, never dequantized; every
+  other tensor goes through ``load_weights(..., only=the piece's tensors but those kept modules' weights)``, whose
+  checks (names, shapes, every tensor present) hold per piece.
 
 Families: those whose ``load_weights`` takes ``only`` (:data:`STREAMED_FAMILIES`); others load whole, then quantize.
 """
@@ -238,16 +239,21 @@ def checkpoint_fill(model: nn.Module, family, ckpt: str | Path, pieces: list[Pie
             names[owner.get(n.removesuffix(SCALE_SUFFIX), pieces[-1].label)].append(n)
 
     def fill(piece: Piece) -> Kept:
-        wanted = set(plan.tensor_names(among=set(names[piece.label])))
+        mine = names[piece.label]
+        kept = plan.complete({n for n in mine if n in plan.wanted})  # module -> the float tensors its blocks replace
+        raw_names = {x for n in mine if n in plan.wanted and plan.module_of(n) in kept for x in (n, n + SCALE_SUFFIX)}
         raw: dict[str, torch.Tensor] = {}
 
-        def tee() -> Iterator[tuple[str, torch.Tensor]]:
-            for n, t in iter_tensors(ckpt, names[piece.label]):
-                if n in wanted:
-                    raw[n] = t
-                yield n, t
+        def rest() -> Iterator[tuple[str, torch.Tensor]]:
+            for n, t in iter_tensors(ckpt, mine):
+                if n in raw_names:
+                    raw[n] = t  # the checkpoint's blocks, as they are
+                else:
+                    yield n, t
 
-        family.load_weights(model, tee(), only=piece.state_names())
+        # a kept module's float weight is left unwritten (replaced right after; its names and shapes were checked on
+        # meta): no dequantization of the blocks that are kept
+        family.load_weights(model, rest(), only=piece.state_names() - {t for ts in kept.values() for t in ts})
         return plan.assemble(raw)
 
     return fill
