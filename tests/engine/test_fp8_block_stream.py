@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchinferno.checkpoint import safetensors_io
+from torchinferno.checkpoint import fp8, safetensors_io
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.errors import CheckpointError
 
@@ -116,8 +116,6 @@ def test_streamed_load_equals_load_then_quantize(which, dtype, fp8_ckpt, bf16_ck
         for n, t in real(ckpt, names, device):
             reads[n] += 1
             yield n, t
-
-    from torchinferno.checkpoint import fp8
 
     dequantized, real_dequant = [], fp8.dequantize_fp8_block
 
