@@ -213,3 +213,29 @@ def test_one_layer_load_checks_its_own_tensors(fp8_ckpt):
         m.family.load_weights(m, layer1 + [("model.layers.2.input_layernorm.weight", torch.zeros_like(before))],
                               only=only)
     assert torch.equal(m.model.layers[2].input_layernorm.weight, before)
+
+
+def test_multi_token_prediction_layers_are_checked_not_read(fp8_ckpt, tmp_path, monkeypatch):
+    """A checkpoint's MTP layer (stored after the last layer; the causal LM skips it) is checked on meta but never
+    read; the model equals the old path's."""
+    from torchinferno.kernels.fp8_block_stream import load_model_fp8_block
+
+    src, _ = fp8_ckpt
+    tensors = dict(safetensors_io.iter_tensors(src))
+    tensors |= {n.replace("model.layers.3.", "model.layers.4."): t for n, t in tensors.items()
+                if n.startswith("model.layers.3.")}
+    cfg = safetensors_io.read_config(src) | {"num_nextn_predict_layers": 1}
+    safetensors_io.save_hf_dir(tmp_path / "mtp", cfg, tensors)
+    old, _ = old_path(tmp_path / "mtp", "float32")
+    reads, real = collections.Counter(), safetensors_io.iter_tensors
+
+    def counting(ckpt, names=None, device="cpu"):
+        for n, t in real(ckpt, names, device):
+            reads[n] += 1
+            yield n, t
+
+    monkeypatch.setattr(safetensors_io, "iter_tensors", counting)
+    new = load_model_fp8_block(tmp_path / "mtp", dtype="float32")
+    monkeypatch.undo()
+    assert_same_state(old, new)
+    assert reads and not [n for n in reads if n.startswith("model.layers.4.")] and set(reads.values()) == {1}
