@@ -16,34 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchinferno.checkpoint import safetensors_io
-from torchinferno.checkpoint.fp8 import quantize_fp8_block
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.errors import ConfigError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels"))
-from fp8_block_checks import tiny_deepseek  # noqa: E402
+from fp8_block_checks import save_fp8_checkpoint as _save_fp8  # noqa: E402
 
 PROMPTS = [torch.randint(0, 320, (6,), generator=torch.Generator().manual_seed(0)).tolist() for _ in range(8)]
 GREEDY_TOKENS = 6  # measured at this seed: the first differing greedy token is at index 8 to 16 (of 16) per prompt
 MIN_AGREEMENT = 0.9  # teacher-forced argmax agreement over prompt + 16 greedy tokens: measured 0.94 (0.76 at damp 0.5)
-
-
-def _save_fp8(d: Path, **overrides) -> dict[str, torch.Tensor]:
-    """The tiny model in the hub layout, every projection matrix as FP8 blocks (norms, embedding, head, router and
-    the indexer's fp32 weights_proj kept as they are, as the release does). Returns the tensors written."""
-    model = tiny_deepseek("cpu", torch.float32, **overrides)
-    tensors = {}
-    for name, t in model.family.export_weights(model):
-        if (t.dim() == 2 and "norm" not in name and "embed" not in name and "lm_head" not in name
-                and not name.endswith(("mlp.gate.weight", "weights_proj.weight"))):
-            tensors[name], tensors[name + "_scale_inv"] = quantize_fp8_block(t.float())
-        else:
-            tensors[name] = t.detach().clone()
-    hf = model.family.config_to_hf(model.config)
-    hf["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
-    safetensors_io.save_hf_dir(d, hf, tensors)
-    return tensors
 
 
 @pytest.fixture(scope="module")

@@ -180,6 +180,27 @@ def tiny_deepseek(device, dtype, damp: float = 0.3, **overrides):
     return model
 
 
+def save_fp8_checkpoint(d: Path, **overrides) -> dict[str, torch.Tensor]:
+    """:func:`tiny_deepseek` (CPU fp32, config ``overrides``) saved in the hub layout with every projection matrix as
+    FP8 blocks (norms, embedding, head, router and the indexer's fp32 weights_proj kept as they are, as the release
+    does). Returns the tensors written."""
+    from torchinferno.checkpoint import safetensors_io
+    from torchinferno.checkpoint.fp8 import quantize_fp8_block
+
+    model = tiny_deepseek("cpu", torch.float32, **overrides)
+    tensors = {}
+    for name, t in model.family.export_weights(model):
+        if (t.dim() == 2 and "norm" not in name and "embed" not in name and "lm_head" not in name
+                and not name.endswith(("mlp.gate.weight", "weights_proj.weight"))):
+            tensors[name], tensors[name + "_scale_inv"] = quantize_fp8_block(t.float())
+        else:
+            tensors[name] = t.detach().clone()
+    hf = model.family.config_to_hf(model.config)
+    hf["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    safetensors_io.save_hf_dir(d, hf, tensors)
+    return tensors
+
+
 def check_model(device, dtype=torch.float32) -> None:
     """Tiny deepseek-v3.2 (experts of 128 rows, hidden 64: partial K blocks) under fp8-block, a 6-token prefill into
     a paged cache and 3 decode steps: Triton == torch reference."""

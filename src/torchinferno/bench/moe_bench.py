@@ -13,7 +13,10 @@ Two sections, each beside a same-run bound:
   at each batch (context 128 per sequence): replayed from CUDA graphs (``CudaGraphDecodeRunner``: paged MLA decode
   + fused MoE, no host sync), the same module path eagerly, and eagerly with the torch MoE; a 2048-token prefill;
   transformers' eager ``DeepseekV3ForCausalLM`` on the same tensors (``--no-hf`` skips it). ``--model-shape v3-scaled``
-  runs the same section on DeepSeek-V3's layer shape with fewer layers (:func:`build_model_shape`).
+  runs the same section on DeepSeek-V3's layer shape with fewer layers (``bench.moe_models.build_model_shape``);
+  ``--quantization fp8-block`` builds that model in block FP8 layer by layer (``kernels.fp8_block_stream``: 8 V3
+  layers fit an H200) and times it without the torch MoE and transformers (the build's time and peak memory are
+  reported).
 
 Active bytes per decode step: every layer's non-expert weights, the experts the step's routing hits (measured
 from the router on that step's input) and the LM head; KV bytes are small at context 128 and are added.
@@ -28,6 +31,15 @@ import torch
 
 from torchinferno.bench.ceilings import copy_bandwidth, sustained_matmul_rate
 from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms
+from torchinferno.bench.moe_models import (  # noqa: F401 - re-exported: the bench's model builders
+    MODEL_SHAPES,
+    _randomize,
+    active_bytes,
+    active_weights,
+    build_model_shape,
+    build_random,
+    build_v2_lite,
+)
 
 LAYER_SHAPES = {  # name -> (E, top_k, D, I, shared, n_group, topk_group)
     "v2-lite": (64, 6, 2048, 1408, 2, 1, 1),
@@ -41,19 +53,6 @@ def _moe_cfg(E: int, top_k: int, D: int, inter: int, shared: int, n_group: int =
     return DeepSeekV32Config(hidden_size=D, moe_intermediate_size=inter, n_routed_experts=E, num_experts_per_tok=top_k,
                              n_shared_experts=shared, n_group=n_group, topk_group=topk_group, norm_topk_prob=True,
                              routed_scaling_factor=1.0, index_n_heads=0)
-
-
-def _randomize(model, seed: int = 0) -> None:
-    g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.8, 1.2, generator=g)
-            else:
-                p.normal_(0.0, 0.02, generator=g)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.zero_()
 
 
 def _hit_experts(moe, x) -> int:
@@ -142,54 +141,6 @@ def _graph_ms(fn, calls: int = 10) -> float:
     return cuda_time_ms(g.replay, iters=10, warmup=2) / calls
 
 
-MODEL_SHAPES = ("v2-lite", "v3-scaled")
-
-
-def build_v2_lite(dev, layers: int | None = None):
-    return build_model_shape(dev, "v2-lite", layers)
-
-
-def build_model_shape(dev, shape: str = "v2-lite", layers: int | None = None):
-    """A random bf16 ``deepseek_v3`` model of one of :data:`MODEL_SHAPES` on ``dev``: ``v2-lite`` (size
-    ``v2-lite-shape``, 16 layers) or ``v3-scaled`` (DeepSeek-V3's layer shape: hidden 7168, 128 heads, q-LoRA 1536,
-    256 experts of 2048 top-8 in 8 groups keeping 4, one shared expert; ``layers`` layers (default 4), the first
-    dense; 22.5 GB per MoE layer in bf16, so 4 layers fit an H200 and 3 an H100)."""
-    from dataclasses import replace
-
-    from torchinferno.models.common.module_utils import materialize
-    from torchinferno.models.registry import get_family
-
-    fam = get_family("deepseek-v3.2")
-    if shape == "v2-lite":
-        cfg = fam.size("v2-lite-shape")
-        if layers:
-            cfg = replace(cfg, num_hidden_layers=layers)
-    elif shape == "v3-scaled":
-        cfg = replace(fam.size("deepseek-v3"), num_hidden_layers=layers or 4, first_k_dense_replace=1,
-                      num_nextn_predict_layers=0)
-    else:
-        raise ValueError(f"model shape must be one of {MODEL_SHAPES}, got {shape!r}")
-    model = fam.build(cfg, device="meta", variant="v1")
-    materialize(model, dev, torch.bfloat16)
-    _randomize(model)
-    model.eval()
-    model.family = fam
-    return model
-
-
-def active_bytes(model, hit_per_layer: list[int]) -> int:
-    """Weights one decode step reads: everything but the routed experts and the embedding table, plus the hit
-    experts and one embedding row per token (ignored: tiny)."""
-    total = 0
-    for name, p in model.named_parameters():
-        if "experts.gate_up_proj" in name or "experts.down_proj" in name or "embed_tokens" in name:
-            continue
-        total += p.numel() * p.element_size()
-    cfg = model.config
-    per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 2
-    return total + sum(hit_per_layer) * per_expert
-
-
 def _routing_hits(model, ids, positions, caches, meta) -> list[int]:
     """Experts hit per MoE layer on this step's input (hooks on the routers)."""
     hits = []
@@ -206,7 +157,9 @@ def _routing_hits(model, ids, positions, caches, meta) -> list[int]:
 
 
 def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int = 2048, bw=None, mm=None,
-               log=print) -> dict:
+               log=print, torch_moe: bool = True) -> dict:
+    """Decode steps (graph-replayed, eager, eager with the torch MoE unless ``torch_moe`` is False: ``torch_ms`` None)
+    at each batch and one prefill, beside the bytes/FLOPs bounds (module docstring)."""
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
     from torchinferno.models.common.attention_metadata import (
         build_attention_metadata,
@@ -251,15 +204,17 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
         row["fused_ms"] = cuda_time_ms(replay, iters=20, warmup=3)  # as issued: input copies + replay
         row["fused_device_ms"] = device_time_ms(replay, iters=20, warmup=3)  # host issue time taken out
         row["fused_eager_ms"] = cuda_time_ms(step, iters=10, warmup=2)  # the module path, eagerly
-        set_moe_backend(model, "torch")
-        row["torch_ms"] = cuda_time_ms(step, iters=5, warmup=1)  # grouped reference MoE (host sync per layer)
-        set_moe_backend(model, "auto")
+        row["torch_ms"] = None
+        if torch_moe:
+            set_moe_backend(model, "torch")
+            row["torch_ms"] = cuda_time_ms(step, iters=5, warmup=1)  # grouped reference MoE (host sync per layer)
+            set_moe_backend(model, "auto")
         if bw:
             row["bound_ms"] = nbytes / bw * 1e3
             row["pct_of_bound"] = 100 * row["bound_ms"] / row["fused_ms"]
         row["tok_s"] = B / row["fused_ms"] * 1e3
         log(f"  model decode B={B:4d}: fused {row['fused_ms']:8.2f} ms (device {row['fused_device_ms']:.2f}; "
-            f"{row['tok_s']:8.0f} tok/s)  eager {row['fused_eager_ms']:8.2f} ms  torch MoE {row['torch_ms']:8.2f} ms  "
+            f"{row['tok_s']:8.0f} tok/s)  eager {row['fused_eager_ms']:8.2f} ms  torch MoE {_ms(row['torch_ms'])}  "
             f"bound {row.get('bound_ms', 0):.2f} ms ({row.get('pct_of_bound', 0):.1f}%)  hit {row['experts_hit_mean']:.0f}")
         out["decode"].append(row)
     if prefill:
@@ -273,20 +228,25 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
                 return model(ids, pos, pcaches, meta)
 
         row = {"tokens": prefill}
-        for backend in ("auto", "torch"):
+        row["torch_ms"] = None
+        for backend in ("auto", "torch") if torch_moe else ("auto",):
             set_moe_backend(model, backend)
             row[f"{'fused' if backend == 'auto' else 'torch'}_ms"] = cuda_time_ms(run, iters=3, warmup=1)
         set_moe_backend(model, "auto")
-        active_params = active_bytes(model, [cfg.num_experts_per_tok] * _n_moe(model)) // 2  # bf16
+        active_params = active_weights(model, [cfg.num_experts_per_tok] * _n_moe(model))[1]
         flops = 2 * prefill * active_params  # the weight GEMMs (attention's score FLOPs left out)
         row["flops_weights"] = flops
         if mm:
             row["pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_ms"] * 1e-3)
-        log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms  torch MoE {row['torch_ms']:.1f} ms  "
-            f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained matmul rate")
+        log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms  torch MoE {_ms(row['torch_ms'], 1)}  "
+            f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained bf16 matmul rate")
         row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
         out["prefill"] = row
     return out
+
+
+def _ms(v: float | None, digits: int = 2) -> str:
+    return "skipped" if v is None else f"{v:8.{digits}f} ms"
 
 
 def _kernel_table(fn, label: str, log=print) -> dict:
@@ -378,9 +338,12 @@ def hf_rows(model, batches=(1, 64), ctx: int = 128, new_tokens: int = 8, log=pri
 
 def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill: int = 2048, hf: bool = True,
                   layers: int | None = None, layer_shapes=("v2-lite", "v3"), log=print,
-                  layer_batches: tuple[int, ...] | None = None, model_shape: str = "v2-lite") -> dict:
+                  layer_batches: tuple[int, ...] | None = None, model_shape: str = "v2-lite",
+                  quantization: str = "none") -> dict:
     """``layer_batches``: token counts of the layer section (default: ``batches``); ``model_shape``: the model
-    section's :data:`MODEL_SHAPES` entry (:func:`build_model_shape`)."""
+    section's :data:`MODEL_SHAPES` entry (:func:`build_model_shape`); ``quantization``: the model section's weights,
+    ``none`` (bf16) or ``fp8-block`` (built layer by layer; the transformers peer and the torch MoE reference, a
+    per-128-group loop over every hit expert, are skipped: bf16-only / minutes at this size)."""
     dev = torch.device("cuda")
     t0 = time.perf_counter()
     bw = copy_bandwidth(dev)
@@ -396,13 +359,32 @@ def run_bench_moe(sections=("layer", "model"), batches=(1, 8, 64, 256), prefill:
                                             G, TG)
             torch.cuda.empty_cache()
     if "model" in sections:
-        model = build_model_shape(dev, model_shape, layers)
-        n = sum(p.numel() for p in model.parameters())
-        log(f"{model_shape} model ({model.config.num_hidden_layers} layers): {n / 1e9:.2f} B params "
-            f"({time.perf_counter() - t0:.0f} s so far)")
-        rep["model_shape"] = model_shape
-        rep["model"] = model_rows(model, dev, batches=batches, prefill=prefill, bw=bw, mm=mm, log=log)
-        if hf:
+        torch.cuda.empty_cache()
+        t1 = time.perf_counter()
+        model = build_model_shape(dev, model_shape, layers, quantization)
+        torch.cuda.synchronize(dev)
+        build_s = time.perf_counter() - t1
+        n = sum(t.numel() for t in (*model.parameters(), *model.buffers()))
+        nbytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+        log(f"{model_shape} model ({model.config.num_hidden_layers} layers, {quantization}): {n / 1e9:.2f} B weights, "
+            f"{nbytes / 1e9:.1f} GB, built in {build_s:.1f} s ({time.perf_counter() - t0:.0f} s so far)")
+        rep["model_shape"], rep["quantization"] = model_shape, quantization
+        rep["build"] = {"seconds": build_s, "weights": n, "bytes": nbytes,
+                        "allocated": torch.cuda.memory_allocated(dev)}
+        stats = getattr(model, "fp8_block_build", None)
+        if stats is not None:
+            rep["build"]["stream"] = stats.summary()
+            log(f"  layer-by-layer build: peak {(stats.cuda_peak_bytes or 0) / 1e9:.1f} GB allocated (model "
+                f"{rep['build']['allocated'] / 1e9:.1f} GB, largest layer in bf16 {stats.max_piece_bytes / 1e9:.1f} "
+                f"GB, whole model in bf16 {stats.total_piece_bytes / 1e9:.1f} GB), {len(stats.swapped)} modules "
+                "swapped")
+        fp8 = quantization != "none"
+        if fp8:
+            log("  torch MoE reference and transformers peer skipped (fp8-block: the reference loops per 128-group "
+                "over every hit expert; transformers runs bf16 only)")
+        rep["model"] = model_rows(model, dev, batches=batches, prefill=prefill, bw=bw, mm=mm, log=log,
+                                  torch_moe=not fp8)
+        if hf and not fp8:
             try:
                 rep["hf"] = hf_rows(model, batches=tuple(b for b in batches if b in (1, 8, 64)), log=log)
             except Exception as e:  # noqa: BLE001 - the peer is optional; report why it is missing

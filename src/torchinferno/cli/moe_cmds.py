@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the model section's shape: V2-Lite-like, or DeepSeek-V3's layers scaled down in depth")
     b.add_argument("--layer-shapes", nargs="+", default=["v2-lite", "v3"], choices=["v2-lite", "v3"],
                    help="MoE layer shapes of the layer section")
+    b.add_argument("--quantization", default="none", choices=["none", "fp8-block"],
+                   help="the model section's weights: bf16, or block FP8 built layer by layer (never the whole model "
+                        "in bf16: v3-scaled fits 8 layers on an H200); fp8-block skips the transformers peer and the "
+                        "torch MoE reference")
     b.add_argument("--no-hf", action="store_true", help="skip the transformers eager peer")
     b.add_argument("--json-output", default=None)
     b.set_defaults(func=cmd_bench_moe)
@@ -58,7 +62,7 @@ def cmd_bench_moe(a) -> int:
 
     rep = run_bench_moe(tuple(a.sections), tuple(a.batches), a.prefill_tokens, not a.no_hf, a.layers,
                         tuple(a.layer_shapes), layer_batches=tuple(a.layer_batches) if a.layer_batches else None,
-                        model_shape=a.model_shape)
+                        model_shape=a.model_shape, quantization=a.quantization)
     if a.json_output:
         with open(a.json_output, "w") as f:
             json.dump(rep, f, indent=1, default=str)

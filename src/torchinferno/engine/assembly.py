@@ -92,7 +92,9 @@ class ModelSpec:
 
 
 def build_model(spec: ModelSpec) -> nn.Module:
-    """Load (or build at random), quantize and pre-pack; the returned model has ``.family`` set."""
+    """Load (or build at random), quantize and pre-pack; the returned model has ``.family`` set. ``fp8-block`` on a
+    checkpoint of a family in ``kernels.fp8_block_stream.STREAMED_FAMILIES`` (DeepSeek-V3/V3.2) loads and quantizes
+    layer by layer (peak: the FP8 model + one layer in float); a tiny random model is built whole, then quantized."""
     from torchinferno.checkpoint.auto import default_attention_backend, load_model_auto, resolve_dtype
     from torchinferno.kernels.cpu_quant_linear import BLOCK_QUANTIZATIONS, quantize_block_linears
     from torchinferno.kernels.fp8_linear import quantize_model
@@ -108,11 +110,18 @@ def build_model(spec: ModelSpec) -> nn.Module:
         model = tiny_model(spec.model_kind, size=spec.size, seed=spec.seed, dtype=resolve_dtype(spec.dtype),
                            variant=spec.variant, device=spec.device, attention_backend=backend)
     else:
-        model = load_model_auto(spec.model, device=spec.device, dtype=spec.dtype, variant=spec.variant,
-                                cache_dir=spec.cache_dir)
+        model = None
+        if spec.quantization == "fp8-block":  # layer by layer where the family allows: never the whole model in float
+            from torchinferno.kernels.fp8_block_stream import load_model_fp8_block
+
+            model = load_model_fp8_block(spec.model, device=spec.device, dtype=spec.dtype, variant=spec.variant,
+                                         cache_dir=spec.cache_dir)
+        if model is None:
+            model = load_model_auto(spec.model, device=spec.device, dtype=spec.dtype, variant=spec.variant,
+                                    cache_dir=spec.cache_dir)
     if spec.quantization in BLOCK_QUANTIZATIONS:
         quantize_block_linears(model, spec.quantization, getattr(model, "checkpoint_dir", None))
-    else:
+    elif getattr(model, "fp8_block_build", None) is None:  # a streamed fp8-block build is quantized already
         quantize_model(model, spec.quantization)
     if spec.prepack:
         from torchinferno.kernels.cpu_linear import prepack_linears

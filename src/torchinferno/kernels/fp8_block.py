@@ -16,6 +16,8 @@ differs only in the summation order inside one group (and Hopper's FP8 MMA accum
 ``--quantization fp8-block`` (:func:`quantize_model_fp8_block`): every exact ``nn.Linear`` but the logits head and
 the routed experts (``kernels.fp8_block_moe``) become block FP8 — the checkpoint's own FP8 blocks where it has them
 (``kernels.fp8_block_load``: kept bitwise), else the loaded weights quantized to 128x128 blocks.
+``kernels.fp8_block_stream`` applies the same swaps one decoder layer at a time while a model is built or loaded
+(DeepSeek checkpoints through ``engine.assembly.build_model``): the same tensors, never the whole model in float.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ dequantized while loading (``checkpoint.fp8``); the pair may arrive in either or
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator
+from typing import Container, Iterable, Iterator
 
 import torch
 
@@ -84,9 +84,16 @@ def _target(model, hf_name: str, state: dict) -> tuple[str, object, torch.Tensor
     return hf_name, "__all__", state[hf_name].data
 
 
-def load_weights(model, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy HF-named tensors into ``model`` (materialized, not meta); every tensor must be covered."""
+def load_weights(model, tensors: Iterable[tuple[str, torch.Tensor]], only: Container[str] | None = None) -> None:
+    """Copy HF-named tensors into ``model`` (materialized, not meta); every tensor must be covered.
+
+    ``only``: the internal tensor names this call fills (one layer of a layer-by-layer load,
+    ``kernels.fp8_block_stream``): the rest of the model is neither written nor required, and a tensor
+    mapping outside ``only`` is refused as unexpected. A ``meta`` model with ``meta`` tensors checks names and
+    shapes without any data."""
     state = _state(model)
+    if only is not None:
+        state = {k: v for k, v in state.items() if k in only}
     covered: dict[str, set] = {name: set() for name in state}
     for hf_name, tensor in Fp8Pairer(out_dtype=torch.float32)(tensors):
         if _IGNORED.search(hf_name):
