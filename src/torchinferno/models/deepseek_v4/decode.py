@@ -130,13 +130,12 @@ def decode_attention(attn, q: torch.Tensor, q_res: torch.Tensor, h: torch.Tensor
 def select_entries(idx, h: torch.Tensor, q_res: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
                    keys: torch.Tensor, visible: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """The CSA indexer's choice with a fixed width: h [B, D], q_res [B, q_lora], cos/sin_q [B, r/2], keys [B, n, Di],
-    visible [B, n], slots [B, n] -> selected slots [B, min(topk, n)] (-1: not visible). Same scores and tie rule as
-    ``Indexer.select``."""
+    visible [B, n], slots [B, n] -> selected slots [B, min(topk, n)] (-1: not visible). Same scores (``Indexer.scores``,
+    the Triton kernel where ``idx.score_kernel``: one query row per batch row) and tie rule as ``Indexer.select``."""
     B, n = visible.shape
     qi = rope_tail(idx.q_b_proj(q_res).view(B, idx.n_heads, idx.dim), cos_q, sin_q)
-    scores = torch.relu(torch.einsum("bhd,bnd->bhn", qi.float(), keys.float())) * idx.dim**-0.5
     wts = idx.scorer.weights_proj(h).float() * idx.n_heads**-0.5  # [B, Hi]
-    scores = (scores * wts[:, :, None]).sum(dim=1).masked_fill(~visible, float("-inf"))  # [B, n]
+    scores = idx.scores(qi[:, None], keys, wts[:, None], visible[:, None])[:, 0]  # [B, n]
     k = min(idx.topk, n)
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
     return torch.where(visible.gather(1, order), slots.gather(1, order), -1)
