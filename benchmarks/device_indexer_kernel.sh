@@ -5,9 +5,11 @@
 # over a cached context; V3.2's 64 x 128 top-2048 over Q tokens; the tiny V4 / V3.2 models with the kernel == without),
 # then benchmarks/bench_indexer_scores.py: kernel vs torch time and peak memory at Q = 2048 / 4096 / 8192 with S = Q/4
 # (V4 CSA) and S = Q (V3.2), bf16 inputs (+ the fp32 IEEE kernel), the stable top-k sort after it for scale, and a
-# 6-config tile sweep at V3.2 Q=4096. About 2-3 minutes on one H100/H200; carries nothing but the repo.
+# 6-config tile sweep at V3.2 Q=4096; also the V4 decode-from-CUDA-graphs and fused MLA decode CUDA tests (the static
+# decode's indexer now runs the kernel inside the captured graph). About 2-3 minutes on one H100/H200 (tests ~1-2 min,
+# bench ~1 min); carries nothing but the repo.
 # Everything lands in $OUT/indexer_kernel.tar.gz; a compact summary is printed at the end.
-#   bash benchmarks/device_indexer_kernel.sh          (run tool: timeout_s 300)
+#   bash benchmarks/device_indexer_kernel.sh          (run tool: timeout_s 360)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,8 +19,10 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv 
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/env.txt"
 git log --oneline -1 > "$R/commit.txt" 2>/dev/null || true
 if [[ ${STAGES:-tests,bench} == *tests* ]]; then
-  timeout ${T_TESTS:-120} python3 -m pytest tests/kernels/test_indexer_scores.py -k cuda -p no:cacheprovider -rA -q \
-    > "$R/tests.log" 2>&1
+  # + the V4 static decode (its select_entries now scores through the kernel) replayed from CUDA graphs, and the
+  # fused V3.2 / V4 decode vs v0 (module + runner)
+  timeout ${T_TESTS:-150} python3 -m pytest tests/kernels/test_indexer_scores.py tests/kernels/test_sparse_sink_decode.py \
+    tests/kernels/test_mla_decode.py -k "cuda" -p no:cacheprovider -rA -q > "$R/tests.log" 2>&1
   echo "tests rc=$?" >> "$R/tests.log"
 fi
 if [[ ${STAGES:-tests,bench} == *bench* ]]; then
