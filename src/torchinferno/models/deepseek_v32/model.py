@@ -175,7 +175,8 @@ class DeepSeekMLA(MLAProjections):
         mask = None if min(meta.seq_lens_list) == L and not self.capturing(q_nope) else visible
         if idx is not None and self.index_topk < L:
             ik = gather_kv(kv_cache[1], meta.block_tables, L)  # [B, L, Di]
-            mask = self.indexer.select(idx.q[:, None], ik, idx.w[:, None], visible[:, None])[:, 0]
+            limits = meta.seq_lens[:, None].to(q_nope.device)  # visible, by position
+            mask = self.indexer.select(idx.q[:, None], ik, idx.w[:, None], visible[:, None], limits)[:, 0]
         return self.ops.mla_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
 
 
