@@ -8,6 +8,7 @@ on CPU under ``TRITON_INTERPRET=1`` (``python <this> <check>``), on CUDA as plai
   (the comparison rejects a reference without the ReLU, with a head dropped, or with limits off by one).
 * ``v4``: the tiny V4 v1 prefill (fresh and in 3 chunks) with the indexer kernel == without (logits within 1e-5,
   same argmax); with the kernel, each query's CSA selection in the chunked pass == the full pass.
+* ``v4decode``: its static decode (``select_entries``; CUDA: replayed from CUDA graphs), kernel == without.
 * ``v32``: the tiny V3.2 model with its indexer scores through ``fused_ops.indexer_scores`` (kernel) == the raw ops,
   over chunked prefill + batched decode.
 """
@@ -257,6 +258,27 @@ def check_v4(device) -> None:
             assert r == keep.shape[0]
 
 
+def check_v4_decode(device) -> None:
+    """Tiny V4 v1 static decode (decode.py's select_entries, one query row per batch row; CUDA: replayed from CUDA
+    graphs) with the indexer kernel == without."""
+    model, indexers = _v4_model(device)
+    sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "models")]
+    import test_deepseek_v4_decode as M
+
+    dec, steps = {}, M.STEPS
+    M.STEPS = 6 if device.type == "cpu" else steps  # the interpreter: past the 17-token prompt's next CSA window
+    for on in (True, False):
+        for idx in indexers:
+            idx.score_kernel = on
+        with _counted() as c:
+            dec[on], _ = M.run(model, static=True, mode="runner" if device.type == "cuda" else "emulated")
+        assert (c.calls > 0) == on, f"decode: kernel {'not ' if on else ''}used (calls {c.calls})"
+    M.STEPS = steps
+    err = float((dec[True] - dec[False]).norm() / dec[False].norm())
+    assert err <= (1e-5 if device.type == "cpu" else 1e-4), f"static decode, indexer kernel on vs off: rel err {err:.2e}"
+    assert torch.equal(dec[True].argmax(-1), dec[False].argmax(-1))
+
+
 class _KernelScores:
     """V3.2 ops: the raw (reference) ops with ``indexer_scores`` from the fused ops (the kernel)."""
 
@@ -330,6 +352,8 @@ def main() -> None:
         check_sabotage(cpu, torch.float32)
     elif what == "v4":
         check_v4(cpu)
+    elif what == "v4decode":
+        check_v4_decode(cpu)
     elif what == "v32":
         check_v32(cpu)
     print(f"ok {what}")

@@ -3,8 +3,8 @@ models through it (checks in indexer_scores_checks.py).
 
 CPU: the dispatch falls back to the reference, which is the V4 ``Indexer.select`` / V3.2 ``mla.indexer_scores``
 arithmetic. Interpreter (``TRITON_INTERPRET=1`` subprocess): kernel == reference (fp32 / fp16, odd sizes, causal
-limits, exact-zero ties, tile independence, sabotage controls); the tiny V4 v1 prefill with the indexer kernel ==
-without, chunked selections == full; the tiny V3.2 with kernel scores == raw ops. CUDA (skipped without): the same
+limits, exact-zero ties, tile independence, sabotage controls); the tiny V4 v1 prefill and static decode with the
+indexer kernel == without, chunked selections == full; the tiny V3.2 with kernel scores == raw ops. CUDA (skipped without): the same
 at fp32 / bf16, V4-Flash's (64 heads x 128, top-512 over Q/4 entries) and V3.2's (64 x 128, top-2048 over Q tokens)
 indexer shapes.
 """
@@ -57,7 +57,7 @@ def test_usable_gates():
     assert not iks.usable(q, k)  # CPU
 
 
-@pytest.mark.parametrize("check", ["kernel", "v4", "v32"])
+@pytest.mark.parametrize("check", ["kernel", "v4", pytest.param("v4decode", marks=pytest.mark.slow), "v32"])
 def test_indexer_scores_on_the_triton_interpreter(check, interpreter_check):
     interpreter_check("indexer_scores_checks.py", check)
 
@@ -92,6 +92,7 @@ def test_indexer_real_shapes_cuda(dtype, shape):
 @cuda
 def test_v4_model_cuda():
     _checks().check_v4(torch.device("cuda"))
+    _checks().check_v4_decode(torch.device("cuda"))
 
 
 @cuda
