@@ -62,7 +62,9 @@ def test_indexer_scores_on_the_triton_interpreter(check, interpreter_check):
     interpreter_check("indexer_scores_checks.py", check)
 
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def cuda(test):
+    """Marked ``cuda`` and skipped without a CUDA device."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
 
 
 @cuda
