@@ -5,7 +5,7 @@
 # over a cached context; V3.2's 64 x 128 top-2048 over Q tokens; the tiny V4 / V3.2 models with the kernel == without),
 # then benchmarks/bench_indexer_scores.py: kernel vs torch time and peak memory at Q = 2048 / 4096 / 8192 with S = Q/4
 # (V4 CSA) and S = Q (V3.2), bf16 inputs (+ the fp32 IEEE kernel), the stable top-k sort after it for scale, and a
-# 6-config tile sweep at V3.2 Q=4096; also the V4 decode-from-CUDA-graphs and fused MLA decode CUDA tests (the static
+# 6-config tile sweep at Q=4096 of both shapes; also the V4 decode-from-CUDA-graphs and fused MLA decode CUDA tests (the static
 # decode's indexer now runs the kernel inside the captured graph). About 2-3 minutes on one H100/H200 (tests ~1-2 min,
 # bench ~1 min); carries nothing but the repo.
 # Everything lands in $OUT/indexer_kernel.tar.gz; a compact summary is printed at the end.

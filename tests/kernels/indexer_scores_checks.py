@@ -122,7 +122,8 @@ def check_ties(device, dtype) -> None:
     got = iks.indexer_scores(q, k, w, 0.5, config=SMALL)
     assert int((ref == 0).sum(-1).min()) >= 25 and torch.equal(ref == 0, got == 0)
     for kk in (20, 30):
-        assert torch.equal(topk_idx(got, kk), topk_idx(ref, kk)), f"top-{kk} with exact-zero ties differs"
+        sets = [topk_idx(x, kk).sort(-1).values for x in (got, ref)]  # as sets: the positive ones may near-tie
+        assert torch.equal(*sets), f"top-{kk} with exact-zero ties differs"
 
 
 def check_tile_independence(device, dtype) -> None:
