@@ -31,16 +31,16 @@ TOPK = {"v4": 512, "v32": 2048}
 
 def timed(fn, reps: int = 5, warmup: int = 2) -> tuple[float, float, object]:
     """-> (median ms, peak extra GiB, last result)."""
-    out = None
     for _ in range(warmup):
-        out = fn()
-    del out
+        fn()  # result dropped at once
+    out = None
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        out = None  # the previous result is not counted in this call's peak
         a.record()
         out = fn()
         b.record()
