@@ -84,10 +84,15 @@ def indexer_scores(
     q: torch.Tensor,  # [..., Q, Hi, Di]
     k: torch.Tensor,  # [..., S, Di]
     weights: torch.Tensor,  # [..., Q, Hi] per-head weights, all scales folded in
+    limits: torch.Tensor | None = None,  # [..., Q] int: key s visible iff s < limits[q] (None: all)
 ) -> torch.Tensor:  # [..., Q, S] fp32
-    """``score[q, s] = sum_h weights[q, h] * ReLU(q_h . k_s)`` in fp32."""
+    """``score[q, s] = sum_h weights[q, h] * ReLU(q_h . k_s)`` in fp32, -inf where ``s >= limits[q]``.
+    (``kernels.indexer_scores`` computes the same without the [..., Q, Hi, S] logits; the fused ops use it.)"""
     logits = torch.einsum("...qhd,...sd->...qhs", q.float(), k.float())
-    return torch.einsum("...qh,...qhs->...qs", weights.float(), F.relu(logits))
+    scores = torch.einsum("...qh,...qhs->...qs", weights.float(), F.relu(logits))
+    if limits is not None:
+        scores = scores.masked_fill(torch.arange(k.shape[-2], device=k.device) >= limits[..., None], float("-inf"))
+    return scores
 
 
 def topk_keep_mask(scores: torch.Tensor, valid: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:

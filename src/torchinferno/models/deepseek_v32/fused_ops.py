@@ -1,8 +1,9 @@
 """Same contract as ``raw_ops`` routed to ``torchinferno.kernels`` (Triton on CUDA, fused torch on CPU).
 
-Interleaved rope, MLA attention and indexer scoring have no kernel entry yet and use the reference
-implementations (a later variant swaps them for kernels behind this contract). The grouped MoE is the fused
-Triton MoE on CUDA (``moe.fused_expert_mlp``: no host sync), the grouped reference elsewhere.
+Indexer scoring is the Triton kernel on CUDA (``kernels.indexer_scores``: no [Q, Hi, S] logits). Interleaved rope
+and absorbed MLA attention have no kernel entry yet and use the reference implementations (a later variant swaps
+them for kernels behind this contract). The grouped MoE is the fused Triton MoE on CUDA (``moe.fused_expert_mlp``: no
+host sync), the grouped reference elsewhere.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from torchinferno import kernels
+from torchinferno.kernels import indexer_scores as indexer_kernel
 from torchinferno.kernels import mla_prefill
 from torchinferno.models.common import mla, moe
 from torchinferno.models.common.norm_act_ops import Fused
@@ -40,6 +42,15 @@ mla_expanded_attention = mla_prefill.expanded_attention  # flash-eligible on CUD
 # through the flash kernel instead of a [Q, S] boolean mask
 MLA_PREFILL_CONTEXT = True
 mla_absorbed_attention = mla.mla_absorbed_attention
-indexer_scores = mla.indexer_scores
+
+
+def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:
+    """``mla.indexer_scores``' contract: the Triton kernel on CUDA (``kernels.indexer_scores``: no [..., Q, Hi, S]
+    logits; the scales are folded into ``w``, so ``scale=1``), ``mla.indexer_scores`` itself elsewhere."""
+    if indexer_kernel.usable(q, k):
+        return indexer_kernel.indexer_scores(q, k, w, 1.0, limits)
+    return mla.indexer_scores(q, k, w, limits)
+
+
 route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere
 grouped_expert_mlp = moe.fused_expert_mlp  # fused Triton MoE on CUDA, the grouped reference elsewhere

@@ -91,9 +91,14 @@ class DSAIndexer(nn.Module):
         w = self.weights_proj(x) * self.weight_scale  # [T, Hi] fp32 (weights_proj is kept and run in fp32)
         return IndexerProj(q, k, w)
 
-    def select(self, q, k, w, visible: torch.Tensor) -> torch.Tensor:
-        """Keep-mask [..., Q, S]: the top-k visible keys of each query (q [...,Q,Hi,Di], k [...,S,Di])."""
-        scores = masked_scores(self.ops.indexer_scores(q, k, w), visible)
+    def select(self, q, k, w, visible: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:
+        """Keep-mask [..., Q, S]: the top-k visible keys of each query (q [...,Q,Hi,Di], k [...,S,Di]). ``limits``
+        [..., Q] (optional): the caller's promise that ``visible == arange(S) < limits[..., None]`` (the ops then
+        mask by position and the [..., Q, S] mask is not read for the scores)."""
+        if limits is not None:
+            scores = self.ops.indexer_scores(q, k, w, limits=limits)
+        else:
+            scores = masked_scores(self.ops.indexer_scores(q, k, w), visible)
         return topk_keep_mask(scores, visible, self.topk(scores))
 
 
@@ -153,7 +158,8 @@ class DeepSeekMLA(MLAProjections):
                 dev = q_nope.device
                 mask = torch.arange(slen, device=dev)[None, :] <= (ctx + torch.arange(qlen, device=dev))[:, None]
             if sparse:
-                mask = self.indexer.select(idx.q[s:e], ik, idx.w[s:e], mask)
+                limits = ctx + 1 + torch.arange(qlen, device=q_nope.device)  # the causal mask above, by position
+                mask = self.indexer.select(idx.q[s:e], ik, idx.w[s:e], mask, limits)
             out[s:e] = self.ops.mla_expanded_attention(q_nope[s:e], q_pe[s:e], lat, self.kv_b_proj.weight, self.scale, mask)
         return out
 
@@ -169,7 +175,8 @@ class DeepSeekMLA(MLAProjections):
         mask = None if min(meta.seq_lens_list) == L and not self.capturing(q_nope) else visible
         if idx is not None and self.index_topk < L:
             ik = gather_kv(kv_cache[1], meta.block_tables, L)  # [B, L, Di]
-            mask = self.indexer.select(idx.q[:, None], ik, idx.w[:, None], visible[:, None])[:, 0]
+            limits = meta.seq_lens[:, None].to(q_nope.device)  # visible, by position
+            mask = self.indexer.select(idx.q[:, None], ik, idx.w[:, None], visible[:, None], limits)[:, 0]
         return self.ops.mla_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
 
 

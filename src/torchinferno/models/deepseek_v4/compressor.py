@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchinferno.kernels.indexer_scores import indexer_scores
 from torchinferno.models.common.module_utils import KeepFP32, KeepFP32Tensors
 from torchinferno.models.common.rope import apply_rope_interleaved
 
@@ -112,6 +113,8 @@ class Indexer(_Pooler):
 
     ``score[q, w] = sum_h (weights_proj(h_q)_h * Hi^-0.5) * ReLU(q_h . K_w) * Di^-0.5``; each query keeps the
     ``index_topk`` highest-scoring *visible* entries (all of them when fewer are visible; the earliest among ties).
+    ``score_kernel`` (set by the attention layer from its ops module): the scores through
+    ``kernels.indexer_scores`` (Triton on CUDA: no [Q, Hi, n] logits; its torch reference elsewhere).
     """
 
     def __init__(self, hidden: int, q_lora_rank: int, n_heads: int, head_dim: int, topk: int, rate: int, eps: float):
@@ -119,19 +122,31 @@ class Indexer(_Pooler):
         self.n_heads, self.topk = n_heads, topk
         self.q_b_proj = nn.Linear(q_lora_rank, n_heads * head_dim, bias=False)
         self.scorer = IndexerScorer(hidden, n_heads)
+        self.score_kernel = False
+
+    def scores(self, q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor, visible: torch.Tensor,
+               limits: torch.Tensor | None = None) -> torch.Tensor:
+        """q [..., Q, Hi, Di] (rope'd), keys [..., n, Di], w [..., Q, Hi] (fp32, * Hi^-0.5), visible [..., Q, n]
+        -> [..., Q, n] fp32, -inf where not visible. ``limits`` [..., Q] (optional, only with ``score_kernel``):
+        the caller's promise that ``visible == arange(n) < limits[..., None]``, so the kernel masks by position."""
+        if self.score_kernel:
+            s = indexer_scores(q, keys, w, self.dim**-0.5, limits)
+            return s if limits is not None else s.masked_fill(~visible, float("-inf"))
+        scores = torch.relu(torch.einsum("...qhd,...nd->...qhn", q.float(), keys.float())) * self.dim**-0.5
+        return (scores * w[..., None]).sum(dim=-2).masked_fill(~visible, float("-inf"))
 
     def select(self, h: torch.Tensor, q_res: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
-               keys: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-        """h [Q, D], q_res [Q, q_lora], cos/sin_q [Q, r/2], keys [n, Di], visible [Q, n] -> keep-mask [Q, n]."""
+               keys: torch.Tensor, visible: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:
+        """h [Q, D], q_res [Q, q_lora], cos/sin_q [Q, r/2], keys [n, Di], visible [Q, n] -> keep-mask [Q, n].
+        ``limits`` [Q]: optional, see :meth:`scores`."""
         Q, n = visible.shape
         if n == 0:
             return visible
-        q = rope_tail(self.q_b_proj(q_res).view(Q, self.n_heads, self.dim), cos_q, sin_q)
-        scores = torch.relu(torch.einsum("qhd,nd->qhn", q.float(), keys.float())) * self.dim**-0.5
-        w = self.scorer.weights_proj(h).float() * self.n_heads**-0.5  # [Q, Hi]
-        scores = (scores * w[:, :, None]).sum(dim=1).masked_fill(~visible, float("-inf"))  # [Q, n]
         if self.topk >= n:
             return visible
+        q = rope_tail(self.q_b_proj(q_res).view(Q, self.n_heads, self.dim), cos_q, sin_q)
+        w = self.scorer.weights_proj(h).float() * self.n_heads**-0.5  # [Q, Hi]
+        scores = self.scores(q, keys, w, visible, limits)  # [Q, n]
         # A stable sort keeps the earliest entry among equal scores (ReLU makes exact ties at 0 real), so a
         # chunked pass, a prefix hit and the full pass select alike; transformers' topk agrees when untied.
         idx = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, : self.topk]

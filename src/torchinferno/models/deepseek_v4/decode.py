@@ -122,21 +122,23 @@ def decode_attention(attn, q: torch.Tensor, q_res: torch.Tensor, h: torch.Tensor
             inew = closing_entry(idx, caches["ikv"], caches["igate"], t, bt, bs, cos_c, sin_c, q.dtype)
             write_rows(caches["ientry"], inew, entry_slots)
             ent = select_entries(idx, h, q_res, cos_c[t], sin_c[t], gather_rows(caches["ientry"], ent, q.dtype),
-                                 visible, ent)
+                                 visible, ent, limits=(t + 1) // m)
     return ssd.sparse_sink_decode(q, caches["kv"], win, ent_cache, ent, attn.sinks, attn.scale,
                                   use_triton=attn.sparse_kernel, config=attn.kernel_config)
 
 
 def select_entries(idx, h: torch.Tensor, q_res: torch.Tensor, cos_q: torch.Tensor, sin_q: torch.Tensor,
-                   keys: torch.Tensor, visible: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+                   keys: torch.Tensor, visible: torch.Tensor, slots: torch.Tensor,
+                   limits: torch.Tensor | None = None) -> torch.Tensor:
     """The CSA indexer's choice with a fixed width: h [B, D], q_res [B, q_lora], cos/sin_q [B, r/2], keys [B, n, Di],
-    visible [B, n], slots [B, n] -> selected slots [B, min(topk, n)] (-1: not visible). Same scores and tie rule as
-    ``Indexer.select``."""
+    visible [B, n], slots [B, n] -> selected slots [B, min(topk, n)] (-1: not visible). Same scores (``Indexer.scores``,
+    the Triton kernel where ``idx.score_kernel``: one query row per batch row) and tie rule as ``Indexer.select``.
+    ``limits`` [B] (optional): ``visible == arange(n) < limits[:, None]`` (the kernel then masks by position)."""
     B, n = visible.shape
     qi = rope_tail(idx.q_b_proj(q_res).view(B, idx.n_heads, idx.dim), cos_q, sin_q)
-    scores = torch.relu(torch.einsum("bhd,bnd->bhn", qi.float(), keys.float())) * idx.dim**-0.5
     wts = idx.scorer.weights_proj(h).float() * idx.n_heads**-0.5  # [B, Hi]
-    scores = (scores * wts[:, :, None]).sum(dim=1).masked_fill(~visible, float("-inf"))  # [B, n]
+    lim = None if limits is None else limits[:, None]
+    scores = idx.scores(qi[:, None], keys, wts[:, None], visible[:, None], lim)[:, 0]  # [B, n]
     k = min(idx.topk, n)
     order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
     return torch.where(visible.gather(1, order), slots.gather(1, order), -1)

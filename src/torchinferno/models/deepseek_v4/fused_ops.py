@@ -1,7 +1,7 @@
 """Same contract as ``raw_ops``, norms / activation routed to ``torchinferno.kernels``; the clamped experts run the
 fused Triton MoE on CUDA (``kernels.fused_moe.fused_experts`` with the SwiGLU clamp: no host sync) and the
 reference loop elsewhere. Decode steps take the static-shape path (``decode.py``) with the Triton sparse-sink
-attention on CUDA."""
+attention on CUDA; the CSA indexer scores through the Triton indexer kernel on CUDA."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ NAME = "fused"
 STATIC_DECODE = True
 # ... whose attention is the Triton sparse-sink kernel on CUDA (kernels.sparse_sink_decode; the reference elsewhere)
 SPARSE_SINK_DECODE = True
+# the CSA indexer's scores through kernels.indexer_scores: Triton on CUDA, no [Q, Hi, n] logits (prefill and decode)
+INDEXER_SCORES_KERNEL = True
 
 
 def clamped_experts(x, ids, weights, gate_up, down, limit: float) -> torch.Tensor:

@@ -110,6 +110,9 @@ class V4Attention(KeepFP32Tensors, nn.Module):
         self.o_b_proj = nn.Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, bias=False)
         self.sinks = nn.Parameter(torch.zeros(H, dtype=torch.float32))
         self.compressor = None if layer_type == SLIDING else Compressor(cfg, layer_type)
+        if self.compressor is not None and self.compressor.indexer is not None:
+            # CSA indexer scores through kernels.indexer_scores (Triton on CUDA) where the ops module opts in
+            self.compressor.indexer.score_kernel = bool(getattr(ops, "INDEXER_SCORES_KERNEL", False))
         self.scale = hd**-0.5
 
     @property
@@ -154,7 +157,8 @@ class V4Attention(KeepFP32Tensors, nn.Module):
                 vis = visible_entries(pos, ent.shape[0], comp.rate)
                 if comp.indexer is not None:
                     ikeys = seq.entries(comp.indexer, "ikv", "igate", "ientry", cos_c, sin_c)
-                    vis = comp.indexer.select(h[s : s + qlen], q_res[s : s + qlen], cos_c[pos], sin_c[pos], ikeys, vis)
+                    vis = comp.indexer.select(h[s : s + qlen], q_res[s : s + qlen], cos_c[pos], sin_c[pos], ikeys, vis,
+                                              limits=(pos + 1) // comp.rate)  # visible_entries' rule, by position
             out[s : s + qlen] = self._attend_sparse(q[s : s + qlen], positions[s : s + qlen], keys, lo, ent, vis)
         return self._output(out, cos, sin)
 
