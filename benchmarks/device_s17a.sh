@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Device call 1 of session 17: the session-16 GPU code that never ran, most valuable first (about 9 minutes).
-#   bash benchmarks/device_s17a.sh        (run tool: timeout_s 590)
-# 1. benchmarks/probe_ds_prefill.py mla,prefill,decode (issue 24: where the V2-Lite-like prefill's host time goes,
-#    MLA decode split sweep, graph decode with a smaller minimum split)           cap T_PROBE (200 s)
-# 2. the V4 prefill kernel's CUDA tests (device_s16_v4pre.sh STAGES=tests)         cap T_TESTS (150 s)
-# 3. the block-FP8 CUDA tests (device_s16_fp8b.sh STAGES=tests)                    cap T_FP8 (120 s)
-# 4. the V4 prefill timing vs torch (device_s16_v4pre.sh STAGES=bench)             cap T_BENCH (100 s)
+# Device call 1 of session 17 (about 6.5 minutes; run tool timeout_s 420): the GPU code that never ran, compactly.
+# 1. CUDA tests of this and last session's kernels, one pytest (Triton compiles cold: capped at T_TESTS, 170 s):
+#    fused MoE (its tile scheduling now shared: kernels/triton/tiles.py), block FP8, the lightning-indexer kernel,
+#    the V4 prefill sparse-sink kernel. Whatever finishes is reported per test.
+# 2. benchmarks/probe_ds_prefill.py mla,prefill,decode (issue 24: the V2-Lite-like prefill's host time by module and
+#    op, MLA decode split sweep, graph decode with a smaller minimum split), capped at T_PROBE (200 s).
 set -o pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/p"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-PYTHONPATH=src timeout ${T_PROBE:-200} python3 benchmarks/probe_ds_prefill.py "$OUT/p/probe.json" mla,prefill,decode \
-  > "$OUT/p/probe.log" 2>&1; echo "probe rc=$?" >> "$OUT/p/probe.log"
-echo "== probe"; grep -vE "^\s*$" "$OUT/p/probe.log" | tail -40 | cut -c1-400
-STAGES=tests T_TESTS=${T_TESTS:-150} bash benchmarks/device_s16_v4pre.sh; mv "$OUT/s16_v4pre.tar.gz" "$OUT/s16_v4pre_tests.tar.gz"
-STAGES=tests T_TESTS=${T_FP8:-120} bash benchmarks/device_s16_fp8b.sh
-STAGES=bench T_BENCH=${T_BENCH:-100} bash benchmarks/device_s16_v4pre.sh
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/s17a"; R="$OUT/s17a"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$R/env.txt"
+git log --oneline -1 | tee -a "$R/env.txt"
+PYTHONPATH=src timeout ${T_TESTS:-170} python3 -m pytest tests/kernels/test_fused_moe.py tests/kernels/test_fp8_block.py \
+  tests/kernels/test_indexer_scores.py tests/kernels/test_sparse_sink_prefill.py -k cuda -p no:cacheprovider -rA -q \
+  > "$R/tests.log" 2>&1; echo "tests rc=$?" >> "$R/tests.log"
+PYTHONPATH=src timeout ${T_PROBE:-200} python3 benchmarks/probe_ds_prefill.py "$R/probe.json" mla,prefill,decode \
+  > "$R/probe.log" 2>&1; echo "probe rc=$?" >> "$R/probe.log"
+echo "== tests"; grep -E "^(PASSED|FAILED|ERROR)" "$R/tests.log" | cut -c1-160 | sed 's/tests\/kernels\///' | head -60
+grep -E "Error|assert" "$R/tests.log" | head -10 | cut -c1-300; grep -E "passed|failed|rc=" "$R/tests.log" | tail -2
+echo "== probe"; grep -vE "^\s*$" "$R/probe.log" | tail -40 | cut -c1-500
 true
