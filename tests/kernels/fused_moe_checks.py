@@ -196,7 +196,9 @@ ALIGN_CASES = [(1, 6, 64, 16), (5, 2, 4, 4), (33, 8, 16, 16), (7, 3, 5, 1), (64,
 
 
 def check_align(device) -> None:
-    """The one-program Triton sort/pad == the Python oracle == the torch version (dropped ids, empty experts)."""
+    """The one-program Triton sort/pad == the multi-program one (prefill sizes) == the Python oracle == the torch
+    version (dropped ids, empty experts); then a prefill-sized routing (P > ALIGN_KERNEL_MAX_PAIRS, many chunks)
+    through the multi-program one vs the torch version, and a sabotaged layout that the comparison catches."""
     from torchinferno.kernels.fused_moe import (
         align_pairs_torch,
         max_padded,
@@ -212,10 +214,21 @@ def check_align(device) -> None:
             ids[2, 0], ids[3, -1] = -1, E  # dropped
         want = reference_align(ids, E, B)
         got = tk.align_pairs(ids.to(device), E, B, max_padded(T * K, E, B))
+        chunked = tk.align_pairs_chunked(ids.to(device), E, B, max_padded(T * K, E, B))
         alt = align_pairs_torch(ids.to(device), E, B)
-        for name, (sp, be, n) in (("triton", got), ("torch", alt)):
+        for name, (sp, be, n) in (("triton", got), ("chunked", chunked), ("torch", alt)):
             ok = torch.equal(sp.cpu(), want[0]) and torch.equal(be.cpu(), want[1]) and int(n) == want[2]
             assert ok, f"align {name} T={T} K={K} E={E} B={B}"
+    for T, K, E, B in ((700, 6, 64, 64), (300, 8, 256, 16)):  # 4200 / 2400 pairs: 33 / 75 chunks
+        ids = torch.randint(0, E, (T, K), generator=g)
+        ids[5, 2], ids[9, 0] = -1, E + 3  # dropped
+        want = align_pairs_torch(ids, E, B)
+        sp, be, n = tk.align_pairs_chunked(ids.to(device), E, B, max_padded(T * K, E, B))
+        assert torch.equal(sp.cpu(), want[0]) and torch.equal(be.cpu(), want[1]) and int(n) == int(want[2]), \
+            f"align chunked T={T} K={K} E={E} B={B}"
+        bad = sp.cpu().clone()
+        bad[[0, 1]] = bad[[1, 0]]  # two pairs of one expert swapped: no longer ascending within the expert
+        assert not torch.equal(bad, want[0])
 
 
 def check_expert_parallel(device, dtype=torch.float32, T=11, K=3, E=6, D=32, inter=16) -> None:

@@ -176,6 +176,11 @@ def test_align_kernel_compiles_for_sm90(bm, e_pad, chunk):
 
     compile_sm90(fm._align_kernel, {"IDS": "*i64", "SORTED": "*i32", "BLOCK_EXPERT": "*i32", "NUM_PADDED": "*i32"},
                  {"BM": bm, "E_PAD": e_pad, "CHUNK": chunk})
+    compile_sm90(fm._align_count_kernel, {"IDS": "*i64", "COUNTS": "*i32"}, {"E_PAD": e_pad, "CHUNK": chunk})
+    compile_sm90(fm._align_plan_kernel, {"COUNTS": "*i32", "BASE": "*i32", "BLOCK_EXPERT": "*i32", "NUM_PADDED": "*i32"},
+                 {"BM": bm, "E_PAD": e_pad, "CHUNK": chunk})
+    compile_sm90(fm._align_place_kernel, {"IDS": "*i64", "BASE": "*i32", "SORTED": "*i32"},
+                 {"E_PAD": e_pad, "CHUNK": chunk})
 
 
 @pytest.mark.parametrize("E,k,G,TG,ssp", [(64, 6, 1, 1, False), (256, 8, 8, 4, False), (256, 6, 1, 1, True)])

@@ -51,14 +51,16 @@ ALIGN_KERNEL_MAX_PAIRS = 4096  # up to here one Triton program sorts/pads (one l
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
     """ids [T, top_k] -> (sorted_pairs [P_max] int32, block_expert [P_max / block_m] int32, num_padded [1] int32).
 
-    No host sync, static shapes: one Triton launch (``kernels.triton.fused_moe.align_pairs``) for decode-sized
-    steps on CUDA, else :func:`align_pairs_torch`. Both give identical outputs.
+    No host sync, static shapes: on CUDA one Triton launch (``kernels.triton.fused_moe.align_pairs``) for
+    decode-sized steps, four (``align_pairs_chunked``: counts per chunk, layout, placement) past
+    :data:`ALIGN_KERNEL_MAX_PAIRS`; elsewhere :func:`align_pairs_torch`. All give identical outputs.
     """
     P = ids.numel()
-    if 0 < P <= ALIGN_KERNEL_MAX_PAIRS and _tri.usable(ids):
+    if P > 0 and _tri.usable(ids):
         from torchinferno.kernels.triton import fused_moe as tk
 
-        return tk.align_pairs(ids.contiguous(), num_experts, block_m, max_padded(P, num_experts, block_m))
+        align = tk.align_pairs if P <= ALIGN_KERNEL_MAX_PAIRS else tk.align_pairs_chunked
+        return align(ids.contiguous(), num_experts, block_m, max_padded(P, num_experts, block_m))
     return align_pairs_torch(ids, num_experts, block_m)
 
 
