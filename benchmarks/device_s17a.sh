@@ -13,7 +13,7 @@ git log --oneline -1 | tee -a "$R/env.txt"
 PYTHONPATH=src timeout ${T_TESTS:-150} python3 -m pytest tests/kernels/test_fused_moe.py tests/kernels/test_fp8_block.py \
   tests/kernels/test_indexer_scores.py tests/kernels/test_sparse_sink_prefill.py -k cuda -p no:cacheprovider -rA -q \
   > "$R/tests.log" 2>&1; echo "tests rc=$?" >> "$R/tests.log"
-PYTHONPATH=src timeout ${T_PROBE:-180} python3 benchmarks/probe_ds_prefill.py "$R/probe.json" mla,prefill,decode \
+PYTHONPATH=src timeout ${T_PROBE:-180} python3 benchmarks/probe_ds_prefill.py "$R/probe.json" prefill,decode,mla \
   > "$R/probe.log" 2>&1; echo "probe rc=$?" >> "$R/probe.log"
 echo "== tests"; grep -E "^(PASSED|FAILED|ERROR)" "$R/tests.log" | cut -c1-160 | sed 's/tests\/kernels\///' | head -60
 grep -E "Error|assert" "$R/tests.log" | head -10 | cut -c1-300; grep -E "passed|failed|rc=" "$R/tests.log" | tail -2
