@@ -12,7 +12,7 @@ import torch
 
 from torchinferno import kernels
 from torchinferno.kernels import indexer_scores as indexer_kernel
-from torchinferno.kernels import mla_prefill
+from torchinferno.kernels import mla_decode, mla_prefill
 from torchinferno.models.common import mla, moe
 from torchinferno.models.common.norm_act_ops import Fused
 from torchinferno.models.common.rope import apply_rope_interleaved
@@ -42,6 +42,8 @@ mla_expanded_attention = mla_prefill.expanded_attention  # flash-eligible on CUD
 # through the flash kernel instead of a [Q, S] boolean mask
 MLA_PREFILL_CONTEXT = True
 mla_absorbed_attention = mla.mla_absorbed_attention
+# DSA decode over the indexer's selected latent rows (flat slots [B, k]): the Triton sparse kernel on CUDA
+mla_sparse_absorbed_attention = mla_decode.sparse_absorbed_decode
 
 
 def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:

@@ -7,8 +7,11 @@ indexer and MoE compute comes from ``models/common/{mla,moe}.py``.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from torchinferno.kernels import mla_decode
 from torchinferno.models.common import mla, moe
 from torchinferno.models.common.norm_act_ops import Raw
 from torchinferno.models.common.rope import apply_rope_interleaved, apply_rope_neox
@@ -31,6 +34,8 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 mla_expanded_attention = mla.mla_expanded_attention
 mla_absorbed_attention = mla.mla_absorbed_attention
+# DSA decode over the selected latent rows (flat slots [B, k]): the torch reference of kernels.sparse_sink_decode
+mla_sparse_absorbed_attention = partial(mla_decode.sparse_absorbed_decode, use_triton=False)
 indexer_scores = mla.indexer_scores
 route = moe.route_sigmoid_grouped
 grouped_expert_mlp = moe.grouped_expert_mlp
