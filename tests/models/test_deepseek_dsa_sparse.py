@@ -4,6 +4,7 @@ reference ops. The interpreter / CUDA kernel checks are in tests/kernels/test_ds
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -44,9 +45,10 @@ def twin(m, variant: str = "v0", sparse: bool = True):
     return set_sparse(other.to(next(m.parameters()).device), sparse)
 
 
-def decode(m, prompt_lens: list[int], steps: int, device="cpu", seed: int = 7) -> torch.Tensor:
+def decode(m, prompt_lens: list[int], steps: int, device="cpu", seed: int = 7, capture_shaped: bool = False):
     """Prefill every row (one step, ragged), then ``steps`` batched decode steps over shuffled paged tables.
-    -> the decode steps' logits [steps * B, V]."""
+    -> the decode steps' logits [steps * B, V]. ``capture_shaped``: decode steps carry the host placeholder a CUDA
+    graph capture gets (``seq_lens_list`` = the whole table width; only the device ``seq_lens`` are true)."""
     g = torch.Generator().manual_seed(seed)
     B = len(prompt_lens)
     per = -(-(max(prompt_lens) + steps) // BS)
@@ -57,6 +59,8 @@ def decode(m, prompt_lens: list[int], steps: int, device="cpu", seed: int = 7) -
     for step in range(steps + 1):
         qlens = list(prompt_lens) if step == 0 else [1] * B
         meta = build_attention_metadata(qlens, done, perm, BS, device=device)
+        if step and capture_shaped:
+            meta = dataclasses.replace(meta, seq_lens_list=[per * BS] * B)
         x = torch.cat([ids[b][done[b] : done[b] + q] for b, q in enumerate(qlens)]).to(device)
         with torch.no_grad():
             logits = m.compute_logits(m(x, positions_for(qlens, done, device), caches, meta))
@@ -97,6 +101,15 @@ def test_fewer_visible_than_topk_pads_with_minus_one(sparse_calls):
     slots = sparse_calls[0]  # first decode step: lengths 3 and 13
     assert slots.shape == (2, 8)
     assert int((slots[0] >= 0).sum()) == 3 and int((slots[1] >= 0).sum()) == 8
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_capture_shaped_steps_equal_dense(sparse_calls):
+    """Host lengths replaced by the table width (what a capture sees): the device lengths alone mask correctly."""
+    sparse = make(TOPK8, sparse=True)
+    got = decode(sparse, [2, 9, 20], steps=8, capture_shaped=True)
+    want = decode(twin(sparse, sparse=False), [2, 9, 20], steps=8)
+    assert len(sparse_calls) == 8 * TOPK8.num_hidden_layers
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
