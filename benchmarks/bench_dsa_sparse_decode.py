@@ -117,7 +117,7 @@ def sweep(attn, B: int, L: int) -> list[dict]:
     pos = torch.stack([torch.randperm(L, device=DEV)[:TOPK] for _ in range(B)])
     slots = selected_slots(pos, meta.seq_lens, meta.block_tables, BS)
     rows = []
-    for bn in (16, 32, 64):
+    for bn in (16, 32):
         for warps in (4, 8):
             for splits in ("auto", 1, 4):
                 cfg = {"BLOCK_N": bn, "num_warps": warps, "SPLITS": splits}

@@ -26,6 +26,9 @@ import torch
 from torchinferno.kernels import triton as _tri
 from torchinferno.models.common.mla import split_kv_b
 
+# sparse_absorbed_decode's tiles: 512 value dims per row (+ the 64-wide rope tail), so 16 rows a tile as the paged
+# kernel takes for 576-wide rows (benchmarks/bench_dsa_sparse_decode.py sweeps them)
+SPARSE_CONFIG = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "SPLITS": "auto"}
 MAX_HEADS_PER_LAUNCH = 16  # heads per kernel launch (V2-Lite: one launch; V3's 128 heads: 8, each re-reading the rows)
 MERGE_COUNTERS = 4096  # per device: int32 zeros, one per (sequence, launch): the split-K merge inside stage 1
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -120,7 +123,7 @@ def sparse_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cach
     q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # fold W_UK into the query: [B, H, R]
     q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1)  # [B, H, R + r]
     o_lat = ssd.sparse_sink_decode(q, latent_cache, slots, None, None, None, scale, use_triton=use_triton,
-                                   config=config, dv=R)  # [B, H, R]
+                                   config={**SPARSE_CONFIG, **(config or {})}, dv=R)  # [B, H, R]
     return torch.einsum("bhr,hvr->bhv", o_lat, w_uv)  # fold W_UV into the output
 
 
