@@ -95,11 +95,10 @@ def row(attn, B: int, L: int) -> dict:
         out["sparse_ms"] = timed(step)
         out["rel_err"] = float((sparse.float() - dense.float()).norm() / dense.float().norm())
         lens = meta.seq_lens
-        from torchinferno.models.common.attention import gather_kv
 
         def select():
-            ik = gather_kv(kv[1], meta.block_tables, L)
-            return attn.indexer.select_positions(idx.q[:, None], ik, idx.w[:, None], lens[:, None])[:, 0]
+            return attn.indexer.select_positions(idx.q[:, None], kv[1], meta.block_tables, L, idx.w[:, None],
+                                                 lens[:, None])[:, 0]
 
         out["indexer_topk_ms"] = timed(select)
         slots = selected_slots(select(), lens, meta.block_tables, BS)

@@ -72,6 +72,34 @@ def check_kernel(device, dtype) -> None:
     off = ssd.reference(q, cache, slots + 1, None, None, None, 0.2, dv=32)
     assert _rel(got, off.to(got.device)) > 10 * tol, "an off-by-one slot went unnoticed"
     check_absorbed(device, dtype)
+    check_paged_indexer(device, dtype)
+
+
+def check_paged_indexer(device, dtype) -> None:
+    """The indexer kernel reading the paged index-key cache in place == the kernel over the gathered keys, bitwise
+    (same values, same tiles: the same selection), and == the reference within fp32 rounding."""
+    from torchinferno.kernels import indexer_scores as iks
+    from torchinferno.kernels.triton import indexer_scores as kern
+    from torchinferno.models.common.attention import gather_kv
+
+    g = torch.Generator().manual_seed(11)
+    B, Q, Hi, D, blocks, page, S = 3, 2, 4, 32, 24, 8, 70  # S not a multiple of the page; tables padded with 0
+    q = torch.randn(B, Q, Hi, D, generator=g).to(dtype).to(device)
+    cache = torch.randn(blocks, page, D, generator=g).to(dtype).to(device)
+    tables = torch.stack([torch.randperm(blocks, generator=g)[:9] for _ in range(B)]).to(torch.int32)
+    tables[0, 3:] = 0  # row 0 is short: blocks past its length are padding
+    tables = tables.to(device)
+    w = torch.randn(B, Q, Hi, generator=g).to(device)
+    limits = torch.tensor([[20, 21], [69, 70], [40, 41]], device=device)
+    cfg = {"BLOCK_Q": 16, "BLOCK_S": 16, "num_warps": 4, "num_stages": 1}
+    got = kern.indexer_scores(q, cache, w, 1.0, limits, cfg, block_tables=tables, num_keys=S)
+    gathered = gather_kv(cache, tables, S)
+    want = kern.indexer_scores(q, gathered, w, 1.0, limits, cfg)
+    assert got.shape == (B, Q, S) and torch.equal(got, want), "paged indexer scores differ from the gathered ones"
+    ref = iks.reference(q, gathered, w, 1.0, limits)
+    fin = torch.isfinite(ref)
+    assert torch.equal(fin, torch.isfinite(got)) and _rel(got[fin], ref[fin]) <= 1e-5
+    assert iks.paged_usable(q, cache)  # the fused ops take this path (Triton on q's device)
 
 
 def check_absorbed(device, dtype) -> None:
@@ -113,15 +141,19 @@ def check_model(device) -> None:
     cfg = replace(tiny_deepseek_v32_config(), index_topk=8)
     dense = M.make(cfg, sparse=False).to(device)
     sparse = M.twin(dense, variant="v1", sparse=True).to(device)
-    calls = []
-    real = kern.sparse_sink_decode
+    from torchinferno.kernels.triton import indexer_scores as ikern
+
+    calls, paged = [], []
+    real, real_ik = kern.sparse_sink_decode, ikern.indexer_scores
     kern.sparse_sink_decode = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    ikern.indexer_scores = lambda *a, **kw: paged.append(kw.get("block_tables") is not None) or real_ik(*a, **kw)
     try:
         got = M.decode(sparse, [3, 12, 6], steps=5, device=device)
     finally:
-        kern.sparse_sink_decode = real
+        kern.sparse_sink_decode, ikern.indexer_scores = real, real_ik
     want = M.decode(dense, [3, 12, 6], steps=5, device=device)
     assert calls, "the Triton sparse kernel was not used"
+    assert any(paged), "the indexer did not read the paged index-key cache in place"
     err = _rel(got, want)
     assert err <= 1e-5, f"sparse (fused, Triton) vs dense (raw): rel err {err:.2e}"
 

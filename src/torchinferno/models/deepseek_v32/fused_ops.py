@@ -14,6 +14,7 @@ from torchinferno import kernels
 from torchinferno.kernels import indexer_scores as indexer_kernel
 from torchinferno.kernels import mla_decode, mla_prefill
 from torchinferno.models.common import mla, moe
+from torchinferno.models.common.attention import gather_kv
 from torchinferno.models.common.norm_act_ops import Fused
 from torchinferno.models.common.rope import apply_rope_interleaved
 
@@ -52,6 +53,16 @@ def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, limits: to
     if indexer_kernel.usable(q, k):
         return indexer_kernel.indexer_scores(q, k, w, 1.0, limits)
     return mla.indexer_scores(q, k, w, limits)
+
+
+def indexer_scores_paged(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int,
+                         w: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`indexer_scores` over a paged key cache [N, page, Di] (the first ``num_keys`` keys of each row's
+    blocks): the Triton kernel reads the cache in place on CUDA (same scores as over the gathered keys), elsewhere
+    the keys are gathered and :func:`indexer_scores` runs."""
+    if indexer_kernel.paged_usable(q, k_cache):
+        return indexer_kernel.indexer_scores_paged(q, k_cache, block_tables, num_keys, w, 1.0, limits)
+    return indexer_scores(q, gather_kv(k_cache, block_tables, num_keys), w, limits)
 
 
 route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere

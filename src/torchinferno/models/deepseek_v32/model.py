@@ -101,11 +101,12 @@ class DSAIndexer(nn.Module):
             scores = masked_scores(self.ops.indexer_scores(q, k, w), visible)
         return topk_keep_mask(scores, visible, self.topk(scores))
 
-    def select_positions(self, q, k, w, limits: torch.Tensor) -> torch.Tensor:
-        """Positions [..., Q, min(top_k, S)] of the kept keys (q [..., Q, Hi, Di], k [..., S, Di], limits [..., Q]:
-        key s visible iff s < limits). The same scores and tie rule as :meth:`select`; where fewer than top_k
-        keys are visible the tail holds invisible positions (>= limits), which the caller masks by position."""
-        return self.topk(self.ops.indexer_scores(q, k, w, limits=limits))
+    def select_positions(self, q, k_cache, block_tables, num_keys: int, w, limits: torch.Tensor) -> torch.Tensor:
+        """Positions [B, Q, min(top_k, num_keys)] of the kept keys (q [B, Q, Hi, Di]; keys: the first ``num_keys``
+        of each row's blocks of the paged ``index_k`` cache [N, bs, Di], read in place where the ops can; limits
+        [B, Q]: key s visible iff s < limits). The same scores and tie rule as :meth:`select` over the gathered keys;
+        where fewer than top_k keys are visible the tail holds invisible positions (>= limits), masked by the caller."""
+        return self.topk(self.ops.indexer_scores_paged(q, k_cache, block_tables, num_keys, w, limits=limits))
 
 
 class DeepSeekMLA(MLAProjections):
@@ -210,8 +211,8 @@ class DeepSeekMLA(MLAProjections):
         L = meta.max_seq_len
         dev = q_nope.device
         lens = meta.seq_lens.to(dev)
-        ik = gather_kv(kv_cache[1], meta.block_tables, L)  # [B, L, Di]
-        pos = self.indexer.select_positions(idx.q[:, None], ik, idx.w[:, None], lens[:, None])[:, 0]  # [B, k]
+        pos = self.indexer.select_positions(idx.q[:, None], kv_cache[1], meta.block_tables, L, idx.w[:, None],
+                                            lens[:, None])[:, 0]  # [B, k]
         slots = selected_slots(pos, lens, meta.block_tables.to(dev), kv_cache[0].shape[1])  # [B, k]
         return self.ops.mla_sparse_absorbed_attention(q_nope, q_pe, kv_cache[0], self.kv_b_proj.weight, self.scale,
                                                       slots)
