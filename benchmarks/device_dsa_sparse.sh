@@ -3,8 +3,9 @@
 # (Triton compiles cold); carries nothing but the repo.
 # 1. CUDA tests (capped at T_TESTS, 170 s): the sparse kernel (values the first 512 of the 576-wide latent row, no
 #    sink) vs its reference at V3.2's shape (128 heads, top-k 2048), the tiny V3.2 fused sparse decode == raw dense,
-#    graphs-vs-eager through the engine; the V4 sparse-sink tests (the kernel they share changed); the MLA model
-#    decode from CUDA graphs (the DSA case now captured).
+#    graphs-vs-eager through the engine, the indexer reading the paged index-key cache in place == over gathered keys
+#    (bitwise); the V4 sparse-sink and the indexer-kernel tests (both kernels changed); the MLA model decode from
+#    CUDA graphs (the DSA case now captured).
 # 2. benchmarks/bench_dsa_sparse_decode.py (capped at T_BENCH, 150 s): one DSA decode attention step (indexer +
 #    top-k + attention) sparse vs dense at 16 / 128 heads, batch 1 / 8, contexts 4k / 16k / 32k, top-k 2048, bf16;
 #    the sparse step from a CUDA graph; a tile sweep of the sparse kernel.
@@ -19,7 +20,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 git log --oneline -1 >> "$R/env.txt" 2>/dev/null || true
 if [[ ${STAGES:-tests,bench} == *tests* ]]; then
   timeout ${T_TESTS:-170} python3 -m pytest tests/kernels/test_dsa_sparse_decode.py tests/kernels/test_sparse_sink_decode.py \
-    tests/kernels/test_mla_decode.py -k "cuda" -p no:cacheprovider -rA -q \
+    tests/kernels/test_mla_decode.py tests/kernels/test_indexer_scores.py -k "cuda" -p no:cacheprovider -rA -q \
     > "$R/tests.log" 2>&1
   echo "tests rc=$?" >> "$R/tests.log"
 fi
