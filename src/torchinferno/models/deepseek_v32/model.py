@@ -127,9 +127,9 @@ class DeepSeekMLA(MLAProjections):
     @property
     def supports_cuda_graphs(self) -> bool:
         """A decode step reads only device tensors and bounded rows (``kernels.cuda_graphs``): the paged absorbed
-        decode, or with the DSA indexer the sparse decode (at most ``index_topk`` latent rows per sequence; the
-        indexer itself scores every key of the captured block-table width, as it does eagerly for the batch's
-        longest row)."""
+        decode, or with the DSA indexer the sparse decode (at most ``index_topk`` latent rows per sequence). Under
+        capture the indexer's width is the whole block table: its kernel reads the paged index keys in place and
+        skips key tiles past every row's length, but the scores [B, width] and their stable sort span it all."""
         paged = self._paged_ops() and self.absorb_decode
         return paged and (self.indexer is None or self.sparse_decode)
 
