@@ -116,16 +116,16 @@ def sweep(attn, B: int, L: int) -> list[dict]:
     pos = torch.stack([torch.randperm(L, device=DEV)[:TOPK] for _ in range(B)])
     slots = selected_slots(pos, meta.seq_lens, meta.block_tables, BS)
     rows = []
-    for bn in (16, 32):
-        for warps in (4, 8):
-            for splits in ("auto", 1, 4):
-                cfg = {"BLOCK_N": bn, "num_warps": warps, "SPLITS": splits}
-                try:
-                    ms = timed(lambda: mla_decode.sparse_absorbed_decode(  # noqa: B023
-                        q_nope, q_pe, kv[0], attn.kv_b_proj.weight, attn.scale, slots, config=cfg))
-                    rows.append({**cfg, "ms": ms})
-                except Exception as e:
-                    rows.append({**cfg, "error": f"{type(e).__name__}: {e}"[:200]})
+    tiles = [(16, 16, 4), (16, 32, 4), (16, 16, 8), (16, 32, 8), (32, 16, 8), (32, 32, 8), (64, 16, 8)]
+    configs = [{"BLOCK_H": bh, "BLOCK_N": bn, "num_warps": nw, "SPLITS": "auto"} for bh, bn, nw in tiles]
+    configs += [{**mla_decode.SPARSE_CONFIG, "SPLITS": sp} for sp in (1, 2, 8)]
+    for cfg in configs:
+        try:
+            ms = timed(lambda: mla_decode.sparse_absorbed_decode(  # noqa: B023
+                q_nope, q_pe, kv[0], attn.kv_b_proj.weight, attn.scale, slots, config=cfg))
+            rows.append({**cfg, "ms": ms})
+        except Exception as e:
+            rows.append({**cfg, "error": f"{type(e).__name__}: {e}"[:200]})
     return rows
 
 
