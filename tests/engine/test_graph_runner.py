@@ -56,11 +56,19 @@ def test_graph_batch_sizes_end_at_max_num_seqs():
 
 
 def test_deepseek_models_are_captured_only_on_the_paged_mla_path():
-    """MLA models declare ``supports_cuda_graphs`` when decode reads only device tensors and live rows: the fused
-    variant's paged MLA decode (kernels.mla_decode), not with a DSA indexer (V3.2), never v0."""
+    """MLA models declare ``supports_cuda_graphs`` when decode reads only device tensors and bounded rows: the fused
+    variant's paged MLA decode (kernels.mla_decode) or, with a DSA indexer (V3.2), its sparse decode over the top-k
+    rows (not the dense keep-mask path, ``sparse_decode = False``), never v0."""
+    from torchinferno.models.deepseek_v32.model import DeepSeekMLA
     from torchinferno.testing import tiny_model
 
-    assert not backend_supports_graphs(tiny_model("deepseek-v3.2"))  # DSA indexer
+    dsa = tiny_model("deepseek-v3.2")
+    assert backend_supports_graphs(dsa)  # DSA indexer: sparse decode
+    for m in dsa.modules():
+        if isinstance(m, DeepSeekMLA):
+            m.sparse_decode = False
+    assert not backend_supports_graphs(dsa)  # the dense keep-mask decode reads the whole table width
+    assert not backend_supports_graphs(tiny_model("deepseek-v3.2", variant="v0"))
     for name, size in (("deepseek-v3.2", "debug-v3"), ("dsv4", "debug")):
         assert backend_supports_graphs(tiny_model(name, size=size))
         assert not backend_supports_graphs(tiny_model(name, size=size, variant="v0"))  # the reference ops

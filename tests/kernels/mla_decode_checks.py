@@ -169,21 +169,21 @@ MODEL_CASES = [  # family, size, overrides, modes on CPU (CUDA: module + runner 
     ("deepseek-v3.2", "debug-v3", {}, ("emulated",)),  # paged MLA decode
     ("dsv4", "debug", {}, ("emulated",)),
     ("deepseek-v4", "debug", {}, ("emulated",)),  # static-shape decode + sparse-sink kernel (models/deepseek_v4/decode.py)
-    # DSA (not declared capturable: its gathered path reads the whole table width), still capture-correct:
+    # DSA (capturable through its sparse decode over the top-k latent rows, kernels.mla_decode.sparse_absorbed_decode):
     ("deepseek-v3.2", "debug", {}, ("emulated",)),  # contexts 10-11 past its top-8, sparse selection
     ("deepseek-v3.2", "debug", {"index_topk": 16}, ("emulated",)),  # top-k >= the static width: masked dense
 ]
 
 
 def check_models(device, dtype=torch.float32) -> None:
-    """Fused variants (paged MLA decode or DSA's gathered path, fused MoE and routing) == the v0 reference with the
+    """Fused variants (paged MLA decode or DSA's sparse decode, fused MoE and routing) == the v0 reference with the
     same weights, through the modes of :func:`_decode_logits`."""
     from torchinferno.kernels.cuda_graphs import backend_supports_graphs
 
     ids = torch.randint(0, 320, (2, 11), generator=torch.Generator().manual_seed(2)).to(device)
     for family, size, overrides, cpu_modes in MODEL_CASES:
         fused, ref = _pair(family, size, device, dtype, **overrides)
-        graphs = not fused.config.index_n_heads if family == "deepseek-v3.2" else True  # DSA: not declared (yet)
+        graphs = True  # DSA too: its sparse decode (or, top-k >= the table width, a dense read of <= top-k rows)
         assert backend_supports_graphs(fused) == graphs and not backend_supports_graphs(ref), family
         want, _ = _decode_logits(ref, device, dtype, ids)
         for mode in ("module", "runner") if device.type == "cuda" else cpu_modes:

@@ -21,6 +21,9 @@ MMA's, vs the reference's GEMM), and ``acc + r * w`` may be one fused multiply-a
 product first; the reference sums heads with ``sum(dim=-2)`` (torch's reduction order, not guaranteed sequential).
 Mixed q/k dtypes are promoted to fp32 (exact) first.
 
+:func:`indexer_scores_paged`: the same over a paged key cache ``[N, page, D]`` through block tables (V3.2's decode
+over its ``index_k`` cache): the kernel reads the rows in place; the reference gathers them first.
+
 Invariant (both paths): a query's scores depend only on its own row, never on its tile or on Q or S, so chunked
 prefill, prefix hits and the full pass select alike (bitwise on one device and path). Selection (top-k with the
 earliest among ties, -inf never preferred) stays with the callers.
@@ -76,3 +79,25 @@ def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, scale: flo
         limits = None if limits is None else limits[None]
     out = kern.indexer_scores(q, k, w, scale, limits, config)
     return out if batched else out[0]
+
+
+def paged_usable(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """The Triton kernel reads ``k_cache`` [N, page, D] in place: :func:`usable`, one dtype, a row-flat cache."""
+    return (q.dim() == 4 and k_cache.dim() == 3 and usable(q[0], k_cache[0]) and q.dtype == k_cache.dtype
+            and k_cache.stride(-1) == 1 and k_cache.stride(0) == k_cache.shape[1] * k_cache.stride(1))
+
+
+def indexer_scores_paged(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int,
+                         w: torch.Tensor, scale: float = 1.0, limits: torch.Tensor | None = None,
+                         use_triton: bool = True, config: dict | None = None) -> torch.Tensor:
+    """q [B, Q, Hi, D], k_cache [N, page, D], block_tables [B, nb] int, w [B, Q, Hi], limits [B, Q] | None ->
+    [B, Q, num_keys] fp32: :func:`indexer_scores` over the first ``num_keys`` keys of each row's blocks (the same
+    values, so the same scores as over ``gather_kv(k_cache, block_tables, num_keys)``). Triton reads the cache in
+    place (no gathered copy; CUDA-graph capturable); otherwise the keys are gathered and :func:`reference` runs."""
+    if use_triton and paged_usable(q, k_cache):
+        from torchinferno.kernels.triton import indexer_scores as kern
+
+        return kern.indexer_scores(q, k_cache, w, scale, limits, config, block_tables=block_tables, num_keys=num_keys)
+    from torchinferno.models.common.attention import gather_kv
+
+    return indexer_scores(q, gather_kv(k_cache, block_tables, num_keys), w, scale, limits, use_triton, config)

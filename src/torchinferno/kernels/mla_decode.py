@@ -9,6 +9,9 @@ query heads in one group; its lengths and block tables are device tensors, so no
 * :func:`paged_absorbed_decode` — ``q_nope [B, H, dn], q_pe [B, H, r]`` -> ``[B, H, dv]`` (W_UV folded in after).
   At most :data:`MAX_HEADS_PER_LAUNCH` heads per launch (a program holds its heads' 576-wide query rows).
   Reference: ``models.common.mla.mla_absorbed_attention`` over the gathered latent (tests/kernels/test_mla_decode.py).
+* :func:`sparse_absorbed_decode` — V3.2 DSA decode: the same absorbed attention over only the rows at given flat
+  cache slots ``[B, k]`` (the indexer's top-k, -1 = none), through ``kernels.sparse_sink_decode`` (keys the
+  576-wide rows, values their first ``R``, no sink): the Triton kernel on CUDA, its torch reference elsewhere.
 * :func:`write_latent` — the new tokens' latent rows into the cache; ``slot_mapping = -1`` (a padded row of a
   CUDA-graph bucket) writes nothing, without the boolean indexing (a host sync) the torch path needs for that.
 
@@ -23,6 +26,9 @@ import torch
 from torchinferno.kernels import triton as _tri
 from torchinferno.models.common.mla import split_kv_b
 
+# sparse_absorbed_decode's tiles: 512 value dims per row (+ the 64-wide rope tail), so 16 rows a tile as the paged
+# kernel takes for 576-wide rows (benchmarks/bench_dsa_sparse_decode.py sweeps them)
+SPARSE_CONFIG = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "SPLITS": "auto"}
 MAX_HEADS_PER_LAUNCH = 16  # heads per kernel launch (V2-Lite: one launch; V3's 128 heads: 8, each re-reading the rows)
 MERGE_COUNTERS = 4096  # per device: int32 zeros, one per (sequence, launch): the split-K merge inside stage 1
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -98,6 +104,27 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
     out = torch.empty(B, H, w_uv.shape[1], dtype=q.dtype, device=q.device)
     torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, B, R] @ [H, R, dv]
     return out
+
+
+def sparse_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor, w_kv_b: torch.Tensor,
+                           scale: float, slots: torch.Tensor, use_triton: bool = True,
+                           config: dict | None = None) -> torch.Tensor:
+    """q_nope [B, H, dn], q_pe [B, H, r], latent_cache [N, bs, R + r], w_kv_b [H*(dn+dv), R], slots [B, k] int
+    (flat cache slots ``block * bs + offset``; -1 = not attended) -> [B, H, dv] in q_nope.dtype.
+
+    Equals ``mla.mla_absorbed_attention`` over the latent rows at the valid slots (a row with none gives 0). Reads
+    only device tensors whose shapes are fixed by the batch and ``k`` (CUDA-graph capturable). ``use_triton=False``
+    (the reference ops) runs ``kernels.sparse_sink_decode.reference``."""
+    from torchinferno.kernels import sparse_sink_decode as ssd
+
+    H, dn = q_nope.shape[1], q_nope.shape[2]
+    R = latent_cache.shape[-1] - q_pe.shape[-1]
+    w_uk, w_uv = split_kv_b(w_kv_b, H, dn, w_kv_b.shape[0] // H - dn)
+    q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # fold W_UK into the query: [B, H, R]
+    q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1)  # [B, H, R + r]
+    o_lat = ssd.sparse_sink_decode(q, latent_cache, slots, None, None, None, scale, use_triton=use_triton,
+                                   config={**SPARSE_CONFIG, **(config or {})}, dv=R)  # [B, H, R]
+    return torch.einsum("bhr,hvr->bhv", o_lat, w_uv)  # fold W_UV into the output
 
 
 def write_latent(latent_cache: torch.Tensor, latent: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -1,10 +1,15 @@
-"""DeepSeek-V4 decode attention over selected K=V rows with a per-head sink: dispatch and torch reference.
+"""Decode attention over selected cache rows with an optional per-head sink: dispatch and torch reference.
+
+Serves DeepSeek-V4 (K = V rows, a sink per head) and V3.2's DSA decode (absorbed MLA over the indexer's selected
+latent rows: keys the whole ``[c_kv | k_pe]`` row, values its first ``dv`` dims, no sink; ``kernels.mla_decode``).
 
 ``sparse_sink_decode(q [B, H, hd], kv_cache [N, bs, hd], win_slots [B, W], ent_cache [N, bs, hd] | None,
 ent_slots [B, K] | None, sinks [H], scale) -> [B, H, hd]``: each sequence's one query attends the rows at its
 flat cache slots (window rows of ``kv_cache``, then compressed entries of ``ent_cache``; slot ``-1`` = masked,
 ``valid`` masks fold into that) with ``softmax([logits, sink])`` minus the sink column; rows are K and V both
-(the interleaved partial rope already applied when they were cached, as the torch model path does).
+(the interleaved partial rope already applied when they were cached, as the torch model path does). With ``dv``
+the values are the first ``dv`` dims of each row (out ``[B, H, dv]``); ``sinks=None``: no sink column, and a
+sequence with no valid slot gives 0 (not NaN).
 
 The Triton kernel (``kernels.triton.sparse_sink_decode``) runs on CUDA when the caller opts in (``use_triton``)
 and the caches are row-flat; :func:`reference` everywhere else: it is the same arithmetic as
@@ -41,7 +46,7 @@ def usable(q: torch.Tensor, *caches) -> bool:
 
 
 def sparse_sink_decode(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale: float, use_triton: bool = True,
-                       win_valid=None, ent_valid=None, config: dict | None = None) -> torch.Tensor:
+                       win_valid=None, ent_valid=None, config: dict | None = None, dv: int | None = None) -> torch.Tensor:
     """See the module docstring. ``use_triton=False`` forces the reference; ``config``: the kernel's tiles (BLOCK_H,
     BLOCK_N, num_warps; prepared offline by ``kernels.v4_artifacts``), its defaults when None."""
     win_slots = fold_valid(win_slots, win_valid)
@@ -50,12 +55,13 @@ def sparse_sink_decode(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scal
     if use_triton and usable(q, kv_cache, ent_cache):
         from torchinferno.kernels.triton import sparse_sink_decode as k
 
-        return k.sparse_sink_decode(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale, config)
-    return reference(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale)
+        return k.sparse_sink_decode(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale, config, dv=dv)
+    return reference(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale, dv)
 
 
-def reference(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale: float) -> torch.Tensor:
-    """Torch oracle: gather the rows, masked logits in q's dtype, fp32 softmax with the sink, weighted sum."""
+def reference(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale: float, dv: int | None = None) -> torch.Tensor:
+    """Torch oracle: gather the rows, masked logits in q's dtype, fp32 softmax with the sink (if any), weighted sum
+    of each row's first ``dv`` dims (all by default)."""
     slots = win_slots
     rows = kv_cache.flatten(0, 1)[win_slots.clamp(min=0)].to(q.dtype)  # [B, W, hd]
     if ent_cache is not None and ent_slots is not None and ent_slots.shape[-1]:
@@ -63,7 +69,11 @@ def reference(q, kv_cache, win_slots, ent_cache, ent_slots, sinks, scale: float)
         slots = torch.cat([win_slots, ent_slots], dim=1)
     logits = torch.einsum("bhd,bkd->bhk", q, rows) * scale  # [B, H, K]
     logits = logits.masked_fill((slots < 0)[:, None, :], float("-inf")).float()
+    values = rows if dv is None else rows[..., :dv]
+    if sinks is None:  # a row with no valid slot: softmax of all -inf is NaN; it gives 0 (as the kernel)
+        probs = torch.softmax(logits, dim=-1).masked_fill(~(slots >= 0).any(-1)[:, None, None], 0.0)
+        return torch.einsum("bhk,bkd->bhd", probs.to(rows.dtype), values)
     sink = sinks.float()[None, :, None].expand(q.shape[0], -1, 1)
     full = torch.cat([logits, sink], dim=-1)
     probs = torch.softmax(full - full.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
-    return torch.einsum("bhk,bkd->bhd", probs.to(rows.dtype), rows)
+    return torch.einsum("bhk,bkd->bhd", probs.to(rows.dtype), values)

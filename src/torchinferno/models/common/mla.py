@@ -101,6 +101,17 @@ def topk_keep_mask(scores: torch.Tensor, valid: torch.Tensor, indices: torch.Ten
     return sel & valid
 
 
+def selected_slots(positions: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                   block_size: int) -> torch.Tensor:
+    """Flat cache slots [B, k] (int64) of selected token ``positions`` [B, k]: ``block_tables[b, p // bs] * bs +
+    p % bs``, or -1 where ``p >= seq_lens[b]`` (not visible; top-k of fewer visible keys pads with those).
+    Device-only: no host value is read, shapes are those of the inputs (CUDA-graph capturable)."""
+    pos = positions.long()
+    table = block_tables.long()
+    blk = torch.gather(table, 1, (pos // block_size).clamp(max=table.shape[1] - 1))
+    return torch.where(pos < seq_lens.to(pos.device)[:, None], blk * block_size + pos % block_size, -1)
+
+
 def masked_scores(scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """-inf where a key is not visible (future / beyond the sequence) so top-k never prefers it."""
     return scores.masked_fill(~valid, float("-inf"))

@@ -129,9 +129,8 @@ class MLAProjections(nn.Module):
     @property
     def supports_cuda_graphs(self) -> bool:
         """A decode step reads only device tensors and only the live rows (``kernels.cuda_graphs``): the paged
-        absorbed decode, so not with a DSA indexer. (Its gathered path is capture-correct, masked from the device
-        lengths while :func:`capturing`, but it would gather the whole block-table width, i.e. ``max_model_len``
-        rows per sequence and layer, every step: it waits for a sparse kernel over the selected rows.)"""
+        absorbed decode, so not with an indexer here (a family with one overrides this: V3.2's sparse DSA decode;
+        the gathered path is capture-correct but would read the whole block-table width every step)."""
         return self._paged_ops() and self.absorb_decode and getattr(self, "indexer", None) is None
 
     def paged_decode(self, q_nope, q_pe, cache: torch.Tensor, meta) -> torch.Tensor | None:

@@ -12,8 +12,9 @@ import torch
 
 from torchinferno import kernels
 from torchinferno.kernels import indexer_scores as indexer_kernel
-from torchinferno.kernels import mla_prefill
+from torchinferno.kernels import mla_decode, mla_prefill
 from torchinferno.models.common import mla, moe
+from torchinferno.models.common.attention import gather_kv
 from torchinferno.models.common.norm_act_ops import Fused
 from torchinferno.models.common.rope import apply_rope_interleaved
 
@@ -42,6 +43,8 @@ mla_expanded_attention = mla_prefill.expanded_attention  # flash-eligible on CUD
 # through the flash kernel instead of a [Q, S] boolean mask
 MLA_PREFILL_CONTEXT = True
 mla_absorbed_attention = mla.mla_absorbed_attention
+# DSA decode over the indexer's selected latent rows (flat slots [B, k]): the Triton sparse kernel on CUDA
+mla_sparse_absorbed_attention = mla_decode.sparse_absorbed_decode
 
 
 def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:
@@ -50,6 +53,16 @@ def indexer_scores(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, limits: to
     if indexer_kernel.usable(q, k):
         return indexer_kernel.indexer_scores(q, k, w, 1.0, limits)
     return mla.indexer_scores(q, k, w, limits)
+
+
+def indexer_scores_paged(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int,
+                         w: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`indexer_scores` over a paged key cache [N, page, Di] (the first ``num_keys`` keys of each row's
+    blocks): the Triton kernel reads the cache in place on CUDA (same scores as over the gathered keys), elsewhere
+    the keys are gathered and :func:`indexer_scores` runs."""
+    if indexer_kernel.paged_usable(q, k_cache):
+        return indexer_kernel.indexer_scores_paged(q, k_cache, block_tables, num_keys, w, 1.0, limits)
+    return indexer_scores(q, gather_kv(k_cache, block_tables, num_keys), w, limits)
 
 
 route = moe.route_fused  # one Triton launch on CUDA, the reference elsewhere

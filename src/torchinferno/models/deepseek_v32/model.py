@@ -25,7 +25,7 @@ from torchinferno.models.common.causal_lm import CausalLMBase, DecoderStack, Pre
 from torchinferno.models.common.layers import FP32Linear, GatedMLP, RMSNorm, SparseMoE
 from torchinferno.models.common.mla_projections import MLAProjections
 from torchinferno.models.common.rope import rope_cos_sin
-from torchinferno.models.common.mla import masked_scores, topk_keep_mask
+from torchinferno.models.common.mla import masked_scores, selected_slots, topk_keep_mask
 from torchinferno.models.deepseek_v32 import raw_ops
 from torchinferno.models.deepseek_v32.config import DeepSeekV32Config
 
@@ -101,14 +101,37 @@ class DSAIndexer(nn.Module):
             scores = masked_scores(self.ops.indexer_scores(q, k, w), visible)
         return topk_keep_mask(scores, visible, self.topk(scores))
 
+    def select_positions(self, q, k_cache, block_tables, num_keys: int, w, limits: torch.Tensor) -> torch.Tensor:
+        """Positions [B, Q, min(top_k, num_keys)] of the kept keys (q [B, Q, Hi, Di]; keys: the first ``num_keys``
+        of each row's blocks of the paged ``index_k`` cache [N, bs, Di], read in place where the ops can; limits
+        [B, Q]: key s visible iff s < limits). The same scores and tie rule as :meth:`select` over the gathered keys;
+        where fewer than top_k keys are visible the tail holds invisible positions (>= limits), masked by the caller."""
+        return self.topk(self.ops.indexer_scores_paged(q, k_cache, block_tables, num_keys, w, limits=limits))
+
 
 class DeepSeekMLA(MLAProjections):
-    """Multi-head latent attention over the paged latent cache (dense = one block per row)."""
+    """Multi-head latent attention over the paged latent cache (dense = one block per row).
+
+    DSA decode (an indexer and more cached tokens than ``index_topk``): with ``sparse_decode`` (default) the
+    indexer's top-k positions become flat latent-cache slots ``[B, min(index_topk, L)]`` on the device and the
+    absorbed attention reads only those rows (``ops.mla_sparse_absorbed_attention``); ``sparse_decode = False``
+    keeps the dense path (every cached row, the keep-mask applied): the reference it is tested against.
+    """
 
     def __init__(self, cfg: DeepSeekV32Config, ops: ModuleType, absorb_decode: bool = True):
         super().__init__(cfg, ops, absorb_decode, bias=cfg.attention_bias)
         self.indexer = DSAIndexer(cfg, ops) if cfg.has_indexer else None
         self.index_topk = cfg.index_topk if cfg.has_indexer else 0
+        self.sparse_decode = True
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """A decode step reads only device tensors and bounded rows (``kernels.cuda_graphs``): the paged absorbed
+        decode, or with the DSA indexer the sparse decode (at most ``index_topk`` latent rows per sequence). Under
+        capture the indexer's width is the whole block table: its kernel reads the paged index keys in place and
+        skips key tiles past every row's length, but the scores [B, width] and their stable sort span it all."""
+        paged = self._paged_ops() and self.absorb_decode
+        return paged and (self.indexer is None or self.sparse_decode)
 
     def forward(self, x, cos, sin, kv_cache: tuple[torch.Tensor, ...] | None, meta: AttentionMetadata | None):
         T, H = x.shape[0], self.num_heads
@@ -170,6 +193,8 @@ class DeepSeekMLA(MLAProjections):
             if o is not None:
                 return o
         L = meta.max_seq_len
+        if idx is not None and self.index_topk < L and self.sparse_decode:
+            return self._decode_sparse(q_nope, q_pe, idx, kv_cache, meta)
         lat = gather_kv(kv_cache[0], meta.block_tables, L).to(q_nope.dtype)  # [B, L, R + r]
         visible = torch.arange(L, device=q_nope.device)[None, :] < meta.seq_lens[:, None].to(q_nope.device)  # [B, L]
         mask = None if min(meta.seq_lens_list) == L and not self.capturing(q_nope) else visible
@@ -178,6 +203,19 @@ class DeepSeekMLA(MLAProjections):
             limits = meta.seq_lens[:, None].to(q_nope.device)  # visible, by position
             mask = self.indexer.select(idx.q[:, None], ik, idx.w[:, None], visible[:, None], limits)[:, 0]
         return self.ops.mla_absorbed_attention(q_nope, q_pe, lat, self.kv_b_proj.weight, self.scale, mask)
+
+    def _decode_sparse(self, q_nope, q_pe, idx: IndexerProj, kv_cache, meta: AttentionMetadata):
+        """DSA decode over the selected rows only: the indexer's top-k positions [B, k] (k = min(index_topk, L),
+        L = ``meta.max_seq_len``: a static width under capture) -> flat latent slots (-1: not visible) -> absorbed
+        attention over those rows. No host value is read beyond the shapes."""
+        L = meta.max_seq_len
+        dev = q_nope.device
+        lens = meta.seq_lens.to(dev)
+        pos = self.indexer.select_positions(idx.q[:, None], kv_cache[1], meta.block_tables, L, idx.w[:, None],
+                                            lens[:, None])[:, 0]  # [B, k]
+        slots = selected_slots(pos, lens, meta.block_tables.to(dev), kv_cache[0].shape[1])  # [B, k]
+        return self.ops.mla_sparse_absorbed_attention(q_nope, q_pe, kv_cache[0], self.kv_b_proj.weight, self.scale,
+                                                      slots)
 
 
 class DeepSeekDecoderLayer(PreNormDecoderLayer):

@@ -7,9 +7,13 @@ indexer and MoE compute comes from ``models/common/{mla,moe}.py``.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from torchinferno.kernels import mla_decode
 from torchinferno.models.common import mla, moe
+from torchinferno.models.common.attention import gather_kv
 from torchinferno.models.common.norm_act_ops import Raw
 from torchinferno.models.common.rope import apply_rope_interleaved, apply_rope_neox
 
@@ -31,6 +35,16 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: boo
 
 mla_expanded_attention = mla.mla_expanded_attention
 mla_absorbed_attention = mla.mla_absorbed_attention
+# DSA decode over the selected latent rows (flat slots [B, k]): the torch reference of kernels.sparse_sink_decode
+mla_sparse_absorbed_attention = partial(mla_decode.sparse_absorbed_decode, use_triton=False)
 indexer_scores = mla.indexer_scores
+
+
+def indexer_scores_paged(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor, num_keys: int,
+                         w: torch.Tensor, limits: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`indexer_scores` over the first ``num_keys`` keys of each row's blocks of a paged cache [N, page, Di]."""
+    return indexer_scores(q, gather_kv(k_cache, block_tables, num_keys), w, limits)
+
+
 route = moe.route_sigmoid_grouped
 grouped_expert_mlp = moe.grouped_expert_mlp
