@@ -5,7 +5,9 @@ TI := $(VENV)/bin/torchinferno
 # torch 2.13.0 is the CPU wheel this machine kind installs from its local disk; any torch >= 2.11 works.
 TORCH_SPEC ?= torch==2.13.0
 MODEL ?= smollm2-135m-instruct
-PYTEST_ARGS ?=
+# Two pytest-xdist workers (the `test` extra): run serially the suite keeps ~1 of CI's 2 cores busy. worksteal
+# because test times range from ms to ~60 s. PYTEST_ARGS= runs it serially.
+PYTEST_ARGS ?= -n 2 --dist worksteal
 
 PORT ?= 8000
 

@@ -44,9 +44,18 @@ def ours():
 
 @pytest.fixture(scope="module")
 def reference(gguf_file):
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32, attn_implementation="eager").eval()
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    """transformers' model and tokenizer from the GGUF. Its loaders open the file three times (config, weights,
+    tokenizer), each a ``gguf.GGUFReader`` parse of the 49k-entry vocabulary (~7 s); here the three share one
+    reader of the one file (read-only; only transformers' loads see it, never our converter)."""
+    import functools
+
+    import gguf
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader))
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(gguf_file.parent), gguf_file=gguf_file.name, dtype=torch.float32, attn_implementation="eager").eval()
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     return model, tok
 
 
