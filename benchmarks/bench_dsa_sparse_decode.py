@@ -29,18 +29,10 @@ DEV, BS, TOPK = "cuda", 64, 2048
 
 
 def timed(fn, reps: int = 10, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    """Median ms per call with CUDA events (``bench.gpu_timing.cuda_time_ms``)."""
+    from torchinferno.bench.gpu_timing import cuda_time_ms
+
+    return cuda_time_ms(fn, iters=reps, warmup=warmup)
 
 
 def build(H: int) -> DeepSeekMLA:
