@@ -225,23 +225,18 @@ def check_model(device, dtype=torch.float32) -> None:
 
 
 def main() -> None:
-    here = Path(__file__).resolve().parent
-    sys.path[:0] = [str(here), str(here.parent)]
-    import triton_interpreter_checks  # noqa: F401  (interpreter patches; Triton dispatch accepts CPU tensors)
+    sys.path[:0] = [str(Path(__file__).resolve().parent)]
+    from triton_interpreter_checks import run_checks  # the interpreter patches (Triton dispatch accepts CPU tensors)
 
-    cpu = torch.device("cpu")
-    what = sys.argv[1]
-    if what == "quant":
-        check_quant(cpu)
-    elif what == "matmul":
+    def matmul(cpu):
         check_matmul(cpu, torch.float32)
         check_matmul(cpu, torch.float16)
-    elif what == "experts":
+
+    def experts(cpu):
         check_experts(cpu, torch.float32, cases=((13, 4, 8, 192, 160), (1, 6, 16, 64, 48)))
         check_experts(cpu, torch.float16, cases=((9, 3, 4, 128, 96),), full=False)
-    elif what == "model":
-        check_model(cpu)
-    print(f"ok {what}")
+
+    run_checks({"quant": check_quant, "matmul": matmul, "experts": experts, "model": check_model})
 
 
 if __name__ == "__main__":

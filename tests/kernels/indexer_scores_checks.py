@@ -339,25 +339,17 @@ def check_v32(device) -> None:
 
 
 def main() -> None:
-    here = Path(__file__).resolve().parent
-    sys.path[:0] = [str(here), str(here.parent)]
-    import triton_interpreter_checks  # noqa: F401  (interpreter patches; Triton dispatch accepts CPU tensors)
+    sys.path[:0] = [str(Path(__file__).resolve().parent)]
+    from triton_interpreter_checks import run_checks  # the interpreter patches (Triton dispatch accepts CPU tensors)
 
-    cpu = torch.device("cpu")
-    what = sys.argv[1]
-    if what == "kernel":
+    def kernel(cpu):
         for dtype in (torch.float32, torch.float16):  # the interpreter has no bf16 (CUDA only)
             check_kernel(cpu, dtype)
             check_ties(cpu, dtype)
             check_tile_independence(cpu, dtype)
         check_sabotage(cpu, torch.float32)
-    elif what == "v4":
-        check_v4(cpu)
-    elif what == "v4decode":
-        check_v4_decode(cpu)
-    elif what == "v32":
-        check_v32(cpu)
-    print(f"ok {what}")
+
+    run_checks({"kernel": kernel, "v4": check_v4, "v4decode": check_v4_decode, "v32": check_v32})
 
 
 if __name__ == "__main__":

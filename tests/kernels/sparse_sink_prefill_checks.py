@@ -200,19 +200,15 @@ def check_model(device, dtype=torch.float32) -> None:
 
 
 def main() -> None:
-    here = Path(__file__).resolve().parent
-    sys.path[:0] = [str(here), str(here.parent)]
-    import triton_interpreter_checks  # noqa: F401  (interpreter patches; Triton dispatch accepts CPU tensors)
+    sys.path[:0] = [str(Path(__file__).resolve().parent)]
+    from triton_interpreter_checks import run_checks  # the interpreter patches (Triton dispatch accepts CPU tensors)
 
-    cpu = torch.device("cpu")
-    what = sys.argv[1]
-    if what == "kernel":
+    def kernel(cpu):
         check_kernel(cpu, torch.float32)
         check_kernel(cpu, torch.float16)  # rounds its logits as bf16 does; the interpreter has no bf16 (CUDA only)
         check_sabotage(cpu, torch.float32)
-    elif what == "model":
-        check_model(cpu)
-    print(f"ok {what}")
+
+    run_checks({"kernel": kernel, "model": check_model})
 
 
 if __name__ == "__main__":

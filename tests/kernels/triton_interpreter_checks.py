@@ -99,6 +99,14 @@ def layer_kernels() -> None:
     T.check_prefill(CPU, torch.float32)
 
 
+def run_checks(checks: dict, argv: list[str] | None = None) -> None:
+    """A check script's ``main``: run the check named by ``argv[1]`` (``checks``: name -> callable taking the CPU
+    device) under these patches and print ``ok NAME``; an unknown name is a KeyError."""
+    what = (argv or sys.argv)[1]
+    checks[what](CPU)
+    print(f"ok {what}", flush=True)
+
+
 CHECKS = {"decode_attention": decode_attention, "decode_gemv": decode_gemv, "fused_step": fused_step,
           "layer_kernels": layer_kernels}
 
