@@ -161,6 +161,33 @@ def test_fp8_block_kernels_compile(out, even_k, bias):
                               MUL_WEIGHT=not swiglu, ROUND=1 if out == "*bf16" else 0, QUANT_A=quant_a), num_stages=3)
 
 
+@pytest.mark.parametrize("dtype,sink,tail", [
+    ("*bf16", False, True),   # V3.2 DSA absorbed decode: 576-wide keys, the first 512 values, no sink (run s18a)
+    ("*fp32", False, True),
+    ("*bf16", True, False),   # V4 decode: K = V rows of 512, a sink per head
+])
+def test_sparse_sink_decode_kernels_compile(dtype, sink, tail):
+    from torchinferno.kernels.triton import sparse_sink_decode as ssd
+
+    ptrs = {"Q": dtype, "KV": dtype, "WIN": "*i32", "ENT_C": dtype, "ENT": "*i32", "SINKS": "*fp32", "OUT": "*fp32",
+            "PM": "*fp32", "PL": "*fp32"}
+    compile_sm90(ssd._sparse_sink_kernel, ptrs, dict(
+        BLOCK_H=16, BLOCK_D=512, BLOCK_T=64 if tail else 16, BLOCK_N=16, SPLITS=4, HAS_SINK=sink, HAS_TAIL=tail,
+        PRECISION="ieee" if dtype == "*fp32" else "tf32", ROUND_LOGITS=False), floats=("scale",))
+    compile_sm90(ssd._merge_kernel, {"PACC": "*fp32", "PM": "*fp32", "PL": "*fp32", "SINKS": "*fp32", "OUT": dtype},
+                 dict(SPLITS=4, BLOCK_S=4, BLOCK_D=512, HAS_SINK=sink))
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_indexer_scores_kernel_compiles(paged):
+    from torchinferno.kernels.triton import indexer_scores as ix
+
+    compile_sm90(ix._indexer_scores_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*fp32", "lim_ptr": "*i32",
+                                             "out_ptr": "*fp32", "tab_ptr": "*i32"},
+                 dict(HAS_LIMIT=True, IEEE=False, BLOCK_Q=64, BLOCK_S=128, BLOCK_D=128, PAGED=paged,
+                      PAGE=64 if paged else 1), floats=("scale",), num_warps=8)
+
+
 def test_compile_harness_rejects_what_does_not_compile():
     """The harness reports a kernel Triton rejects (so a passing test above means something)."""
     import triton.language as tl

@@ -30,7 +30,7 @@ DEFAULT_CONFIG = {"BLOCK_H": 16, "BLOCK_N": 32, "num_warps": 4, "SPLITS": "auto"
 MAX_SPLITS = 16
 
 
-NO_SINK = -1.0e30  # the running max's start without a sink: finite, so an all-masked tile gives exp(-inf) = 0
+NO_SINK = tl.constexpr(-1.0e30)  # the running max's start without a sink: finite, so an all-masked tile gives exp(-inf) = 0
 
 
 @triton.jit
