@@ -10,8 +10,9 @@ of a 2.05 ms batch-1 step in ``_decode_stage1``, one program per layer at contex
   wait); torch.profiler CPU ops by count and self time; CUDA runtime calls (launches, syncs, copies).
 * mla: ``batched_paged_decode_attention`` at the MLA shape (16 heads, 576 / 512, one latent head) for batch 1 / 8 and
   context 128 / 1024 / 4096 over split counts and tiles (device time, 20 calls per CUDA graph).
-* decode: the model's batch-1 / 8 decode step replayed from CUDA graphs with the default split choice and with a
-  smaller minimum split (the candidate policy).
+* decode: the model's batch-1 / 8 decode step replayed from CUDA graphs with the MLA launch plan
+  (``kernels.mla_decode.mla_num_splits``, 32-row tiles; from session 17's sweep) and with the GQA kernel's own
+  choice (one split per 256 rows, 16-row tiles: the plan before), same caches and tokens.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def prefill_section(model, T: int = 2048) -> dict:
 
 
 def mla_section() -> dict:
-    from torchinferno.kernels.mla_decode import merge_counters
-    from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention, choose_num_splits
+    from torchinferno.kernels.mla_decode import MLA_BLOCK_N, merge_counters, mla_num_splits
+    from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention
 
     H, D, DV, bs = 16, 576, 512, 16
     rows = []
@@ -127,7 +128,7 @@ def mla_section() -> dict:
             lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
             q = torch.randn(B, H, D, device=DEV, dtype=torch.bfloat16)
             cnt = merge_counters(DEV, B)
-            default = choose_num_splits(B, 1, per * bs, DEV)
+            default = mla_num_splits(B, per * bs, DEV)  # paged_absorbed_decode's plan
             ref = batched_paged_decode_attention(q, kc, vc, bt, lens, 0.07, num_splits=1).float()
             for splits in (1, 2, 4, 8, 16, 32, 64):
                 if splits > 1 and ctx // splits < 16:
@@ -146,14 +147,15 @@ def mla_section() -> dict:
                                  "default_splits": default})
             best = min((r for r in rows if r["B"] == B and r["ctx"] == ctx and "us" in r), key=lambda r: r["us"])
             dflt = [r for r in rows if r["B"] == B and r["ctx"] == ctx and r.get("splits") == default
-                    and r.get("block_n") == 16 and r.get("num_warps") == 4]
-            log(f"mla B={B} ctx={ctx}: default ({default} splits, 16/4w) {dflt[0]['us'] if dflt else float('nan'):.1f} us;"
+                    and r.get("block_n") == MLA_BLOCK_N and r.get("num_warps") == 4]
+            log(f"mla B={B} ctx={ctx}: plan ({default} splits, {MLA_BLOCK_N}/4w) {dflt[0]['us'] if dflt else float('nan'):.1f} us;"
                 f" best {best['us']:.1f} us at {best['splits']} splits block_n {best['block_n']} {best['num_warps']}w"
                 f" (err {best['max_err']:.1e})")
     return {"rows": rows}
 
 
 def decode_section(model) -> dict:
+    from torchinferno.kernels import mla_decode as md
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
     from torchinferno.kernels.triton import decode_attention as da
 
@@ -162,10 +164,12 @@ def decode_section(model) -> dict:
     batches = (1, 8)
     blocks_per = -(-(ctx + 8) // bs)
     out = {}
-    orig = da.choose_num_splits
-    for label, min_split in (("default", None), ("min_split_32", 32), ("min_split_16", 16)):
-        if min_split is not None:
-            da.choose_num_splits = lambda b, h, c, d, min_split_tokens=256, waves=2, _m=min_split: orig(b, h, c, d, _m, waves)
+    orig_plan, orig_bn = md.mla_num_splits, md.MLA_BLOCK_N
+    for label in ("mla_plan", "gqa_default"):  # the MLA launch plan vs the GQA kernel's own choice (16-row tiles)
+        torch.manual_seed(0)  # the same caches and tokens for both: their argmaxes compare
+        if label == "gqa_default":
+            md.mla_num_splits = lambda b, rows, d: da.choose_num_splits(b, 1, rows, d)
+            md.MLA_BLOCK_N = 16
         caches = spec.allocate(max(batches) * blocks_per + 1, bs, torch.bfloat16, DEV)
         for layer in caches:
             for t in layer:
@@ -189,7 +193,7 @@ def decode_section(model) -> dict:
             log(f"decode {label} B={B}: {out[f'{label}_B{B}']['ms']:.3f} ms (device "
                 f"{out[f'{label}_B{B}']['device_ms']:.3f}) argmax {out[f'{label}_B{B}']['argmax'][:4]}")
         del runner, caches
-        da.choose_num_splits = orig
+        md.mla_num_splits, md.MLA_BLOCK_N = orig_plan, orig_bn
         torch.cuda.empty_cache()
     return out
 

@@ -47,3 +47,15 @@ def test_mla_models_decode_from_cuda_graphs():
     import mla_decode_checks as C
 
     C.check_models(torch.device("cuda"))
+
+
+def test_mla_split_plan_fills_the_sms_and_respects_the_table():
+    from torchinferno.kernels.mla_decode import MLA_MAX_SPLITS, mla_num_splits
+
+    cpu = torch.device("cpu")  # 132 SMs assumed off CUDA, as an H100 / H200
+    assert mla_num_splits(1, 4096, cpu) == MLA_MAX_SPLITS
+    assert mla_num_splits(8, 1024, cpu) == 16
+    assert mla_num_splits(1, 128, cpu) == 4  # one split per 32-row tile of the table at most
+    assert mla_num_splits(1, 16, cpu) == 1
+    assert mla_num_splits(64, 4096, cpu) == 2 and mla_num_splits(256, 4096, cpu) == 1
+    assert all(n & (n - 1) == 0 for b in range(1, 300, 7) for n in [mla_num_splits(b, 2048, cpu)])

@@ -59,8 +59,8 @@ def test_decode_attention_stage1_compiles(kv, q, block_n, pdl, merge, splits):
 def test_decode_attention_mla_layout_and_stage2_compile():
     from torchinferno.kernels.triton import decode_attention as da
 
-    compile_sm90(da._decode_stage1, _attention_pointers("*bf16", "*bf16"), dict(  # latent 576 / value 512
-        GROUP=16, GROUP_PAD=16, D=576, D_PAD=1024, DV=512, DV_PAD=512, PAGE=16, BLOCK_N=16, NUM_SPLITS=4,
+    compile_sm90(da._decode_stage1, _attention_pointers("*bf16", "*bf16"), dict(  # latent 576 / value 512, the MLA plan
+        GROUP=16, GROUP_PAD=16, D=576, D_PAD=1024, DV=512, DV_PAD=512, PAGE=16, BLOCK_N=32, NUM_SPLITS=16,
         IEEE=False, F16_DOT=False, PDL=False, MERGE=True), floats=("qk_scale",))
     compile_sm90(da._decode_stage2, {"OP": "*fp32", "LSE": "*fp32", "OUT": "*bf16"},
                  dict(DV=128, DV_PAD=128, NUM_SPLITS=8, PDL=True))

@@ -30,6 +30,13 @@ from torchinferno.models.common.mla import split_kv_b
 # kernel takes for 576-wide rows (benchmarks/bench_dsa_sparse_decode.py sweeps them)
 SPARSE_CONFIG = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "SPLITS": "auto"}
 MAX_HEADS_PER_LAUNCH = 16  # heads per kernel launch (V2-Lite: one launch; V3's 128 heads: 8, each re-reading the rows)
+# paged_absorbed_decode's launch plan (the H100 sweep of session 18, benchmarks/probe_ds_prefill.py mla: 16 heads,
+# one 576-wide latent head): 32-row tiles, and up to 16 splits while the batch leaves SMs idle. The kernel rounds
+# a split up to whole tiles of the actual length, so a short context uses fewer (ctx 128: 4). Batch 1, ctx
+# 128 / 1024 / 4096: 27.8 / 53.9 / 64.7 us with the GQA default (one split per 256 rows, 16-row tiles) ->
+# 12.6 / 32.6 / 57.0 us with this plan.
+MLA_BLOCK_N = 32
+MLA_MAX_SPLITS = 16
 MERGE_COUNTERS = 4096  # per device: int32 zeros, one per (sequence, launch): the split-K merge inside stage 1
 _counters: dict[torch.device, torch.Tensor] = {}
 
@@ -44,6 +51,17 @@ def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
             return None
         buf = _counters[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
     return buf if n <= buf.numel() else None
+
+
+def mla_num_splits(batch: int, table_rows: int, device: torch.device) -> int:
+    """Splits of each sequence's latent rows: about one wave of programs (``batch x splits`` ~ the SM count), at
+    most :data:`MLA_MAX_SPLITS` and one per :data:`MLA_BLOCK_N` rows of the block table's width ``table_rows``; a
+    power of two. Shapes only, so a captured CUDA graph keeps its plan."""
+    from torchinferno.kernels.triton import num_sms
+
+    sms = num_sms(device.index or 0) if device.type == "cuda" else 132
+    n = max(1, min(MLA_MAX_SPLITS, table_rows // MLA_BLOCK_N, sms // max(batch, 1)))
+    return 1 << (n.bit_length() - 1)
 
 
 def usable(q: torch.Tensor) -> bool:
@@ -97,10 +115,12 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
     lens = seq_lens.to(torch.int32)
     o_lat = torch.empty(H, B, R, dtype=q.dtype, device=q.device).transpose(0, 1)  # [B, H, R], head-major storage
     counters = merge_counters(q.device, B)  # launches run in stream order: one buffer serves them all
+    splits = mla_num_splits(B, block_tables.shape[1] * latent_cache.shape[1], q.device)
+    cfg = {"block_n": MLA_BLOCK_N}  # FP8 caches too (their GQA default, 16 x 2)
     for h0 in range(0, H, MAX_HEADS_PER_LAUNCH):  # a program holds all its heads' [576-wide] query rows
         h1 = min(H, h0 + MAX_HEADS_PER_LAUNCH)
-        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, out=o_lat[:, h0:h1],
-                                       merge_counters=counters)
+        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, num_splits=splits,
+                                       out=o_lat[:, h0:h1], config=cfg, merge_counters=counters)
     out = torch.empty(B, H, w_uv.shape[1], dtype=q.dtype, device=q.device)
     torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, B, R] @ [H, R, dv]
     return out
