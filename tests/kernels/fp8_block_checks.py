@@ -14,7 +14,12 @@ subprocess, CPU tensors) and the CUDA run (same test file, on a GPU).
 
 Tolerances (max abs error / max abs reference): the interpreter sums exactly as numpy does, so the fp32 outputs
 agree to summation order; on CUDA Hopper's FP8 MMA accumulates one 128-group imprecisely (DeepGEMM: ~14 bits)
-before the fp32 promotion, hence ``CUDA_FP32_TOL``.
+before the fp32 promotion, hence ``CUDA_FP32_TOL``. Where a MoE's activation is quantized between its GEMMs, an
+activation within a rounding error of an E4M3 tie takes the other code under any change of summation order: at
+(T, k, E, D, I) = (1000, 8, 32, 512, 256) the torch reference itself moves by 1.3e-2 (max) / 1.5e-3 (norm) when its
+input moves by 1e-6 relative, and H100 / H200 runs measured 1.1e-2 (fp32) and 2.5e-2 (bf16) max. So on CUDA the
+GEMM outputs must meet the max-error tolerance or, failing that, ``CUDA_NORM_TOL`` on the norm-relative error
+(one misrouted pair of that case moves it by 1.4e-2, a quarter of a tile's rows far more).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch.nn.functional as F
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 CUDA_FP32_TOL = 1e-3
+CUDA_NORM_TOL = {torch.float32: 4e-3, torch.float16: 6e-3, torch.bfloat16: 8e-3}
 MODEL_TOL = {"cpu": 1e-4, "cuda": 2e-2}  # a whole model: on CUDA an activation code may round the other way
 DEQUANT_GAP = 0.12  # block-FP8 vs the bf16 math on the dequantized weights: the activation quantization (~3 bits)
 
@@ -37,6 +43,20 @@ def _tol(device, dtype) -> float:
 
 def _rel(a, b) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+def _norm_rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def _assert_close(got, ref, device, dtype, what: str) -> None:
+    """``got`` == ``ref`` within the module docstring's tolerances (max error; on CUDA, else the norm error)."""
+    err = _rel(got, ref)
+    if err <= _tol(device, dtype):
+        return
+    assert torch.device(device).type == "cuda", f"{what}: rel err {err:.2e} > {_tol(device, dtype):.0e}"
+    nerr = _norm_rel(got, ref)
+    assert nerr <= CUDA_NORM_TOL[dtype], f"{what}: rel err {err:.2e} (max), {nerr:.2e} (norm) > {CUDA_NORM_TOL[dtype]}"
 
 
 def check_e4m3_rounding(device) -> None:
@@ -135,26 +155,25 @@ def check_experts(device, dtype, cases=((37, 4, 8, 192, 160), (3, 2, 4, 128, 128
             ids = ids.to(device)
             ref = fm.fp8_block_experts_reference(x, ids, w, gu, gus, dn, dns)
             got = fm.fused_fp8_block_experts(x, ids, w, gu, gus, dn, dns)
-            err = _rel(got, ref)
-            assert err <= _tol(device, dtype), f"{name} {(T, k, E, D, inter)} {dtype}: rel err {err:.2e}"
+            _assert_close(got, ref, device, dtype, f"{name} {(T, k, E, D, inter)} {dtype}")
             other = fm.fused_fp8_block_experts(x, ids, w, gu, gus, dn, dns, quant_inline=T > fm.FUSE_QUANT_MAX_TOKENS)
             if torch.device(device).type == "cpu":  # quantized inside the GEMMs or by their own launches: same codes
                 assert torch.equal(other, got), f"{name}: in-GEMM vs separate quantization differ"
             else:
-                assert _rel(other, ref) <= _tol(device, dtype), f"{name}: the other quantization placement"
+                _assert_close(other, ref, device, dtype, f"{name}: the other quantization placement")
             if name == "random":
                 deq = grouped_expert_mlp(x, ids, w, dequantize_weight_blocks(gu, gus, dtype),
                                          dequantize_weight_blocks(dn, dns, dtype), _silu_and_mul)
                 gap = _rel(ref, deq)
                 assert gap <= DEQUANT_GAP, f"block-FP8 experts vs dequantized bf16 math: {gap:.3f}"
                 got2 = fm.fused_fp8_block_experts(x, ids, w, gu, gus, dn, dns, configs=(cfg, cfg))
-                assert _rel(got2, ref) <= _tol(device, dtype), "explicit tiles"
+                _assert_close(got2, ref, device, dtype, "explicit tiles")
         drop = rnd.clone()
         drop[::2, -1] = E  # another rank's expert: contributes 0
         drop = drop.to(device)
         ref = fm.fp8_block_experts_reference(x, drop, w, gu, gus, dn, dns)
         got = fm.fused_fp8_block_experts(x, drop, w, gu, gus, dn, dns, may_drop=True)
-        assert _rel(got, ref) <= _tol(device, dtype), "dropped ids"
+        _assert_close(got, ref, device, dtype, "dropped ids")
 
 
 def tiny_deepseek(device, dtype, damp: float = 0.3, **overrides):
