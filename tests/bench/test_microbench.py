@@ -49,7 +49,10 @@ def test_server_microbench_base_url(tmp_path, tiny_base_url):
     r = json.loads(out.read_text())
     assert r["engine"] == "torchinferno" and r["model"] == "tiny"
     s = r["stream"]
-    assert 0 < s["ttft_ms"]["mean"] <= s["e2e_ms"]["mean"] and s["tpot_ms"]["mean"] > 0
+    # a loaded host may deliver a request's 4 tokens in one streamed chunk (the server drains what the engine made
+    # since its last write): TPOT is then 0, not negative
+    assert 0 < s["ttft_ms"]["mean"] <= s["e2e_ms"]["mean"] and s["tpot_ms"]["mean"] >= 0
+    assert s["output_tokens_per_s"] > 0
     assert r["non_stream"]["e2e_ms"]["mean"] > 0 and r["non_stream"]["output_tokens_per_s"] > 0
 
 
