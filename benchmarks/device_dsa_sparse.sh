@@ -41,9 +41,10 @@ import json, sys
 for line in open(sys.argv[1]):
     if line.startswith("{"):
         r = json.loads(line)
-        print(f"H{r['H']:<4}B{r['B']:<2}L{r['L']:<6} dense {r['dense_ms']:7.3f}  sparse {r['sparse_ms']:7.3f}  "
+        print(f"H{r['H']:<4}B{r['B']:<2}L{r['L']:<6} dense {r.get('dense_ms', float('nan')):7.3f}  sparse {r['sparse_ms']:7.3f}  "
               f"graph {r.get('sparse_graph_ms', float('nan')):7.3f}  indexer+topk {r['indexer_topk_ms']:7.3f}  "
-              f"sparse_attn {r['sparse_attn_ms']:7.3f}  err {r['rel_err']:.1e} {r.get('sparse_graph_error', '')}")
+              f"sparse_attn {r['sparse_attn_ms']:7.3f}  err {r.get('rel_err', float('nan')):.1e} "
+              f"{r.get('sparse_graph_error', '')}{r.get('dense_error', '')[:60]}")
     elif line.startswith("sweep"):
         print(line.strip()[:160])
     elif "Error" in line or "rc=" in line:
