@@ -9,14 +9,7 @@
 # About 4-5 minutes; carries nothing but the repo (wheels in .whl/ are installed when present, for the engine test).
 # Everything lands in $OUT/issue24e.tar.gz; a compact summary is printed at the end.
 #   bash benchmarks/device_issue24e.sh          (run tool: timeout_s 330)
-set -o pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=src
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=src:/tmp/site
-fi
+source benchmarks/device_env.sh
 R="$OUT/issue24e"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv > "$R/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/env.txt"

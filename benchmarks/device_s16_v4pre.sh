@@ -13,14 +13,7 @@
 # About 2-3 minutes on one H100/H200 (tests ~60-120 s, mostly Triton compiles; bench ~60 s; capped at 180 + 140 s).
 # Carry .whl (msgspec etc., for the engine test) if available; it is installed when present. Everything lands in $OUT/s16_v4pre.tar.gz; the summary is printed.
 #   bash benchmarks/device_s16_v4pre.sh          (run tool: timeout_s 360)
-set -o pipefail
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=src
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=src:/tmp/site
-fi
+source benchmarks/device_env.sh
 R="$OUT/s16_v4pre"; mkdir -p "$R"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.max.sm --format=csv > "$R/env.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$R/env.txt"
