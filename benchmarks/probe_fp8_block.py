@@ -9,7 +9,7 @@ Run on the GPU machine from the repo root: ``PYTHONPATH=src python3 benchmarks/p
   7168x18432, shared gate_up 4096x7168, kv_a 576x7168): device time per call (CUDA-graph replays, the weight
   cycled over enough copies to exceed the 50 MB L2 so decode rows stream from HBM) of bf16 ``F.linear``, the
   fp8-block module (quantizer + GEMM, default tiles), the GEMM alone, and the per-channel FP8 module
-  (``kernels.fp8_linear``) for reference; TFLOP/s and GB/s (weight + activation + output bytes) beside the same-run
+  (``kernels.fp8_linear``) for reference, and the GEMM with K unsplit where ``block_config`` splits it; TFLOP/s and GB/s (weight + activation + output bytes) beside the same-run
   copy bandwidth and bf16 matmul rate.
 * ``moe``: the routed experts alone at V2-Lite-like and V3 layer shapes, 1 / 16 / 128 / 2048 tokens: the bf16 fused
   MoE vs the block-FP8 fused MoE on the same weights (ms, GB/s of the experts hit, relative error vs bf16).
@@ -38,6 +38,9 @@ SHAPES = {  # name -> (N, K)
 }
 MS = (1, 16, 128, 2048)
 SWEEP = ({"BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
+         {"BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 2},
+         {"BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 8},
+         {"BLOCK_M": 16, "BLOCK_N": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 4, "SPLIT_K": 4},
          {"BLOCK_M": 16, "BLOCK_N": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 5},
          {"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4},
          {"BLOCK_M": 32, "BLOCK_N": 128, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
@@ -81,6 +84,9 @@ def micro(dev, log=print) -> list[dict]:
                  "fp8_block": _per_call_ms([lambda b=b: b(x) for b in blocks]),
                  "gemm": _per_call_ms([lambda b=b: fp8_block_matmul(xq, xs, b.weight_fp8, b.weight_scale_inv,
                                                                      torch.bfloat16, cfg) for b in blocks]),
+                 "gemm_nosplit": _per_call_ms([lambda b=b: fp8_block_matmul(  # the default tiles, K unsplit
+                     xq, xs, b.weight_fp8, b.weight_scale_inv, torch.bfloat16, {**cfg, "SPLIT_K": 1})
+                     for b in blocks]),
                  "quant": _per_call_ms([lambda: quantize_fp8_groups_triton(x)]),
                  "fp8_rowwise": _per_call_ms([lambda r=r: r(x) for r in rowwise])}
             flop = 2 * M * N * K
@@ -94,7 +100,8 @@ def micro(dev, log=print) -> list[dict]:
             rows.append(row)
             log(f"micro {name:12s} M={M:4d}: bf16 {t['bf16'] * 1e3:7.1f}us {row['bf16_tflop_s']:4.0f}TF "
                 f"{row['bf16_gb_s']:4.0f}GB/s | fp8b {t['fp8_block'] * 1e3:7.1f}us {row['fp8_block_tflop_s']:4.0f}TF "
-                f"{row['fp8_block_gb_s']:4.0f}GB/s =q{t['quant'] * 1e3:.1f}+mm{t['gemm'] * 1e3:.1f} | rowwise "
+                f"{row['fp8_block_gb_s']:4.0f}GB/s =q{t['quant'] * 1e3:.1f}+mm{t['gemm'] * 1e3:.1f} (split "
+                f"{cfg['SPLIT_K']}; unsplit {t['gemm_nosplit'] * 1e3:.1f}) | rowwise "
                 f"{t['fp8_rowwise'] * 1e3:.1f}us | {row['speedup']:.2f}x")
         del ws, blocks, rowwise
         torch.cuda.empty_cache()
@@ -114,7 +121,7 @@ def sweep(dev, log=print) -> list[dict]:
             xq, xs = quantize_fp8_groups_triton(torch.randn(M, K, device=dev, dtype=torch.bfloat16))
             res = {}
             for cfg in (block_config(M, N, K), *SWEEP):
-                key = "bm{BLOCK_M}_bn{BLOCK_N}_g{GROUP_M}_w{num_warps}_s{num_stages}".format(**cfg)
+                key = "bm{BLOCK_M}_bn{BLOCK_N}_g{GROUP_M}_w{num_warps}_s{num_stages}_k{SPLIT_K}".format(**{"SPLIT_K": 1, **cfg})
                 if key in res:
                     continue
                 try:
@@ -123,7 +130,7 @@ def sweep(dev, log=print) -> list[dict]:
                                                    for w in ws])
                 except Exception as e:  # noqa: BLE001 - a config Triton cannot build (shared memory): reported
                     log(f"  sweep {name} M={M} {key}: {type(e).__name__}: {str(e)[:160]}")
-            default = "bm{BLOCK_M}_bn{BLOCK_N}_g{GROUP_M}_w{num_warps}_s{num_stages}".format(**block_config(M, N, K))
+            default = "bm{BLOCK_M}_bn{BLOCK_N}_g{GROUP_M}_w{num_warps}_s{num_stages}_k{SPLIT_K}".format(**block_config(M, N, K))
             best = min(res, key=res.get)
             rows.append({"shape": name, "M": M, "us": res, "best": best, "default": default})
             log(f"sweep {name:12s} M={M:5d}: best {best} {res[best]:.1f} us ({2 * M * N * K / res[best] / 1e6:.0f} "

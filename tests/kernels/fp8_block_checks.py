@@ -111,14 +111,17 @@ def check_matmul(device, dtype) -> None:
 
     g = torch.Generator().manual_seed(1)
     extra = [{"BLOCK_M": 16, "BLOCK_N": 128, "GROUP_M": 4, "num_warps": 4, "num_stages": 2},
-             {"BLOCK_M": 64, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3}]
+             {"BLOCK_M": 64, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 3},
+             # split-K: shares of unequal size and more shares than K groups (the launcher caps them)
+             {"BLOCK_M": 16, "BLOCK_N": 32, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "SPLIT_K": 3},
+             {"BLOCK_M": 16, "BLOCK_N": 64, "GROUP_M": 1, "num_warps": 4, "num_stages": 2, "SPLIT_K": 16}]
     for i, (M, N, K) in enumerate(MATMUL_SHAPES):
         x = (torch.randn(M, K, generator=g) * 2).to(dtype).to(device)
         wq, ws = quantize_weight_blocks((torch.randn(N, K, generator=g) * 0.05).to(device))
         bias = (torch.randn(N, generator=g) * 0.1).to(dtype).to(device) if i % 2 else None
         ref = fp8_block_linear_reference(x, wq, ws, bias)
         xq, xs = quantize_fp8_groups_triton(x)
-        for cfg in (block_config(M, N, K), *extra[: 1 + i % 2]):
+        for cfg in (block_config(M, N, K), *extra[: 1 + i % 2], *extra[2:]):
             got = fp8_block_matmul(xq, xs, wq, ws, dtype, cfg, bias)
             err = _rel(got, ref)
             assert err <= _tol(device, dtype), f"{(M, N, K)} {cfg}: rel err {err:.2e}"

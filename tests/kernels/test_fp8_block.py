@@ -117,7 +117,20 @@ def test_block_config_narrows_tiles_for_few_rows():
     assert block_config(1, 2048, 2048)["BLOCK_N"] == 16  # 128 programs: a weight stream over the SMs
     assert block_config(1, 18432, 7168)["BLOCK_N"] == 64
     big = block_config(2048, 7168, 2048)
-    assert (big["BLOCK_M"], big["BLOCK_N"]) == (128, 128)
+    assert (big["BLOCK_M"], big["BLOCK_N"], big["SPLIT_K"]) == (128, 128, 1)
+
+
+def test_block_config_splits_k_for_decode_rows_only():
+    o_proj = block_config(1, 7168, 16384)  # V3's o_proj at batch 1: 224 tiles x 4 shares of 32 K groups
+    assert (o_proj["BLOCK_N"], o_proj["SPLIT_K"]) == (32, 4)
+    assert block_config(1, 576, 7168)["SPLIT_K"] == 8  # kv_a: 36 tiles; 7 K groups a share
+    assert block_config(1, 24576, 1536)["SPLIT_K"] == 2  # 12 K groups: shares of 6
+    assert block_config(1, 2048, 512)["SPLIT_K"] == 1  # 4 K groups: nothing to share
+    assert block_config(256, 7168, 16384)["SPLIT_K"] == 1  # past decode sizes
+    for M, N, K in ((1, 100, 100), (16, 7168, 2048), (64, 7168, 16384), (3, 4096, 4096)):
+        c = block_config(M, N, K)
+        groups = -(-K // 128)
+        assert c["SPLIT_K"] & (c["SPLIT_K"] - 1) == 0 and (c["SPLIT_K"] == 1 or groups // c["SPLIT_K"] >= 4)
 
 
 def test_quantize_model_fp8_block_swaps_linears_and_experts():

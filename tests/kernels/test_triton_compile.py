@@ -142,15 +142,18 @@ def test_fp8_block_kernels_compile(out, even_k, bias):
                  dict(GB=8, GROUP_K=128))
     for _, cfg in M_TILES:
         compile_sm90(fp8_block._block_mm_kernel, {"A": "*fp8e4nv", "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32",
-                                                  "C": out, "BIAS": out},
+                                                  "C": out, "BIAS": out, "WS": "*fp32"},
                      dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
-                          HAS_BIAS=bias, QUANT_A=False), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    cfg = M_TILES[0][1]  # decode rows: the GEMM quantizes the activation itself
-    compile_sm90(fp8_block._block_mm_kernel, {"A": out, "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "C": out,
-                                              "BIAS": out},
-                 dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
-                      HAS_BIAS=bias, QUANT_A=True),
-                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                          HAS_BIAS=bias, QUANT_A=False, SPLIT_K=1), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    cfg = M_TILES[0][1]  # decode rows: the GEMM quantizes the activation itself, and splits K
+    for split in (1, 4):
+        compile_sm90(fp8_block._block_mm_kernel, {"A": out, "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "C": out,
+                                                  "BIAS": out, "WS": "*fp32"},
+                     dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
+                          HAS_BIAS=bias, QUANT_A=True, SPLIT_K=split),
+                     num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    compile_sm90(fp8_block._split_sum_kernel, {"WS": "*fp32", "C": out, "BIAS": out},
+                 dict(SPLIT_K=4, HAS_BIAS=bias, BLOCK=1024))
     ptrs = {"A": "*fp8e4nv", "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "W": "*fp32", "sorted_pairs": "*i32",
             "block_expert": "*i32", "num_padded": "*i32"}
     for swiglu in (True, False):

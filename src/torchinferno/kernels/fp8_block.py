@@ -125,16 +125,28 @@ M_TILES: tuple[tuple[int, BlockConfig], ...] = (
     (1 << 62, BlockConfig(128, 128, 8, 8, 3)),
 )
 MIN_PROGRAMS = 132  # narrower N tiles for small M until the grid covers a GPU's SMs once (H100/H200: 132)
+# split-K for decode-sized M (<= SPLIT_K_MAX_M rows): the K groups shared among programs until about four waves of
+# SMs stream the weight, each share at least SPLIT_K_MIN_GROUPS groups. Run 47 (H100): at M=1 the unsplit GEMM of
+# V3-shape layers took 1.95 of a 4.31 ms step, ~8x its bytes at the copy bandwidth (o_proj: 224 programs, each
+# walking all 128 K groups). Untuned: benchmarks/probe_fp8_block.py measures it.
+SPLIT_K_MAX_M = 64
+SPLIT_K_PROGRAMS = 4 * 132
+SPLIT_K_MIN_GROUPS = 4
 
 
 def block_config(M: int, N: int, K: int, table: tuple[tuple[int, BlockConfig], ...] = M_TILES) -> dict:
     """Tiles for an ``[M, K] x [K, N]`` block-FP8 GEMM: :data:`M_TILES`' row for ``M``, its ``BLOCK_N`` halved
-    (down to 16) while the grid has fewer than :data:`MIN_PROGRAMS` programs (decode: a weight stream)."""
+    (down to 16) while the grid has fewer than :data:`MIN_PROGRAMS` programs (decode: a weight stream), and
+    ``SPLIT_K`` (a power of two) for up to :data:`SPLIT_K_MAX_M` rows while the grid has fewer than
+    :data:`SPLIT_K_PROGRAMS` programs and each share keeps :data:`SPLIT_K_MIN_GROUPS` K groups."""
     cfg = next(c for bound, c in table if M <= bound)
     bn = cfg.BLOCK_N
     while bn > 16 and -(-M // cfg.BLOCK_M) * -(-N // bn) < MIN_PROGRAMS:
         bn //= 2
-    return dict(dataclasses.asdict(cfg), BLOCK_N=bn)
+    tiles, groups, split = -(-M // cfg.BLOCK_M) * -(-N // bn), -(-K // GROUP), 1
+    while M <= SPLIT_K_MAX_M and tiles * split < SPLIT_K_PROGRAMS and groups // (2 * split) >= SPLIT_K_MIN_GROUPS:
+        split *= 2
+    return dict(dataclasses.asdict(cfg), BLOCK_N=bn, SPLIT_K=split)
 
 
 class Fp8BlockLinear(nn.Module):

@@ -93,13 +93,20 @@ def quantize_fp8_groups_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 
 @triton.jit
-def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
+def _block_mm_kernel(A, AS, B, BS, C, BIAS, WS, M, N, K, stride_am, stride_asm, stride_bn, stride_bsn, stride_cm,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_A: tl.constexpr = False):
+                     EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT_A: tl.constexpr = False,
+                     SPLIT_K: tl.constexpr = 1):
     # QUANT_A: A is the unquantized activation (bf16/fp16/fp32); each program quantizes its rows' K groups in
     # registers with the quantizer's exact rule (same codes and scales), so no separate launch (small M only: every
-    # N tile repeats the rows' quantization)
+    # N tile repeats the rows' quantization).
+    # SPLIT_K > 1 (grid axis 1): this program sums only its share of the K groups and stores the fp32 partial in
+    # WS [SPLIT_K, M, N]; _split_sum_kernel adds the shares in split order (deterministic), the bias and rounds.
     _, pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    num_g = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(num_g, SPLIT_K)
+    g_lo = tl.program_id(1) * per_split
+    g_hi = tl.minimum(g_lo + per_split, num_g)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_m = rm < M
@@ -107,12 +114,12 @@ def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stri
     rm_c = tl.where(ok_m, rm, 0).to(tl.int64)
     rn_c = tl.where(ok_n, rn, 0).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = A + rm_c[:, None] * stride_am + rk[None, :]  # [BM, BK]
-    b_ptrs = B + rn_c[None, :] * stride_bn + rk[:, None]  # [BK, BN]
+    a_ptrs = A + rm_c[:, None] * stride_am + g_lo * BLOCK_K + rk[None, :]  # [BM, BK] at K group g_lo
+    b_ptrs = B + rn_c[None, :] * stride_bn + g_lo * BLOCK_K + rk[:, None]  # [BK, BN]
     as_ptrs = AS + rm_c * stride_asm  # [BM] row scales of K group 0
     bs_ptrs = BS + (rn_c // BLOCK_K) * stride_bsn  # [BN] the weight block row of each column
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+    for kb in range(g_lo, g_hi):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -128,10 +135,29 @@ def _block_mm_kernel(A, AS, B, BS, C, BIAS, M, N, K, stride_am, stride_asm, stri
         acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]  # one scale group per dot, promoted to fp32
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    if SPLIT_K > 1:
+        w_ptrs = WS + (tl.program_id(1) * M + rm_c[:, None]) * N + rn[None, :]
+        tl.store(w_ptrs, acc, mask=ok_m[:, None] & ok_n[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(BIAS + rn_c, mask=ok_n, other=0.0).to(tl.float32)[None, :]
+        c_ptrs = C + rm_c[:, None] * stride_cm + rn[None, :]
+        tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
+
+
+@triton.jit
+def _split_sum_kernel(WS, C, BIAS, M, N, stride_cm, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    # grid (M, cdiv(N, BLOCK)): C[m, n] = sum_s WS[s, m, n] (+ bias), split 0 first, rounded once
+    m = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = rn < N
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for sk in range(0, SPLIT_K):
+        acc += tl.load(WS + (sk * M + m) * N + rn, mask=ok, other=0.0)
     if HAS_BIAS:
-        acc += tl.load(BIAS + rn_c, mask=ok_n, other=0.0).to(tl.float32)[None, :]
-    c_ptrs = C + rm_c[:, None] * stride_cm + rn[None, :]
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
+        acc += tl.load(BIAS + rn, mask=ok, other=0.0).to(tl.float32)
+    tl.store(C + m * stride_cm + rn, acc.to(C.dtype.element_ty), mask=ok)
 
 
 def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor | None, wq: torch.Tensor, ws: torch.Tensor,
@@ -140,7 +166,9 @@ def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor | None, wq: torch.Tensor
 
     ``xs=None``: ``xq`` is the unquantized activation ``x [M, K]``, quantized inside the GEMM (bitwise as
     :func:`quantize_fp8_groups_triton`; one launch instead of two, for small M). ``cfg``: ``BLOCK_M``, ``BLOCK_N``
-    (a power of two, at least 16), ``GROUP_M``, ``num_warps``, ``num_stages`` (``BLOCK_K`` is the scale group, 128).
+    (a power of two, at least 16), ``GROUP_M``, ``num_warps``, ``num_stages`` (``BLOCK_K`` is the scale group, 128),
+    optionally ``SPLIT_K``: the K groups shared among that many programs per tile (decode's weight stream: more
+    programs in flight), their fp32 partials summed by a second launch.
     Rows of every operand contiguous in K."""
     M, K = xq.shape
     N = wq.shape[0]
@@ -155,10 +183,18 @@ def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor | None, wq: torch.Tensor
     out = torch.empty((M, N), dtype=out_dtype, device=xq.device)
     if M and N:
         bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
-        _block_mm_kernel[grid](xq, xs, wq, ws, out, out if bias is None else bias, M, N, K, xq.stride(0),
+        split = max(1, min(int(cfg.get("SPLIT_K", 1)), G))
+        # split-K: fp32 shares [split, M, N], summed in split order by the second launch (with the bias)
+        ws_buf = torch.empty((split, M, N), dtype=torch.float32, device=xq.device) if split > 1 else out
+        bias_arg = out if bias is None else bias
+        grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
+        _block_mm_kernel[grid](xq, xs, wq, ws, out, bias_arg, ws_buf, M, N, K, xq.stride(0),
                                xs.stride(0), wq.stride(0), ws.stride(0), out.stride(0), BLOCK_M=bm, BLOCK_N=bn,
                                BLOCK_K=GROUP, GROUP_M=cfg["GROUP_M"], EVEN_K=K % GROUP == 0,
-                               HAS_BIAS=bias is not None, QUANT_A=fused, num_warps=cfg["num_warps"],
+                               HAS_BIAS=bias is not None, QUANT_A=fused, SPLIT_K=split, num_warps=cfg["num_warps"],
                                num_stages=cfg["num_stages"])
+        if split > 1:
+            blk = min(1024, triton.next_power_of_2(N))
+            _split_sum_kernel[(M, triton.cdiv(N, blk))](ws_buf, out, bias_arg, M, N, out.stride(0), SPLIT_K=split,
+                                                        HAS_BIAS=bias is not None, BLOCK=blk, num_warps=4)
     return out
