@@ -67,7 +67,7 @@ def test_deepseek_decode_step_launches_on_the_interpreter():
     assert moe.get("triton:_pair_gate_up_kernel") == 1 and moe.get("triton:_token_down_kernel") == 1, moe
     assert moe.get("triton:_router_route_kernel") == 1 and moe.get("mm") == 3, moe
     moe4 = s4["ops"]["layer2"]  # batch 4: routing + sort/pad in one launch, the grouped GEMMs, sum + cast in one
-    assert moe4.get("triton:_moe_gemm_kernel") == 2 and moe4.get("triton:_moe_sum_kernel") == 1, moe4
+    assert moe4.get("triton:_moe_gemm_kernel") == 2 and moe4.get("triton:_sum_terms_kernel") == 1, moe4
     assert moe4.get("triton:_router_route_kernel") == 1, moe4
     for layer in (moe, moe4):
         for op in ("cat", "stack", "mul", "add", "sub", "sum", "clone", "copy_", "_to_copy"):

@@ -152,8 +152,9 @@ def test_fp8_block_kernels_compile(out, even_k, bias):
                      dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=128, GROUP_M=cfg.GROUP_M, EVEN_K=even_k,
                           HAS_BIAS=bias, QUANT_A=True, SPLIT_K=split),
                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    compile_sm90(fp8_block._split_sum_kernel, {"WS": "*fp32", "C": out, "BIAS": out},
-                 dict(SPLIT_K=4, HAS_BIAS=bias, BLOCK=1024))
+    from torchinferno.kernels.triton import tiles
+
+    compile_sm90(tiles._sum_terms_kernel, {"Y": "*fp32", "OUT": out, "BIAS": out}, dict(HAS_BIAS=bias, BLOCK=1024))
     ptrs = {"A": "*fp8e4nv", "AS": "*fp32", "B": "*fp8e4nv", "BS": "*fp32", "W": "*fp32", "sorted_pairs": "*i32",
             "block_expert": "*i32", "num_padded": "*i32"}
     for swiglu in (True, False):

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.triton.tiles import grouped_tile
+from torchinferno.kernels.triton.tiles import grouped_tile, sum_terms
 
 GROUP = 128  # the scale block of both operands along K, and of the weight along N
 E4M3_MAX = 448.0
@@ -101,7 +101,7 @@ def _block_mm_kernel(A, AS, B, BS, C, BIAS, WS, M, N, K, stride_am, stride_asm, 
     # registers with the quantizer's exact rule (same codes and scales), so no separate launch (small M only: every
     # N tile repeats the rows' quantization).
     # SPLIT_K > 1 (grid axis 1): this program sums only its share of the K groups and stores the fp32 partial in
-    # WS [SPLIT_K, M, N]; _split_sum_kernel adds the shares in split order (deterministic), the bias and rounds.
+    # WS [SPLIT_K, M, N]; tiles.sum_terms adds the shares in split order (deterministic), the bias and rounds.
     _, pid_m, pid_n = grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     num_g = tl.cdiv(K, BLOCK_K)
     per_split = tl.cdiv(num_g, SPLIT_K)
@@ -145,21 +145,6 @@ def _block_mm_kernel(A, AS, B, BS, C, BIAS, WS, M, N, K, stride_am, stride_asm, 
         tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=ok_m[:, None] & ok_n[None, :])
 
 
-@triton.jit
-def _split_sum_kernel(WS, C, BIAS, M, N, stride_cm, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                      BLOCK: tl.constexpr):
-    # grid (M, cdiv(N, BLOCK)): C[m, n] = sum_s WS[s, m, n] (+ bias), split 0 first, rounded once
-    m = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = rn < N
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for sk in range(0, SPLIT_K):
-        acc += tl.load(WS + (sk * M + m) * N + rn, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(BIAS + rn, mask=ok, other=0.0).to(tl.float32)
-    tl.store(C + m * stride_cm + rn, acc.to(C.dtype.element_ty), mask=ok)
-
-
 def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor | None, wq: torch.Tensor, ws: torch.Tensor,
                      out_dtype: torch.dtype, cfg: dict, bias: torch.Tensor | None = None) -> torch.Tensor:
     """xq [M, K] e4m3, xs [M, ceil(K/128)] fp32, wq [N, K] e4m3, ws [ceil(N/128), ceil(K/128)] fp32 -> [M, N].
@@ -193,8 +178,6 @@ def fp8_block_matmul(xq: torch.Tensor, xs: torch.Tensor | None, wq: torch.Tensor
                                BLOCK_K=GROUP, GROUP_M=cfg["GROUP_M"], EVEN_K=K % GROUP == 0,
                                HAS_BIAS=bias is not None, QUANT_A=fused, SPLIT_K=split, num_warps=cfg["num_warps"],
                                num_stages=cfg["num_stages"])
-        if split > 1:
-            blk = min(1024, triton.next_power_of_2(N))
-            _split_sum_kernel[(M, triton.cdiv(N, blk))](ws_buf, out, bias_arg, M, N, out.stride(0), SPLIT_K=split,
-                                                        HAS_BIAS=bias is not None, BLOCK=blk, num_warps=4)
+        if split > 1:  # share s of row m starts at (s * M + m) * N
+            sum_terms(ws_buf, out, split, N, M * N, bias)
     return out

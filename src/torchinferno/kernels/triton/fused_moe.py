@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.triton.tiles import grouped_tile, moe_tile_rows
+from torchinferno.kernels.triton.tiles import grouped_tile, moe_tile_rows, sum_terms
 
 
 @triton.jit
@@ -201,29 +201,13 @@ def _align_place_kernel(IDS, BASE, SORTED, P, E, E_PAD: tl.constexpr, CHUNK: tl.
     tl.store(SORTED + base + rank, offs, mask=(offs < P) & (ids < E_PAD))
 
 
-@triton.jit
-def _moe_sum_kernel(Y, OUT, D, top_k, stride_yp, stride_ot, BLOCK_N: tl.constexpr):
-    # grid (T, cdiv(D, BLOCK_N)): out[t] = sum_j y[t * k + j] (fp32, slot order), rounded once to OUT's dtype
-    t = tl.program_id(0).to(tl.int64)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok = rn < D
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for j in range(0, top_k):
-        acc += tl.load(Y + (t * top_k + j) * stride_yp + rn, mask=ok, other=0.0)
-    tl.store(OUT + t * stride_ot + rn, acc.to(OUT.dtype.element_ty), mask=ok)
-
-
 def moe_sum(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
     """y [T * top_k, D] fp32 (moe_down's per-pair rows) -> [T, D] in ``dtype``: the sum over each token's top-k rows
-    and the cast in one launch (``y.view(T, k, D).sum(1).to(dtype)``)."""
+    and the cast in one launch (``y.view(T, k, D).sum(1).to(dtype)``; ``tiles.sum_terms``)."""
     P, D = y.shape
     assert y.dtype == torch.float32 and y.stride(1) == 1 and P % max(1, top_k) == 0
     out = torch.empty((P // max(1, top_k), D), dtype=dtype, device=y.device)
-    if out.numel():
-        bn = min(1024, triton.next_power_of_2(D))
-        _moe_sum_kernel[(out.shape[0], triton.cdiv(D, bn))](y, out, D, top_k, y.stride(0), out.stride(0), BLOCK_N=bn,
-                                                           num_warps=4)
-    return out
+    return sum_terms(y, out, top_k, top_k * y.stride(0), y.stride(0))
 
 
 def align_outputs(num_experts: int, block_m: int, p_max: int, device) -> tuple:

@@ -4,10 +4,13 @@ inlined into their callers, so sharing them changes no kernel's arithmetic.
 * :func:`grouped_tile` — a 1-D program id -> its (row tile, column tile) in the grouped order: ``GROUP_M`` row tiles
   walk the column tiles together, so a weight tile is still in L2 when the next row tile needs it.
 * :func:`moe_tile_rows` — the rows of one sorted MoE row tile (``kernels.fused_moe.align_pairs``' layout).
+* :func:`sum_terms` — the launch that finishes a GEMM whose fp32 output came in terms: ``out[t] = sum_j y[t, j]
+  (+ bias)`` in term order, rounded once (the MoE's top-k rows of a token; a split-K GEMM's shares).
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -36,3 +39,33 @@ def moe_tile_rows(sorted_pairs, pid_m, num_pairs, row_div, BLOCK_M: tl.constexpr
     ok_m = pair < num_pairs
     row = tl.where(ok_m, pair // row_div, 0).to(tl.int64)
     return pair, ok_m, row
+
+
+@triton.jit
+def _sum_terms_kernel(Y, OUT, BIAS, D, terms, stride_row, stride_term, stride_out, HAS_BIAS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    # grid (rows, cdiv(D, BLOCK)): OUT[t] = sum_j Y[t * stride_row + j * stride_term] (fp32, j ascending) + bias
+    t = tl.program_id(0).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = rn < D
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(0, terms):
+        acc += tl.load(Y + t * stride_row + j * stride_term + rn, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(BIAS + rn, mask=ok, other=0.0).to(tl.float32)
+    tl.store(OUT + t * stride_out + rn, acc.to(OUT.dtype.element_ty), mask=ok)
+
+
+def sum_terms(y: torch.Tensor, out: torch.Tensor, terms: int, stride_row: int, stride_term: int,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``out [R, D]`` (any float dtype, unit stride in D) <- the sum of ``terms`` fp32 rows of ``y`` per output
+    row: row ``t``'s term ``j`` starts at element ``t * stride_row + j * stride_term`` of ``y`` (contiguous over D),
+    summed in ``j`` order, plus ``bias [D]``, rounded once. Deterministic (no atomics)."""
+    R, D = out.shape
+    assert y.dtype == torch.float32 and out.stride(1) == 1
+    if R and D:
+        blk = min(1024, triton.next_power_of_2(D))
+        _sum_terms_kernel[(R, triton.cdiv(D, blk))](y, out, out if bias is None else bias, D, terms, stride_row,
+                                                    stride_term, out.stride(0), HAS_BIAS=bias is not None,
+                                                    BLOCK=blk, num_warps=4)
+    return out
