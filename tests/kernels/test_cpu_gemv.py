@@ -177,3 +177,23 @@ def test_amx_path_keeps_the_invariants(fn):
         assert torch.equal(one, full)
     finally:
         assert cpu_gemv.set_amx(False) is False
+
+
+def test_amx_kernel_choice_is_scoped_and_refused_where_missing():
+    """``--cpu-gemv amx``: avx512bf16's packing with AMX allowed inside ``amx_allowed`` only (the default, off, comes
+    back after it, also when the block raises); a machine without AMX refuses it in one line naming the choices."""
+    from torchinferno.errors import ConfigError
+    from torchinferno.kernels.cpu_linear import resolve_kernel
+
+    if not cpu_gemv.amx_available():
+        with pytest.raises(ConfigError, match="amx.*use auto"):
+            resolve_kernel("amx")
+        return
+    assert resolve_kernel("amx") == "avx512bf16"
+    with pytest.raises(RuntimeError):
+        with cpu_gemv.amx_allowed() as on:
+            assert on and cpu_gemv.set_amx(True)  # still allowed inside
+            raise RuntimeError("the block fails")
+    assert cpu_gemv._amx_requested == [False]
+    with cpu_gemv.amx_allowed(False) as on:
+        assert on is False

@@ -31,8 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--json-output", default=None, help="write the report as JSON here")
     p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights")
-    p.add_argument("--cpu-gemv", default="auto", choices=["auto", "onednn", "avx512bf16"],
-                   help="kernel of the pre-packed CPU bf16 linears (auto: avx512bf16 where available, else onednn)")
+    p.add_argument("--cpu-gemv", default="auto", choices=["auto", "onednn", "avx512bf16", "amx"],
+                   help="kernel of the pre-packed CPU bf16 linears (auto: avx512bf16 where available, else onednn; "
+                        "amx: avx512bf16's packing with AMX bf16 tiles allowed, Sapphire Rapids and later)")
     p.add_argument("--cpu-step", default="native", choices=["native", "python"],
                    help="CPU decode step: native (the whole step in one C call where the model's linears allow) "
                         "or python (the family's eager ops); an A/B of the two")
@@ -43,8 +44,13 @@ def cmd_bench_generate(a) -> int:
     from torchinferno.cli.common import check_device
     from torchinferno.kernels.cpu_decode_step import use_step
 
+    from torchinferno.kernels.cpu_gemv import amx_allowed
+    from torchinferno.kernels.cpu_linear import resolve_kernel
+
     check_device(a.device)
-    with use_step(a.cpu_step):  # every runner built below (ours and the paired rounds) takes this CPU step
+    resolve_kernel(a.cpu_gemv)  # a kernel this machine lacks fails here, in one line
+    # every runner built below (ours and the paired rounds) takes this CPU step and AMX choice
+    with use_step(a.cpu_step), amx_allowed(a.cpu_gemv == "amx"):
         return _bench_generate(a)
 
 
@@ -55,7 +61,7 @@ def _bench_generate(a) -> int:
     from torchinferno.kernels.cpu_linear import use_kernel
 
     print(f"bench-generate {a.model} dtype={a.dtype} device={a.device} threads={torch.get_num_threads()} "
-          f"prompt={a.prompt_tokens} new={a.new_tokens} cpu-step={a.cpu_step}")
+          f"prompt={a.prompt_tokens} new={a.new_tokens} cpu-step={a.cpu_step} cpu-gemv={a.cpu_gemv}")
     kept: list = []
     with use_kernel(a.cpu_gemv):  # run_bench's prepack_linears(model) packs for this kernel
         rep = run_bench(a.model, a.batch_sizes, a.new_tokens, a.dtype, a.device, a.compare_hf, a.prompt_tokens,

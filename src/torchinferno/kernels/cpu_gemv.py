@@ -26,9 +26,10 @@ the thread count. AMX (Intel, opt-in with :func:`set_amx`) halves the GEMV's 8-r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -59,12 +60,37 @@ def load() -> ctypes._CFuncPtr | None:
     return _LIB.load()
 
 
+_amx_requested = [False]  # what set_amx was last asked (the C side's mode): amx_allowed restores it
+
+
+def amx_available() -> bool:
+    """Whether AMX bf16 tiles can be used here (CPU flags, the kernel's permission, a build with them); the
+    current request is left as it was."""
+    old = _amx_requested[0]
+    try:
+        return set_amx(True)
+    finally:
+        set_amx(old)
+
+
+@contextlib.contextmanager
+def amx_allowed(enabled: bool = True) -> Iterator[bool]:
+    """Within this block AMX tiles are allowed (``enabled``) or forbidden; yields whether AMX is in use, and
+    restores the previous request on exit. ``--cpu-gemv amx`` of bench-generate."""
+    old = _amx_requested[0]
+    try:
+        yield set_amx(enabled)
+    finally:
+        set_amx(old)
+
+
 def set_amx(enabled: bool) -> bool:
     """Allow or forbid (the default) the AMX tiles of this GEMV and of the native decode step (which includes it);
     returns whether AMX is in use now (False where the CPU or the kernel lacks it, or a library did not load).
     For A/B runs and tests: either path keeps the numerics invariants, but their roundings differ."""
     from torchinferno.kernels import cpu_decode_step
 
+    _amx_requested[0] = bool(enabled)
     on = False
     for lib in (_LIB, cpu_decode_step._LIB):
         lib.load()

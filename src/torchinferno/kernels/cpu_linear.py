@@ -9,6 +9,9 @@ model by ``prepack_linears(model, kernel=...)``):
   row is bitwise independent of M and of the other rows, so no row padding.
 - ``onednn``: ``torch.ops.mkldnn._linear_pointwise`` on oneDNN's blocked layout; its results
   depend on M (the kernel's blocking), and it streams faster at M >= 4, so fewer rows are padded.
+- ``amx``: ours with AMX bf16 tiles allowed (Sapphire Rapids+; ``cpu_gemv.amx_allowed``), the same packing.
+  Opt-in: on the 2-vCPU Xeon guests we run on, AMX was 2x slower at batch 1 in sessions 16-17 (the host's AMX
+  throughput swung between samples) and 1.1x / 1.9x faster at batch 1 / 8 in session 18.
 - ``auto``: ours when it is available (CPU flags + a working gcc), else oneDNN. Ours measured
   faster on every SmolLM2 shape at M = 1-64 (2-core Zen4: ~40 GB/s vs ~20 at M = 1) and on par
   at prefill sizes (M = 256-1024: both at the bf16 dot-product peak), so there is no M threshold
@@ -31,7 +34,7 @@ from torchinferno.errors import ConfigError
 from torchinferno.kernels import cpu_gemv
 from torchinferno.kernels.module_swap import replace_linears
 
-KERNELS = ("auto", "onednn", "avx512bf16")
+KERNELS = ("auto", "onednn", "avx512bf16", "amx")
 _default_kernel = ["auto"]  # what prepack_linears(kernel=None) uses; set by use_kernel()
 
 
@@ -50,10 +53,13 @@ def resolve_kernel(kernel: str, dtype: torch.dtype = torch.bfloat16) -> str:
     if kernel == "onednn" or dtype != torch.bfloat16:
         return "onednn"
     if cpu_gemv.load() is None:
-        if kernel == "avx512bf16":
-            raise ConfigError(f"CPU GEMV kernel avx512bf16 is unavailable here ({cpu_gemv.unavailable_reason()}); "
+        if kernel in ("avx512bf16", "amx"):
+            raise ConfigError(f"CPU GEMV kernel {kernel} is unavailable here ({cpu_gemv.unavailable_reason()}); "
                               "use auto or onednn")
         return "onednn"
+    if kernel == "amx" and not cpu_gemv.amx_available():
+        raise ConfigError("CPU GEMV kernel amx: this CPU or kernel grants no AMX bf16 tiles; use auto, avx512bf16 "
+                          "or onednn")
     return "avx512bf16"
 
 
