@@ -52,3 +52,27 @@ def test_prepacked_mla_families_generate(family):
         a = ref.compute_logits(ref(ids, torch.arange(5)))
         b = packed.compute_logits(packed(ids, torch.arange(5)))
     torch.testing.assert_close(b, a, atol=5e-2, rtol=5e-2)
+
+
+def test_model_spec_picks_the_cpu_gemv_kernel():
+    """``--cpu-gemv`` of serve / generate: ModelSpec carries the kernel to build_model (here and in the engine-core
+    process); a bad name fails in one line listing the valid ones; ``amx`` (where the CPU grants it) packs for our
+    kernel and allows the tiles in the building process."""
+    from torchinferno.engine.assembly import ModelSpec, build_model
+    from torchinferno.errors import ConfigError
+    from torchinferno.kernels import cpu_gemv
+
+    with pytest.raises(ConfigError, match="valid: auto, onednn, avx512bf16, amx"):
+        ModelSpec(model_kind="llama3", cpu_gemv="tiles")
+    model = build_model(ModelSpec(model_kind="llama3", dtype="bfloat16", cpu_gemv="onednn"))
+    assert {m.kernel for m in model.modules() if isinstance(m, PackedLinear)} == {"onednn"}
+    if not cpu_gemv.amx_available():
+        with pytest.raises(ConfigError, match="amx"):
+            build_model(ModelSpec(model_kind="llama3", dtype="bfloat16", cpu_gemv="amx"))
+        return
+    try:
+        model = build_model(ModelSpec(model_kind="llama3", dtype="bfloat16", cpu_gemv="amx"))
+        assert {m.kernel for m in model.modules() if isinstance(m, PackedLinear)} == {"avx512bf16"}
+        assert cpu_gemv._amx_requested == [True]
+    finally:
+        cpu_gemv.set_amx(False)

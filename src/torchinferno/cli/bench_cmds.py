@@ -31,9 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--json-output", default=None, help="write the report as JSON here")
     p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights")
-    p.add_argument("--cpu-gemv", default="auto", choices=["auto", "onednn", "avx512bf16", "amx"],
-                   help="kernel of the pre-packed CPU bf16 linears (auto: avx512bf16 where available, else onednn; "
-                        "amx: avx512bf16's packing with AMX bf16 tiles allowed, Sapphire Rapids and later)")
+    from torchinferno.cli.common import add_cpu_gemv_arg
+
+    add_cpu_gemv_arg(p)
     p.add_argument("--cpu-step", default="native", choices=["native", "python"],
                    help="CPU decode step: native (the whole step in one C call where the model's linears allow) "
                         "or python (the family's eager ops); an A/B of the two")

@@ -21,7 +21,14 @@ def add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
     p.add_argument("--variant", default=None, help="model variant from the family registry (default: the family's default)")
     p.add_argument("--no-prepack", action="store_true",
                    help="keep plain nn.Linear weights on CPU (default: pre-pack bf16 weights for the CPU GEMV kernel)")
+    add_cpu_gemv_arg(p)
     add_quantization_arg(p)
+
+
+def add_cpu_gemv_arg(p: argparse.ArgumentParser) -> None:
+    from torchinferno.kernels.cpu_linear import KERNEL_HELP, KERNELS
+
+    p.add_argument("--cpu-gemv", default="auto", choices=list(KERNELS), help=KERNEL_HELP)
 
 
 def add_quantization_arg(p: argparse.ArgumentParser) -> None:
@@ -65,7 +72,8 @@ def load_model_and_tokenizer(a: argparse.Namespace):
     from torchinferno.text.tokenizer import load_tokenizer
 
     spec = ModelSpec(model=a.model, dtype=a.dtype, device=a.device, quantization=getattr(a, "quantization", "none"),
-                     prepack=not getattr(a, "no_prepack", False), cache_dir=a.cache_dir, variant=a.variant)
+                     prepack=not getattr(a, "no_prepack", False), cache_dir=a.cache_dir, variant=a.variant,
+                     cpu_gemv=getattr(a, "cpu_gemv", "auto"))
     model = build_model(spec)
     return model, load_tokenizer(tokenizer_spec(spec, a.tokenizer, model.checkpoint_dir))
 

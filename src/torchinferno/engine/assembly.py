@@ -57,7 +57,8 @@ class ModelSpec:
 
     Exactly one of ``model`` (registry name, HF dir, ``.gguf`` file or hub id) and ``model_kind`` (a
     family name: a tiny random model of size ``size``, seeded with ``seed``) is set. ``quantization``
-    is one of :data:`QUANTIZATIONS`; ``prepack`` pre-packs bf16 CPU linears for the GEMV kernel.
+    is one of :data:`QUANTIZATIONS`; ``prepack`` pre-packs bf16 CPU linears for the GEMV kernel ``cpu_gemv``
+    (``kernels.cpu_linear.KERNELS``; ``amx`` also allows AMX tiles in the process that builds the model).
     """
 
     model: str | None = None
@@ -71,12 +72,17 @@ class ModelSpec:
     cache_dir: str | None = None
     variant: str | None = None
     kernel_artifacts: str | None = None  # prepare-deepseek-v4-kernels output, only loaded (kernels/v4_artifacts.py)
+    cpu_gemv: str = "auto"
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.model_kind is None):
             raise ConfigError("give exactly one of a model (name, directory, .gguf, hub id) or a model kind")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"unknown quantization '{self.quantization}' (valid: {', '.join(QUANTIZATIONS)})")
+        from torchinferno.kernels.cpu_linear import KERNELS
+
+        if self.cpu_gemv not in KERNELS:
+            raise ConfigError(f"unknown CPU GEMV kernel '{self.cpu_gemv}' (valid: {', '.join(KERNELS)})")
 
     @property
     def name(self) -> str:
@@ -126,7 +132,11 @@ def build_model(spec: ModelSpec) -> nn.Module:
     if spec.prepack:
         from torchinferno.kernels.cpu_linear import prepack_linears
 
-        prepack_linears(model)  # no-op unless bf16 weights on a CPU with oneDNN bf16
+        prepack_linears(model, kernel=None if spec.cpu_gemv == "auto" else spec.cpu_gemv)  # no-op unless CPU bf16
+        if spec.cpu_gemv == "amx":  # process-wide: this process (the engine core's) runs the model
+            from torchinferno.kernels import cpu_gemv
+
+            cpu_gemv.set_amx(True)
     if spec.kernel_artifacts is not None:
         from torchinferno.kernels import v4_artifacts
 

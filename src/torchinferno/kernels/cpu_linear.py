@@ -35,6 +35,8 @@ from torchinferno.kernels import cpu_gemv
 from torchinferno.kernels.module_swap import replace_linears
 
 KERNELS = ("auto", "onednn", "avx512bf16", "amx")
+KERNEL_HELP = ("kernel of the pre-packed CPU bf16 linears (auto: avx512bf16 where available, else onednn; amx: "
+               "avx512bf16's packing with AMX bf16 tiles allowed, Sapphire Rapids and later)")  # --cpu-gemv
 _default_kernel = ["auto"]  # what prepack_linears(kernel=None) uses; set by use_kernel()
 
 

@@ -11,6 +11,7 @@ import sys
 
 from torchinferno.engine.assembly import DEFAULT_MODEL, QUANTIZATIONS, TINY_MODEL, ModelSpec, tiny_kind_family
 from torchinferno.errors import ConfigError
+from torchinferno.kernels.cpu_linear import KERNEL_HELP, KERNELS
 
 __all__ = ["add_server_args", "model_spec_from_args", "engine_config_from_args", "served_name", "disagg_config_from_args"]
 
@@ -91,6 +92,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--log-level", default="warning")
     p.add_argument("--no-prepack", action="store_true", help="do not pre-pack CPU bf16 weights (for the CPU GEMV kernel)")
+    p.add_argument("--cpu-gemv", default="auto", choices=list(KERNELS), help=KERNEL_HELP)
     p.add_argument("--quantization", default="none", choices=list(QUANTIZATIONS),
                    help="fp8: FP8-E4M3 weights and per-token activations (W8A8) for every linear but the head")
     p.add_argument("--kernel-artifacts", default=None, metavar="DIR",
@@ -158,7 +160,8 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
               "the scheduler admits waiting requests at every step", file=sys.stderr, flush=True)
     given = args.model or args.model_pos
     common = dict(dtype=args.dtype, device=args.device, quantization=args.quantization, prepack=not args.no_prepack,
-                  cache_dir=args.cache_dir, kernel_artifacts=getattr(args, "kernel_artifacts", None))
+                  cache_dir=args.cache_dir, kernel_artifacts=getattr(args, "kernel_artifacts", None),
+                  cpu_gemv=getattr(args, "cpu_gemv", "auto"))
     family = _tiny_family(given, args.model_kind)
     if family is not None:
         spec = ModelSpec(model_kind=family, size=args.model_size, **common)
