@@ -76,3 +76,20 @@ def test_model_spec_picks_the_cpu_gemv_kernel():
         assert cpu_gemv._amx_requested == [True]
     finally:
         cpu_gemv.set_amx(False)
+
+
+def test_serve_and_generate_flags_carry_cpu_gemv():
+    import argparse
+
+    from torchinferno.cli.common import add_model_args
+    from torchinferno.server.args import add_server_args, model_spec_from_args
+
+    p = argparse.ArgumentParser()
+    add_server_args(p)
+    assert model_spec_from_args(p.parse_args(["--model", "tiny", "--cpu-gemv", "onednn"])).cpu_gemv == "onednn"
+    assert model_spec_from_args(p.parse_args(["--model", "tiny"])).cpu_gemv == "auto"
+    g = argparse.ArgumentParser()
+    add_model_args(g)
+    assert g.parse_args(["--cpu-gemv", "amx"]).cpu_gemv == "amx"
+    with pytest.raises(SystemExit):  # argparse lists the choices
+        g.parse_args(["--cpu-gemv", "tiles"])
