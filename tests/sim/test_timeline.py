@@ -1,6 +1,7 @@
 """The timeline cost model (sim.timeline): overlap semantics, the simulated executor under it, and the fit
 (sim.timeline_fit) recovering known parameters from synthetic step logs."""
 
+import math
 import random
 
 import pytest
@@ -187,3 +188,15 @@ def test_fit_recovers_host_batched_step():
     without = dict(got.params, host_batched=0.0)  # the term matters: dropping it misprices 16 rows by > 10%
     assert TimelineModel(without, graphs=True, overlap=True).step_seconds(dec(16, 200)) \
         < 0.9 * truth.step_seconds(dec(16, 200))
+
+
+def test_a_term_no_step_exercises_stays_zero():
+    """An eager engine's steps never replay a graph: the fit must leave ``launch_graph`` at 0 through its random
+    restarts (a restart used to start it at median / 1e-30, a value no row corrects: a CPU calibration of session
+    18 wrote 2.8e16 ms, pricing any later graph step at that). Seeds 2 and 3 hit it before the fix."""
+    truth = TimelineModel(GPU, graphs=False, overlap=True, async_scheduling=True)
+    for seed, overlap in ((2, True), (3, False)):
+        got, _ = fit_timeline(_synthetic(truth, seed=seed), graphs=False, overlap=overlap, weights="time", restarts=6,
+                              seed=seed)
+        assert got.params["launch_graph"] == 0.0
+        assert all(math.isfinite(v) and v < 1.0 for v in got.params.values()), got.params  # seconds

@@ -319,7 +319,10 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
             best = got
     rng = np.random.default_rng(seed)
     a, c, _ = _replay(its, best[1], graphs, overlap, roofline_sum=True, anchor=anchor)
-    typical = np.median(y[ok]) / np.maximum(np.abs(a[ok]).mean(axis=0), 1e-30) * 0.1  # [P] a term worth 10%
+    scale = np.abs(a[ok]).mean(axis=0)  # [P]; 0 for a term no calibration row exercises (CPU: launch_graph)
+    # a term worth 10% of a step; a term with no rows starts and stays at 0 (else a restart sets it to
+    # median / 1e-30, a value no row can correct, which then prices any such step: a graph replay at 2.8e16 ms)
+    typical = np.where(scale > 0, np.median(y[ok]) / np.maximum(scale, 1e-30) * 0.1, 0.0)
     for _ in range(restarts if best[0] > 1e-6 else 0):
         base = np.where(best[1] > 0, best[1], typical)
         t0 = theta_fixed.copy()
