@@ -41,3 +41,18 @@ def test_readme_line_and_checkpoint(tmp_path):
     assert main(["profile-offload", str(tmp_path / "ck"), "--checkpoint", str(ckpt), "--device", "cpu",
                  "--prompt-tokens", "16", "--new-tokens", "1", "--warmup", "1", "--iters", "2"]) == 0
     assert json.loads((tmp_path / "ck" / "output.json").read_text())["match_resident"] is True
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind,act", [("llama3", False), ("deepseek", True), ("dsv4", False)])
+def test_offloaded_equals_resident_on_cuda(tmp_path, kind, act):
+    """The side-stream staging on a GPU: the resident model's tokens, every layer staged and computed once per
+    forward, staging timed by CUDA events (the copy stream's time is positive and the bytes add up)."""
+    cfg = RunConfig(model_kind=kind, device="cuda", prompt_tokens=6, new_tokens=4, batch_size=2)
+    m = profile_offload(tmp_path / kind, cfg, OffloadConfig(warmup=1, iters=2, activation_offload=act))
+    assert m["summary"]["match_resident"] is True
+    s = json.loads((tmp_path / kind / "offload_summary.json").read_text())
+    ev = json.loads((tmp_path / kind / "offload_events.json").read_text())["events"]
+    assert s["bytes_staged_per_iter"] > 0 and all(e["end_us"] >= e["start_us"] for e in ev)
+    assert any(e["kind"] == "stage" and e["end_us"] > e["start_us"] for e in ev)
