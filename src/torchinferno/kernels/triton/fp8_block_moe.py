@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from torchinferno.kernels.triton.fp8_block import quantize_e4m3_rows
-from torchinferno.kernels.triton.tiles import grouped_tile, moe_tile_rows
+from torchinferno.kernels.triton.tiles import moe_tile, moe_tile_rows
 
 GROUP = 128
 
@@ -34,16 +34,10 @@ def _moe_fp8_kernel(A, AS, B, BS, C, W, sorted_pairs, block_expert, num_padded, 
                     QUANT_A: tl.constexpr = False):
     # QUANT_A: A is the unquantized activation; each program quantizes its rows per 128-group in registers with the
     # quantizer's exact rule (kernels.triton.fp8_block), so decode-sized steps need no quantizer launches
-    num_m = tl.cdiv(tl.load(num_padded), BLOCK_M)
-    first_m, pid_m, pid_n = grouped_tile(tl.program_id(0), num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
-    if first_m >= num_m:
-        return  # past the padded length actually used
-    e = tl.load(block_expert + pid_m)
+    e, pid_m, rn, ok_n = moe_tile(tl.program_id(0), num_padded, block_expert, N, BLOCK_M, BLOCK_N, GROUP_M)
     if e < 0:
-        return
+        return  # no tile (past the padded length actually used) or a padding tile
     pair, ok_m, row = moe_tile_rows(sorted_pairs, pid_m, num_pairs, row_div, BLOCK_M)  # [BM] each
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_n = rn < N
     rn_c = tl.where(ok_n, rn, 0).to(tl.int64)
     rk = tl.arange(0, BLOCK_K)
     e64 = e.to(tl.int64)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.triton.tiles import grouped_tile, moe_tile_rows, sum_terms
+from torchinferno.kernels.triton.tiles import moe_tile, moe_tile_rows, sum_terms
 
 
 @triton.jit
@@ -44,16 +44,10 @@ def _moe_gemm_kernel(A, B, C, W, S, sorted_pairs, block_expert, num_padded, N, K
                      SWIGLU: tl.constexpr, CLAMP: tl.constexpr, MUL_WEIGHT: tl.constexpr, EVEN_K: tl.constexpr,
                      PRECISION: tl.constexpr, HAS_SHARED: tl.constexpr):
     # grid = (num_m_blocks(static bound) * num_n_blocks,): grouped order, GROUP_M row blocks share a weight tile
-    num_m = tl.cdiv(tl.load(num_padded), BLOCK_M)
-    first_m, pid_m, pid_n = grouped_tile(tl.program_id(0), num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
-    if first_m >= num_m:
-        return  # past the padded length actually used
-    e = tl.load(block_expert + pid_m)
+    e, pid_m, rn, ok_n = moe_tile(tl.program_id(0), num_padded, block_expert, N, BLOCK_M, BLOCK_N, GROUP_M)
     if e < 0:
-        return
+        return  # no tile (past the padded length actually used) or a padding tile
     pair, ok_m, row = moe_tile_rows(sorted_pairs, pid_m, num_pairs, row_div, BLOCK_M)  # [BM] each
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_n = rn < N
     rk = tl.arange(0, BLOCK_K)
     a_ptrs = A + row[:, None] * stride_am + rk[None, :]  # [BM, BK]
     e64 = e.to(tl.int64)

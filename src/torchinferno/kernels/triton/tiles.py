@@ -3,6 +3,7 @@ inlined into their callers, so sharing them changes no kernel's arithmetic.
 
 * :func:`grouped_tile` — a 1-D program id -> its (row tile, column tile) in the grouped order: ``GROUP_M`` row tiles
   walk the column tiles together, so a weight tile is still in L2 when the next row tile needs it.
+* :func:`moe_tile` — a fused-MoE GEMM program's tile: its expert (-1: nothing to do) and column offsets.
 * :func:`moe_tile_rows` — the rows of one sorted MoE row tile (``kernels.fused_moe.align_pairs``' layout).
 * :func:`sum_terms` — the launch that finishes a GEMM whose fp32 output came in terms: ``out[t] = sum_j y[t, j]
   (+ bias)`` in term order, rounded once (the MoE's top-k rows of a token; a split-K GEMM's shares).
@@ -27,6 +28,19 @@ def grouped_tile(pid, num_m, num_n, GROUP_M: tl.constexpr):
     pid_m = first_m + (pid % in_group) % group_size
     pid_n = (pid % in_group) // group_size
     return first_m, pid_m, pid_n
+
+
+@triton.jit
+def moe_tile(pid, num_padded, block_expert, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program ``pid`` of a fused-MoE GEMM (grid: the static bound of row tiles x column tiles, grouped order over
+    the row tiles actually used, ``num_padded``) -> (e, pid_m, rn [BN], ok_n [BN]). ``e`` is the row tile's expert,
+    -1 when the program has no tile (past the used length) or the tile is padding: the caller returns then, before
+    reading any row or weight."""
+    num_m = tl.cdiv(tl.load(num_padded), BLOCK_M)
+    first_m, pid_m, pid_n = grouped_tile(pid, num_m, tl.cdiv(N, BLOCK_N), GROUP_M)
+    e = tl.load(block_expert + pid_m, mask=first_m < num_m, other=-1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return e, pid_m, rn, rn < N
 
 
 @triton.jit
