@@ -48,6 +48,7 @@ def test_sections_run_on_cpu(monkeypatch):
     model = tiny_model("deepseek-v3.2", size="debug-v3").to(torch.bfloat16)
     rep = mb.model_rows(model, cpu, batches=(1, 3), ctx=8, prefill=16, bw=1e11, mm=1e12, log=lambda *_: None)
     assert [r["batch"] for r in rep["decode"]] == [1, 3] and rep["prefill"]["tokens"] == 16
+    assert rep["prefill"]["fused_device_ms"] > 0  # the prefill without host issue time, beside its wall time
     assert "per_layer" in rep["launches_b1"]  # (no CUDA kernels on CPU; the count itself: tests/kernels/test_launch_count)
     b1 = rep["decode"][0]
     dense = mb.active_bytes(model, [0] * 2)
