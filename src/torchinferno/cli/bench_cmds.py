@@ -43,12 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_bench_generate(a) -> int:
     from torchinferno.cli.common import check_device
     from torchinferno.kernels.cpu_decode_step import use_step
-
     from torchinferno.kernels.cpu_gemv import amx_allowed
     from torchinferno.kernels.cpu_linear import resolve_kernel
 
     check_device(a.device)
-    resolve_kernel(a.cpu_gemv)  # a kernel this machine lacks fails here, in one line
+    resolve_kernel(a.cpu_gemv)  # before AMX is touched: a kernel this machine lacks fails here, in one line
     # every runner built below (ours and the paired rounds) takes this CPU step and AMX choice
     with use_step(a.cpu_step), amx_allowed(a.cpu_gemv == "amx"):
         return _bench_generate(a)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -63,9 +64,11 @@ def load() -> ctypes._CFuncPtr | None:
 _amx_requested = [False]  # what set_amx was last asked (the C side's mode): amx_allowed restores it
 
 
+@functools.cache
 def amx_available() -> bool:
-    """Whether AMX bf16 tiles can be used here (CPU flags, the kernel's permission, a build with them); the
-    current request is left as it was."""
+    """Whether AMX bf16 tiles can be used here (CPU flags, the kernel's permission, a build with them): fixed for
+    the process, so probed once (``resolve_kernel("amx")`` asks for every packed linear); the current request is
+    left as it was."""
     old = _amx_requested[0]
     try:
         return set_amx(True)

@@ -127,8 +127,8 @@ M_TILES: tuple[tuple[int, BlockConfig], ...] = (
 MIN_PROGRAMS = 132  # narrower N tiles for small M until the grid covers a GPU's SMs once (H100/H200: 132)
 # split-K for decode-sized M (<= SPLIT_K_MAX_M rows): the K groups shared among programs until about four waves of
 # SMs stream the weight, each share at least SPLIT_K_MIN_GROUPS groups. Run 47 (H100): at M=1 the unsplit GEMM of
-# V3-shape layers took 1.95 of a 4.31 ms step, ~8x its bytes at the copy bandwidth (o_proj: 224 programs, each
-# walking all 128 K groups). Untuned: benchmarks/probe_fp8_block.py measures it.
+# V3-shape layers took 1.95 of a 4.31 ms step, 4.6-5.2x the time of its ~1.1-1.2 GB of FP8 weights at the copy
+# bandwidth (the bytes counted from the config; o_proj: 224 programs, each walking all 128 K groups). Untuned: benchmarks/probe_fp8_block.py measures it.
 SPLIT_K_MAX_M = 64
 SPLIT_K_PROGRAMS = 4 * 132
 SPLIT_K_MIN_GROUPS = 4
