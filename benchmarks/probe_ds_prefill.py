@@ -8,11 +8,11 @@ of a 2.05 ms batch-1 step in ``_decode_stage1``, one program per layer at contex
 * prefill: wall vs device time of ``model(ids, pos, caches, meta)`` at 2048 tokens; host milliseconds per module
   (forward pre/post hooks, no sync: the Python + launch time spent inside each module, or a hidden host sync's
   wait); torch.profiler CPU ops by count and self time; CUDA runtime calls (launches, syncs, copies).
-* mla: ``batched_paged_decode_attention`` at the MLA shape (16 heads, 576 / 512, one latent head) for batch 1 / 8 and
-  context 128 / 1024 / 4096 over split counts and tiles (device time, 20 calls per CUDA graph).
-* decode: the model's batch-1 / 8 decode step replayed from CUDA graphs with the MLA launch plan
-  (``kernels.mla_decode.mla_num_splits``, 32-row tiles; from session 17's sweep) and with the GQA kernel's own
-  choice (one split per 256 rows, 16-row tiles: the plan before), same caches and tokens.
+* mla: the absorbed decode attention at the MLA shape (16 heads, 576 / 512) for batch 1 / 8 / 64 and context
+  128 / 1024 / 4096: the MLA kernel (``kernels.triton.mla_decode_attention``) over split counts and tiles beside
+  the GQA kernel with one 576-wide key head at the session-18 plan (device time, 20 calls per CUDA graph).
+* decode: the model's batch-1 / 8 decode step replayed from CUDA graphs with either kernel
+  (``kernels.mla_decode.DECODE_KERNEL``), same caches and tokens.
 """
 
 from __future__ import annotations
@@ -116,60 +116,68 @@ def prefill_section(model, T: int = 2048) -> dict:
 def mla_section() -> dict:
     from torchinferno.kernels.mla_decode import MLA_BLOCK_N, merge_counters, mla_num_splits
     from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention
+    from torchinferno.kernels.triton import num_sms
+    from torchinferno.kernels.triton.mla_decode_attention import default_config, mla_paged_decode_attention
 
     H, D, DV, bs = 16, 576, 512, 16
     rows = []
-    for B in (1, 8):
+    for B in (1, 8, 64):
         for ctx in (128, 1024, 4096):
             per = -(-(ctx + 1) // bs)
-            kc = torch.randn(B * per + 1, bs, 1, D, device=DEV, dtype=torch.bfloat16)
-            vc = kc[..., :DV]
+            cache = torch.randn(B * per + 1, bs, D, device=DEV, dtype=torch.bfloat16)
+            kc = cache.unsqueeze(2)
             bt = torch.arange(1, 1 + B * per, device=DEV, dtype=torch.int32).view(B, per)
             lens = torch.full((B,), ctx, device=DEV, dtype=torch.int32)
             q = torch.randn(B, H, D, device=DEV, dtype=torch.bfloat16)
             cnt = merge_counters(DEV, B)
-            default = mla_num_splits(B, per * bs, DEV)  # paged_absorbed_decode's plan
-            ref = batched_paged_decode_attention(q, kc, vc, bt, lens, 0.07, num_splits=1).float()
-            for splits in (1, 2, 4, 8, 16, 32, 64):
-                if splits > 1 and ctx // splits < 16:
-                    continue
-                for cfg in ({"block_n": 16, "num_warps": 4}, {"block_n": 32, "num_warps": 4}):
-                    def fn(splits=splits, cfg=cfg):
-                        return batched_paged_decode_attention(q, kc, vc, bt, lens, 0.07, num_splits=splits,
+            plan = mla_num_splits(B, per * bs, DEV)  # paged_absorbed_decode's plan (16 heads: one head block)
+            ref = batched_paged_decode_attention(q, kc, kc[..., :DV], bt, lens, 0.07, num_splits=1).float()
+            variants = [("gqa", plan, {"block_n": MLA_BLOCK_N, "num_warps": 4})]  # the GQA kernel's MLA plan
+            tiles = default_config(B * plan, num_sms(DEV.index or 0), False)  # the kernel's own tiles at the plan
+            variants += [("mla", splits, {"block_n": bn, "num_warps": w})
+                         for splits in sorted({1, max(1, plan // 2), plan, 2 * plan})
+                         for bn in (16, 32, 64) for w in (4, 8) if splits == 1 or ctx // splits >= bn]
+            for kernel, splits, cfg in variants:
+                def fn(kernel=kernel, splits=splits, cfg=cfg):
+                    if kernel == "gqa":
+                        return batched_paged_decode_attention(q, kc, kc[..., :DV], bt, lens, 0.07, num_splits=splits,
                                                               config=cfg, merge_counters=cnt)
-                    try:
-                        err = (fn().float() - ref).abs().max().item()
-                        ms = graph_time_ms(fn, calls=20, iters=10)
-                    except Exception as e:  # noqa: BLE001 - a sweep point that does not compile / fit
-                        rows.append({"B": B, "ctx": ctx, "splits": splits, **cfg, "error": f"{type(e).__name__}: {e}"[:200]})
-                        continue
-                    rows.append({"B": B, "ctx": ctx, "splits": splits, **cfg, "us": ms * 1e3, "max_err": err,
-                                 "default_splits": default})
-            best = min((r for r in rows if r["B"] == B and r["ctx"] == ctx and "us" in r), key=lambda r: r["us"])
-            dflt = [r for r in rows if r["B"] == B and r["ctx"] == ctx and r.get("splits") == default
-                    and r.get("block_n") == MLA_BLOCK_N and r.get("num_warps") == 4]
-            log(f"mla B={B} ctx={ctx}: plan ({default} splits, {MLA_BLOCK_N}/4w) {dflt[0]['us'] if dflt else float('nan'):.1f} us;"
-                f" best {best['us']:.1f} us at {best['splits']} splits block_n {best['block_n']} {best['num_warps']}w"
-                f" (err {best['max_err']:.1e})")
+                    return mla_paged_decode_attention(q, cache, bt, lens, 0.07, D - DV, splits, merge_counters=cnt,
+                                                      config=cfg)
+                try:
+                    err = (fn().float() - ref).abs().max().item()
+                    ms = graph_time_ms(fn, calls=20, iters=10)
+                except Exception as e:  # noqa: BLE001 - a sweep point that does not compile / fit
+                    rows.append({"B": B, "ctx": ctx, "kernel": kernel, "splits": splits, **cfg,
+                                 "error": f"{type(e).__name__}: {e}"[:200]})
+                    continue
+                rows.append({"B": B, "ctx": ctx, "kernel": kernel, "splits": splits, **cfg, "us": ms * 1e3,
+                             "max_err": err, "plan_splits": plan})
+            here = [r for r in rows if r["B"] == B and r["ctx"] == ctx and "us" in r]
+            gqa = [r for r in here if r["kernel"] == "gqa"]
+            dflt = [r for r in here if r["kernel"] == "mla" and r["splits"] == plan
+                    and r["block_n"] == tiles["block_n"] and r["num_warps"] == tiles["num_warps"]]
+            best = min((r for r in here if r["kernel"] == "mla"), key=lambda r: r["us"], default=None)
+            log(f"mla B={B} ctx={ctx}: gqa plan {gqa[0]['us'] if gqa else float('nan'):.1f} us | mla kernel "
+                f"{dflt[0]['us'] if dflt else float('nan'):.1f} us ({plan} splits, {tiles['block_n']}/"
+                f"{tiles['num_warps']}w, err {dflt[0]['max_err'] if dflt else float('nan'):.1e})"
+                + (f" | best {best['us']:.1f} us at {best['splits']} splits {best['block_n']}/{best['num_warps']}w"
+                   if best else ""))
     return {"rows": rows}
 
 
 def decode_section(model) -> dict:
     from torchinferno.kernels import mla_decode as md
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
-    from torchinferno.kernels.triton import decode_attention as da
 
     cfg, bs, ctx = model.config, 16, 128
     spec = model.family.kv_spec(cfg)
     batches = (1, 8)
     blocks_per = -(-(ctx + 8) // bs)
     out = {}
-    orig_plan, orig_bn = md.mla_num_splits, md.MLA_BLOCK_N
-    for label in ("mla_plan", "gqa_default"):  # the MLA launch plan vs the GQA kernel's own choice (16-row tiles)
+    for label in ("mla", "gqa"):  # the MLA kernel vs the GQA kernel's MLA plan (kernels.mla_decode.DECODE_KERNEL)
         torch.manual_seed(0)  # the same caches and tokens for both: their argmaxes compare
-        if label == "gqa_default":
-            md.mla_num_splits = lambda b, rows, d: da.choose_num_splits(b, 1, rows, d)
-            md.MLA_BLOCK_N = 16
+        md.DECODE_KERNEL = label
         caches = spec.allocate(max(batches) * blocks_per + 1, bs, torch.bfloat16, DEV)
         for layer in caches:
             for t in layer:
@@ -193,8 +201,8 @@ def decode_section(model) -> dict:
             log(f"decode {label} B={B}: {out[f'{label}_B{B}']['ms']:.3f} ms (device "
                 f"{out[f'{label}_B{B}']['device_ms']:.3f}) argmax {out[f'{label}_B{B}']['argmax'][:4]}")
         del runner, caches
-        md.mla_num_splits, md.MLA_BLOCK_N = orig_plan, orig_bn
         torch.cuda.empty_cache()
+    md.DECODE_KERNEL = "mla"
     return out
 
 

@@ -23,7 +23,18 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 
-def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r=16, bs=16) -> None:
+def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r=16, bs=16, kernel="mla",
+                 fp8_cache=False) -> None:
+    from torchinferno.kernels import mla_decode
+
+    saved, mla_decode.DECODE_KERNEL = mla_decode.DECODE_KERNEL, kernel
+    try:
+        _check_kernel(device, dtype, lens, H, dn, dv, R, r, bs, fp8_cache)
+    finally:
+        mla_decode.DECODE_KERNEL = saved
+
+
+def _check_kernel(device, dtype, lens, H, dn, dv, R, r, bs, fp8_cache) -> None:
     from torchinferno.kernels import mla_decode
     from torchinferno.models.common.attention import gather_kv
     from torchinferno.models.common.mla import mla_absorbed_attention
@@ -33,7 +44,7 @@ def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r
     per = -(-max(lens) // bs)
     nblocks = B * per + 3
     perm = torch.randperm(nblocks, generator=g)[: B * per].view(B, per).to(torch.int32)  # scattered blocks
-    cache = torch.randn(nblocks, bs, R + r, generator=g).to(dtype).to(device)
+    cache = torch.randn(nblocks, bs, R + r, generator=g).to(torch.float8_e4m3fn if fp8_cache else dtype).to(device)
     q_nope = torch.randn(B, H, dn, generator=g).to(dtype).to(device)
     q_pe = torch.randn(B, H, r, generator=g).to(dtype).to(device)
     w = (torch.randn(H * (dn + dv), R, generator=g) * R**-0.5).to(dtype).to(device)
@@ -54,6 +65,8 @@ def check_kernel(device, dtype, lens=(1, 5, 64, 300), H=4, dn=16, dv=24, R=64, r
     assert got_buf.is_contiguous() and _rel(got_buf, want) <= TOL[dtype], f"query buffer: {_rel(got_buf, want):.2e}"
     counters = mla_decode.merge_counters(q_nope.device, B)
     assert counters is not None and not counters.any(), "split-merge counters must be left zero"
+    if fp8_cache:  # the rows as stored (upcast exactly) are the reference's; write_latent is checked without
+        return
     new = torch.randn(3, R + r, generator=g).to(dtype).to(device)
     before = cache.clone()
     mla_decode.write_latent(cache, new, torch.tensor([5, -1, 40], device=device))
@@ -204,8 +217,11 @@ def main() -> None:
     if what == "kernel":
         check_kernel(cpu, torch.float32)
         check_kernel(cpu, torch.float16)
-        check_kernel(cpu, torch.float32, lens=(3, 40), H=20, dn=8, dv=8, R=32, r=8)  # heads over two launches
+        check_kernel(cpu, torch.float32, lens=(3, 40), H=20, dn=8, dv=8, R=32, r=8)  # heads over two programs
         check_kernel(cpu, torch.float32, lens=(2, 600, 1100), H=4, dn=8, dv=8, R=32, r=8, bs=64)  # split-K merged
+        check_kernel(cpu, torch.float32, lens=(2, 600, 1100), H=20, dn=8, dv=8, R=48, r=8, bs=64)  # R not 2^n
+        for shape in ({}, {"lens": (3, 40), "H": 20, "dn": 8, "dv": 8, "R": 32, "r": 8}):  # the A/B baseline
+            check_kernel(cpu, torch.float32, kernel="gqa", **shape)
     elif what == "prologue":
         check_prologue(cpu, torch.float32)
         check_prologue(cpu, torch.float16, T=3, H=20, dn=8, R=32, r=8)  # heads over two blocks of 16

@@ -35,7 +35,10 @@ def test_mla_paged_decode_cuda(dtype):
 
     C.check_kernel(torch.device("cuda"), dtype)
     C.check_kernel(torch.device("cuda"), dtype, lens=(1, 700, 4000), H=16, dn=128, dv=128, R=512, r=64)
-    C.check_kernel(torch.device("cuda"), dtype, lens=(5, 300), H=40, dn=128, dv=128, R=512, r=64)  # 3 launches
+    C.check_kernel(torch.device("cuda"), dtype, lens=(5, 300), H=40, dn=128, dv=128, R=512, r=64)  # 3 head blocks
+    C.check_kernel(torch.device("cuda"), dtype, lens=(5, 300), H=40, dn=128, dv=128, R=512, r=64, kernel="gqa")
+    C.check_kernel(torch.device("cuda"), dtype, lens=(1, 700, 4000), H=16, dn=128, dv=128, R=512, r=64,
+                   fp8_cache=True)
     C.check_prologue(torch.device("cuda"), dtype)
     C.check_prologue(torch.device("cuda"), dtype, T=7, H=16, dn=128, R=512, r=64, bs=16)  # the V2-Lite shape
     C.check_prologue(torch.device("cuda"), dtype, fp8_cache=True)
@@ -55,7 +58,7 @@ def test_mla_split_plan_fills_the_sms_and_respects_the_table():
     cpu = torch.device("cpu")  # 132 SMs assumed off CUDA, as an H100 / H200
     assert mla_num_splits(1, 4096, cpu) == MLA_MAX_SPLITS
     assert mla_num_splits(8, 1024, cpu) == 16
-    assert mla_num_splits(1, 128, cpu) == 4  # one split per 32-row tile of the table at most
+    assert mla_num_splits(1, 128, cpu) == 2  # one split per 64 rows of the table at most
     assert mla_num_splits(1, 16, cpu) == 1
-    assert mla_num_splits(64, 4096, cpu) == 2 and mla_num_splits(256, 4096, cpu) == 1
+    assert mla_num_splits(64, 4096, cpu) == 4 and mla_num_splits(256, 4096, cpu) == 1  # about two waves
     assert all(n & (n - 1) == 0 for b in range(1, 300, 7) for n in [mla_num_splits(b, 2048, cpu)])

@@ -66,6 +66,25 @@ def test_decode_attention_mla_layout_and_stage2_compile():
                  dict(DV=128, DV_PAD=128, NUM_SPLITS=8, PDL=True))
 
 
+@pytest.mark.parametrize("cache,q,block_n,warps,merge,splits", [
+    ("*bf16", "*bf16", 64, 8, True, 16),     # batch 1, long context: one wave of programs
+    ("*bf16", "*bf16", 32, 4, True, 4),      # batch 64: past a wave
+    ("*bf16", "*bf16", 64, 8, False, 1),     # one split: direct output
+    ("*fp8e4nv", "*bf16", 64, 8, True, 16),  # FP8 latent cache (fp16 dots)
+    ("*fp32", "*fp32", 16, 4, False, 8),     # fp32 (ieee dots), stage-2 merge
+])
+def test_mla_decode_attention_compiles(cache, q, block_n, warps, merge, splits):
+    from torchinferno.kernels.triton import mla_decode_attention as mda
+
+    assert mda.default_config(132 if warps == 8 else 133, 132, q == "*fp32") == {
+        "block_n": block_n, "num_warps": warps, "num_stages": 2}
+    compile_sm90(mda._mla_decode_stage1, {"Q": q, "C": cache, "BT": "*i32", "SEQ": "*i32", "OUT": q, "OP": "*fp32",
+                                           "LSE": "*fp32", "CNT": "*i32"},
+                 dict(R=512, R_PAD=512, RP=64, RP_PAD=64, BLOCK_H=16, PAGE=16, BLOCK_N=block_n, NUM_SPLITS=splits,
+                      IEEE=q == "*fp32", F16_DOT=cache == "*fp8e4nv", MERGE=merge), floats=("qk_scale",),
+                 num_warps=warps)
+
+
 def _gemv_pointers(kv: str = "*bf16") -> dict[str, str]:
     return {"X": "*bf16", "R": "*bf16", "NW": "*bf16", "W": "*bf16", "Y": "*bf16", "COS": "*bf16", "SIN": "*bf16",
             "KC": kv, "VC": kv, "SLOT": "*i64"}

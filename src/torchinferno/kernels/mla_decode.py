@@ -2,12 +2,13 @@
 
 The latent cache of a layer is ``[num_blocks, block_size, R + r]`` (``c_kv`` then the rotated ``k_pe``: 576 values
 at DeepSeek's shape). With W_UK folded into the query, every head of a request attends over the same latent rows:
-one shared KV "head" with 576-dim keys and 512-dim values (``c_kv`` itself, a view of the same rows). That is the
-GQA layout the split-K paged decode kernel (``kernels.triton.decode_attention``) already runs, with all ``H``
-query heads in one group; its lengths and block tables are device tensors, so nothing here reads a host value.
+576-dim keys and 512-dim values (``c_kv`` itself, the first ``R`` of the same rows).
+``kernels.triton.mla_decode_attention`` reads each row once as a ``c_kv`` and a ``k_pe`` tile and reuses ``c_kv`` as
+the value tile; its lengths and block tables are device tensors, so nothing here reads a host value.
+(``DECODE_KERNEL = "gqa"`` runs the GQA kernel, ``kernels.triton.decode_attention``, with all heads on one 576-wide
+key head instead: the A/B baseline.)
 
 * :func:`paged_absorbed_decode` — ``q_nope [B, H, dn], q_pe [B, H, r]`` -> ``[B, H, dv]`` (W_UV folded in after).
-  At most :data:`MAX_HEADS_PER_LAUNCH` heads per launch (a program holds its heads' 576-wide query rows).
   Reference: ``models.common.mla.mla_absorbed_attention`` over the gathered latent (tests/kernels/test_mla_decode.py).
 * :func:`sparse_absorbed_decode` — V3.2 DSA decode: the same absorbed attention over only the rows at given flat
   cache slots ``[B, k]`` (the indexer's top-k, -1 = none), through ``kernels.sparse_sink_decode`` (keys the
@@ -29,14 +30,17 @@ from torchinferno.models.common.mla import split_kv_b
 # sparse_absorbed_decode's tiles: 512 value dims per row (+ the 64-wide rope tail), so 16 rows a tile as the paged
 # kernel takes for 576-wide rows (benchmarks/bench_dsa_sparse_decode.py sweeps them)
 SPARSE_CONFIG = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "SPLITS": "auto"}
-MAX_HEADS_PER_LAUNCH = 16  # heads per kernel launch (V2-Lite: one launch; V3's 128 heads: 8, each re-reading the rows)
-# paged_absorbed_decode's launch plan (the H100 sweep of session 18, benchmarks/probe_ds_prefill.py mla: 16 heads,
-# one 576-wide latent head): 32-row tiles, and up to 16 splits while the batch leaves SMs idle. The kernel rounds
-# a split up to whole tiles of the actual length, so a short context uses fewer (ctx 128: 4). Batch 1, ctx
-# 128 / 1024 / 4096: 27.8 / 53.9 / 64.7 us with the GQA default (one split per 256 rows, 16-row tiles) ->
-# 12.6 / 32.6 / 57.0 us with this plan.
-MLA_BLOCK_N = 32
+MAX_HEADS_PER_LAUNCH = 16  # heads per GQA-kernel launch (DECODE_KERNEL "gqa"; V3: 8 launches, each re-reading the rows)
+# paged_absorbed_decode's split plan (H100 sweeps, benchmarks/probe_ds_prefill.py mla: 16 heads, 576 / 512): up to
+# 16 splits of at least 64 rows while the batch leaves SMs idle, aiming at two waves of programs (run 51: batch 64,
+# ctx 4096, 4 splits 123.8 us against 2 splits 145.6 us). The kernel rounds a split up to whole tiles of the actual
+# length, so a short context uses fewer. MLA_BLOCK_N: the GQA baseline's tiles (session 18's plan for that kernel).
+MLA_MIN_SPLIT_ROWS = 64
 MLA_MAX_SPLITS = 16
+MLA_BLOCK_N = 32
+# "mla": kernels.triton.mla_decode_attention (each latent row read once as c_kv + k_pe tiles, c_kv reused as the
+# values, all heads in one launch); "gqa": the GQA kernel above with one 576-wide key head (the A/B baseline)
+DECODE_KERNEL = "mla"
 MERGE_COUNTERS = 4096  # per device: int32 zeros, one per (sequence, launch): the split-K merge inside stage 1
 _counters: dict[torch.device, torch.Tensor] = {}
 
@@ -54,13 +58,14 @@ def merge_counters(device: torch.device, n: int) -> torch.Tensor | None:
 
 
 def mla_num_splits(batch: int, table_rows: int, device: torch.device) -> int:
-    """Splits of each sequence's latent rows: about one wave of programs (``batch x splits`` ~ the SM count), at
-    most :data:`MLA_MAX_SPLITS` and one per :data:`MLA_BLOCK_N` rows of the block table's width ``table_rows``; a
-    power of two. Shapes only, so a captured CUDA graph keeps its plan."""
+    """Splits of each sequence's latent rows: about two waves of programs (``batch x splits`` ~ twice the SM count;
+    pass ``batch x head blocks`` when a sequence's heads take several programs), at most :data:`MLA_MAX_SPLITS` and
+    one per :data:`MLA_MIN_SPLIT_ROWS` rows of the block table's width ``table_rows``; a power of two. Shapes only,
+    so a captured CUDA graph keeps its plan."""
     from torchinferno.kernels.triton import num_sms
 
     sms = num_sms(device.index or 0) if device.type == "cuda" else 132
-    n = max(1, min(MLA_MAX_SPLITS, table_rows // MLA_BLOCK_N, sms // max(batch, 1)))
+    n = max(1, min(MLA_MAX_SPLITS, table_rows // MLA_MIN_SPLIT_ROWS, 2 * sms // max(batch, 1)))
     return 1 << (n.bit_length() - 1)
 
 
@@ -95,10 +100,6 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
     When ``q_pe`` lives in a :func:`query_buffer` (the fused MLA prologue put it there), ``W_UK^T q_nope`` is
     written next to it by one bmm; else the query is concatenated. The output is produced by one bmm writing
     ``[B, H, dv]`` rows directly (``o_proj`` reads them as ``[B, H * dv]`` without a copy)."""
-    from torchinferno.kernels.triton.decode_attention import (
-        batched_paged_decode_attention,
-    )
-
     B, H, dn = q_nope.shape
     r = q_pe.shape[-1]
     R = latent_cache.shape[-1] - r
@@ -110,17 +111,28 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
     else:
         q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # [B, H, R]
         q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1)  # [B, H, R + r]
-    kc = latent_cache.unsqueeze(2)  # [N, bs, 1, R + r]: one KV head
-    vc = kc[..., :R]  # values: c_kv, the first R of the same rows
     lens = seq_lens.to(torch.int32)
     o_lat = torch.empty(H, B, R, dtype=q.dtype, device=q.device).transpose(0, 1)  # [B, H, R], head-major storage
-    counters = merge_counters(q.device, B)  # launches run in stream order: one buffer serves them all
-    splits = mla_num_splits(B, block_tables.shape[1] * latent_cache.shape[1], q.device)
-    cfg = {"block_n": MLA_BLOCK_N}  # FP8 caches too (their GQA default, 16 x 2)
-    for h0 in range(0, H, MAX_HEADS_PER_LAUNCH):  # a program holds all its heads' [576-wide] query rows
-        h1 = min(H, h0 + MAX_HEADS_PER_LAUNCH)
-        batched_paged_decode_attention(q[:, h0:h1], kc, vc, block_tables, lens, scale, num_splits=splits,
-                                       out=o_lat[:, h0:h1], config=cfg, merge_counters=counters)
+    table_rows = block_tables.shape[1] * latent_cache.shape[1]
+    if DECODE_KERNEL == "mla":
+        from torchinferno.kernels.triton.mla_decode_attention import BLOCK_H, mla_paged_decode_attention
+
+        hblocks = -(-H // BLOCK_H)
+        counters = merge_counters(q.device, B * hblocks)
+        mla_paged_decode_attention(q, latent_cache, block_tables, lens, scale, r,
+                                   mla_num_splits(B * hblocks, table_rows, q.device), out=o_lat,
+                                   merge_counters=counters)
+    else:  # the GQA kernel with one 576-wide key head (the A/B baseline of benchmarks/probe_ds_prefill.py)
+        from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention
+
+        kc = latent_cache.unsqueeze(2)  # [N, bs, 1, R + r]: one KV head
+        counters = merge_counters(q.device, B)  # launches run in stream order: one buffer serves them all
+        splits = mla_num_splits(B, table_rows, q.device)
+        for h0 in range(0, H, MAX_HEADS_PER_LAUNCH):  # a program holds all its heads' [576-wide] query rows
+            h1 = min(H, h0 + MAX_HEADS_PER_LAUNCH)
+            batched_paged_decode_attention(q[:, h0:h1], kc, kc[..., :R], block_tables, lens, scale,
+                                           num_splits=splits, out=o_lat[:, h0:h1], config={"block_n": MLA_BLOCK_N},
+                                           merge_counters=counters)
     out = torch.empty(B, H, w_uv.shape[1], dtype=q.dtype, device=q.device)
     torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, B, R] @ [H, R, dv]
     return out

@@ -101,6 +101,52 @@ def _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
     return m_new, l_i, acc
 
 
+@triton.jit
+def finish_split(acc, m_i, l_i, OUT, OP, LSE, cnt_ptr, b, heads, gm, dv, dvm, split, n_active, stride_ob, stride_oh,
+                 stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, NUM_SPLITS: tl.constexpr, MERGE: tl.constexpr,
+                 ROWS_PAD: tl.constexpr, DV_PAD: tl.constexpr):
+    """The end of a split-K decode program over query rows ``heads`` (``gm`` valid) of sequence ``b``: one split
+    writes the normalized output; otherwise the split's normalized partial and base-2 log-sum-exp (``-inf`` for a
+    split without tokens), and with ``MERGE`` the last of the ``n_active`` splits to finish (counted at
+    ``cnt_ptr``, left zero again) merges them into ``OUT``. Shared by the GQA and MLA decode kernels."""
+    if NUM_SPLITS == 1:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
+                 mask=gm[:, None] & dvm[None, :])
+    else:
+        empty = l_i == 0  # this split holds no token of the sequence
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(OP + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dv[None, :], out,
+                 mask=gm[:, None] & dvm[None, :])
+        tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=gm)
+        if MERGE:  # the last active split program of this (sequence, head group) to finish merges (no stage 2)
+            tl.debug_barrier()  # every thread's partial stores precede the release below
+            done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+            if done == n_active - 1:
+                # Unrolled over every split (the loads of a dynamic loop would wait one by one); the
+                # inactive ones are masked off and read nothing.
+                m = tl.full([ROWS_PAD], float("-inf"), tl.float32)
+                for s_ in tl.static_range(NUM_SPLITS):
+                    m = tl.maximum(m, tl.load(LSE + b * stride_lb + heads * stride_lh + s_,
+                                              mask=gm & (s_ < n_active), other=float("-inf"), cache_modifier=".cg"))
+                o_acc = tl.zeros([ROWS_PAD, DV_PAD], tl.float32)
+                w_sum = tl.zeros([ROWS_PAD], tl.float32)
+                for s_ in tl.static_range(NUM_SPLITS):
+                    on = s_ < n_active
+                    ls = tl.load(LSE + b * stride_lb + heads * stride_lh + s_, mask=gm & on, other=float("-inf"),
+                                 cache_modifier=".cg")
+                    w = tl.where(ls == float("-inf"), 0.0, tl.exp2(ls - m))
+                    o_s = tl.load(OP + b * stride_pb + heads[:, None] * stride_ph + s_ * stride_ps + dv[None, :],
+                                  mask=(gm & on)[:, None] & dvm[None, :], other=0.0, cache_modifier=".cg")
+                    o_acc += o_s * w[:, None]
+                    w_sum += w
+                out = o_acc / tl.maximum(w_sum, 1e-30)[:, None]
+                tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
+                         out.to(OUT.dtype.element_ty), mask=gm[:, None] & dvm[None, :])
+                tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next call (ordered)
+
+
 @triton.jit(do_not_specialize=["stride_bt"])  # the block table's width changes per step (see prefill_attention)
 def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
                    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
@@ -164,43 +210,9 @@ def _decode_stage1(Q, KC, VC, BT, SEQ, OUT, OP, LSE, CNT, qk_scale,
                                  stride_kh, stride_vb, stride_vt, stride_vh, PAGE, True, dot_ty)
             m_i, l_i, acc = _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE)
 
-        if NUM_SPLITS == 1:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
-                     mask=gm[:, None] & dvm[None, :])
-        else:
-            empty = l_i == 0  # this split holds no token of the sequence
-            out = acc / tl.where(empty, 1.0, l_i)[:, None]
-            lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-            tl.store(OP + b * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dv[None, :], out,
-                     mask=gm[:, None] & dvm[None, :])
-            tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=gm)
-            if MERGE:  # the last active split program of this (sequence, kv head) to finish merges (no stage 2)
-                tl.debug_barrier()  # every thread's partial stores precede the release below
-                cnt_ptr = CNT + b * tl.num_programs(1) + kvh
-                done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
-                if done == n_active - 1:
-                    # Unrolled over every split (the loads of a dynamic loop would wait one by one); the
-                    # inactive ones are masked off and read nothing.
-                    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-                    for s_ in tl.static_range(NUM_SPLITS):
-                        m = tl.maximum(m, tl.load(LSE + b * stride_lb + heads * stride_lh + s_,
-                                                  mask=gm & (s_ < n_active), other=float("-inf"), cache_modifier=".cg"))
-                    o_acc = tl.zeros([GROUP_PAD, DV_PAD], tl.float32)
-                    w_sum = tl.zeros([GROUP_PAD], tl.float32)
-                    for s_ in tl.static_range(NUM_SPLITS):
-                        on = s_ < n_active
-                        ls = tl.load(LSE + b * stride_lb + heads * stride_lh + s_, mask=gm & on, other=float("-inf"),
-                                     cache_modifier=".cg")
-                        w = tl.where(ls == float("-inf"), 0.0, tl.exp2(ls - m))
-                        o_s = tl.load(OP + b * stride_pb + heads[:, None] * stride_ph + s_ * stride_ps + dv[None, :],
-                                      mask=(gm & on)[:, None] & dvm[None, :], other=0.0, cache_modifier=".cg")
-                        o_acc += o_s * w[:, None]
-                        w_sum += w
-                    out = o_acc / tl.maximum(w_sum, 1e-30)[:, None]
-                    tl.store(OUT + b * stride_ob + heads[:, None] * stride_oh + dv[None, :],
-                             out.to(OUT.dtype.element_ty), mask=gm[:, None] & dvm[None, :])
-                    tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")  # ready for the next call (ordered)
+        finish_split(acc, m_i, l_i, OUT, OP, LSE, CNT + b * tl.num_programs(1) + kvh, b, heads, gm, dv, dvm, split,
+                     n_active, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                     NUM_SPLITS, MERGE, GROUP_PAD, DV_PAD)
 
 
 @triton.jit
