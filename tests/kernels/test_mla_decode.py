@@ -57,8 +57,8 @@ def test_mla_split_plan_fills_the_sms_and_respects_the_table():
 
     cpu = torch.device("cpu")  # 132 SMs assumed off CUDA, as an H100 / H200
     assert mla_num_splits(1, 4096, cpu) == MLA_MAX_SPLITS
-    assert mla_num_splits(8, 1024, cpu) == 16
-    assert mla_num_splits(1, 128, cpu) == 2  # one split per 64 rows of the table at most
+    assert mla_num_splits(8, 1024, cpu) == 8
+    assert mla_num_splits(1, 144, cpu) == 1 and mla_num_splits(1, 256, cpu) == 2  # a split per 128 rows at most
     assert mla_num_splits(1, 16, cpu) == 1
     assert mla_num_splits(64, 4096, cpu) == 4 and mla_num_splits(256, 4096, cpu) == 1  # about two waves
     assert all(n & (n - 1) == 0 for b in range(1, 300, 7) for n in [mla_num_splits(b, 2048, cpu)])

@@ -155,13 +155,14 @@ class Fp8BlockLinear(nn.Module):
     ``kernel``: ``"triton"`` (CUDA sm89+: the Triton quantizer + block GEMM), ``"torch"`` (the reference, any
     device), ``"auto"`` = ``triton`` where supported, else ``torch``. Any ``N`` and ``K`` (edge blocks partial).
     ``config``: fixed tiles for every call (a dict like :func:`block_config`'s); None = :func:`block_config` per M.
-    At most :attr:`fuse_quant_rows` rows the GEMM quantizes the activation itself (the same codes: one launch).
+    At most :attr:`fuse_quant_rows` rows (none by default) the GEMM quantizes the activation itself (same codes).
     """
 
-    # rows up to which the GEMM quantizes the activation itself instead of a separate quantizer launch (every N tile
-    # repeats its rows' quantization, so only for few rows); 0 = always the separate launch. Untuned:
-    # benchmarks/probe_fp8_block.py measures both at M = 1 and 16.
-    fuse_quant_rows = 16
+    # rows up to which the GEMM quantizes the activation itself instead of a separate quantizer launch; 0 = always
+    # the separate launch. Measured (run 52, H100, probe_fp8_block.py micro, split-K tiles): the in-GEMM quantizer
+    # sits in every program's K loop and doubled the GEMM at M = 1 and 16 (V3 o_proj 105 us against 2.4 us of
+    # quantizer + 51.7 us of GEMM; V2-Lite down 44 against 22), so decode takes the separate launch too.
+    fuse_quant_rows = 0
 
     def __init__(self, weight_fp8: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None,
                  kernel: str = "auto", config: dict | None = None):
@@ -202,7 +203,7 @@ class Fp8BlockLinear(nn.Module):
         if x2.stride(-1) != 1:
             x2 = x2.contiguous()
         cfg = self.config or block_config(x2.shape[0], self.out_features, self.in_features)
-        if x2.shape[0] <= self.fuse_quant_rows:  # decode: the GEMM quantizes its rows itself (one launch)
+        if x2.shape[0] <= self.fuse_quant_rows:  # the GEMM quantizes its rows itself (one launch)
             y = fp8_block_matmul(x2, None, self.weight_fp8, self.weight_scale_inv, x.dtype, cfg, self.bias)
         else:
             xq, xs = quantize_fp8_groups_triton(x2)  # [M, K] e4m3, [M, G] fp32

@@ -32,10 +32,11 @@ from torchinferno.models.common.mla import split_kv_b
 SPARSE_CONFIG = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "SPLITS": "auto"}
 MAX_HEADS_PER_LAUNCH = 16  # heads per GQA-kernel launch (DECODE_KERNEL "gqa"; V3: 8 launches, each re-reading the rows)
 # paged_absorbed_decode's split plan (H100 sweeps, benchmarks/probe_ds_prefill.py mla: 16 heads, 576 / 512): up to
-# 16 splits of at least 64 rows while the batch leaves SMs idle, aiming at two waves of programs (run 51: batch 64,
-# ctx 4096, 4 splits 123.8 us against 2 splits 145.6 us). The kernel rounds a split up to whole tiles of the actual
-# length, so a short context uses fewer. MLA_BLOCK_N: the GQA baseline's tiles (session 18's plan for that kernel).
-MLA_MIN_SPLIT_ROWS = 64
+# 16 splits of at least 128 rows while the batch leaves SMs idle, aiming at two waves of programs. Run 51: batch 64,
+# ctx 4096, 4 splits 123.8 us against 2 splits 145.6 us; run 52: batch 1 / 8, ctx 1024, 8 splits 14.8 / 16.1 us against
+# 16 splits (64 rows each) 18.0 / 20.2 us, and one split at ctx 128. The kernel rounds a split up to whole tiles of
+# the actual length, so a short context uses fewer. MLA_BLOCK_N: the GQA baseline's tiles (session 18's plan for it).
+MLA_MIN_SPLIT_ROWS = 128
 MLA_MAX_SPLITS = 16
 MLA_BLOCK_N = 32
 # "mla": kernels.triton.mla_decode_attention (each latent row read once as c_kv + k_pe tiles, c_kv reused as the
@@ -128,10 +129,11 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
         kc = latent_cache.unsqueeze(2)  # [N, bs, 1, R + r]: one KV head
         counters = merge_counters(q.device, B)  # launches run in stream order: one buffer serves them all
         splits = mla_num_splits(B, table_rows, q.device)
+        gqa_tiles = {"block_n": 16 if q.dtype == torch.float32 else MLA_BLOCK_N}  # fp32: 32 rows exceed shared memory
         for h0 in range(0, H, MAX_HEADS_PER_LAUNCH):  # a program holds all its heads' [576-wide] query rows
             h1 = min(H, h0 + MAX_HEADS_PER_LAUNCH)
             batched_paged_decode_attention(q[:, h0:h1], kc, kc[..., :R], block_tables, lens, scale,
-                                           num_splits=splits, out=o_lat[:, h0:h1], config={"block_n": MLA_BLOCK_N},
+                                           num_splits=splits, out=o_lat[:, h0:h1], config=gqa_tiles,
                                            merge_counters=counters)
     out = torch.empty(B, H, w_uv.shape[1], dtype=q.dtype, device=q.device)
     torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, B, R] @ [H, R, dv]
