@@ -16,6 +16,7 @@ timeout ${T_BENCH:-120} python3 -m torchinferno.cli.main bench-moe --sections mo
   --quantization fp8-block --layers "$LAYERS" --batches 1 64 --prefill-tokens 2048 --json-output "$R/bench.json" \
   > "$R/bench.log" 2>&1; echo "bench rc=$?" >> "$R/bench.log"
 grep -E "ceilings|model \(|model decode|model prefill|kernels [0-9.]+ ms|top:|rc=|Error" "$R/bench.log" | cut -c1-400
+[[ ${STAGES:-all} == all ]] || { true; exit 0; }  # STAGES=short: tests and bench only
 timeout ${T_PROBE:-70} python3 benchmarks/probe_ds_prefill.py "$R/probe.json" decode > "$R/probe.log" 2>&1
 echo "probe rc=$?" >> "$R/probe.log"; grep -E "^decode|rc=|Error" "$R/probe.log" | cut -c1-260
 timeout ${T_ACC:-100} python3 benchmarks/probe_fp8_block.py "$R/accuracy.json" accuracy > "$R/accuracy.log" 2>&1
