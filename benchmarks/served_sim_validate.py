@@ -30,7 +30,7 @@ def serve_and_bench(args, run: str, out: Path) -> list[str]:
     with LocalServer(argv, port, log_path=out / f"server_{run}.log", startup_timeout_s=args.startup_timeout) as s:
         print(f"[{run}] server ready in {time.perf_counter() - t:.1f} s", flush=True)
         for c in args.concurrency:
-            n = max(8, args.waves * c) if c < 256 else 2 * c
+            n = max(args.min_requests, args.waves * c) if c < 256 else 2 * c
             cfg = ServeBenchConfig(base_url=s.base_url, num_prompts=n, input_len=args.input_len, output_len=args.output_len,
                                    max_concurrency=c, ignore_eos=True, seed=c, disable_tqdm=True, num_warmups=min(2, c),
                                    prompt_format="tokens").validate()
@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--waves", type=int, default=4)
+    p.add_argument("--min-requests", type=int, default=32,
+                   help="requests per level at least (run 37 sent 8 at C=1: its TTFT p50 moved 34%% between runs A and B)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--out", required=True)
     p.add_argument("--skip-analysis", action="store_true",
