@@ -190,7 +190,7 @@ def decode_section(model) -> dict:
             ids = torch.randint(0, cfg.vocab_size, (B,), device=DEV)
             pos = torch.full((B,), ctx, device=DEV)
 
-            def replay(ids=ids, pos=pos, meta=meta):
+            def replay(ids=ids, pos=pos, meta=meta, runner=runner):
                 with torch.no_grad():
                     return runner.run(ids, pos, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.seq_lens_list)
 

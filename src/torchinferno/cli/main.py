@@ -25,7 +25,8 @@ COMMAND_GROUPS = (
     "torchinferno.cli.deepseek_v4_cmds",
     "torchinferno.cli.profile_cmds",  # before variants_cmds: its model-variants adds promoted variants
     "torchinferno.cli.variants_cmds",  # validate-model-variants (model-variants is in profile_cmds)
-    "torchinferno.cli.sim_cmds",
+    "torchinferno.cli.sim_measure_cmds",  # sim-calibrate, sim-validate
+    "torchinferno.cli.sim_cmds",  # sim-smoke, traffic-smoke, sim-plan
     "torchinferno.cli.parallel_cmds",  # plan-parallel
     "torchinferno.cli.disagg_cmds",  # disagg-init, disagg-smoke (rank files)
 )
