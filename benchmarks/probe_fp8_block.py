@@ -145,9 +145,11 @@ MOE_SHAPES = {"v2-lite": (64, 6, 2048, 1408), "v3": (256, 8, 7168, 2048)}  # nam
 
 def moe(dev, log=print, tokens=(1, 16, 128, 2048)) -> list[dict]:
     """Routed experts alone: the bf16 fused MoE (``kernels.fused_moe``) vs the block-FP8 fused MoE on the same
-    weights, uniform random routing, CUDA-graph replays; bytes = the experts the routing hits."""
+    weights, uniform random routing, CUDA-graph replays; bytes = the experts the routing hits. The FP8 MoE is timed
+    with its default quantizer placement and with the other one (``quant_inline``: in the grouped GEMMs, which run
+    52 showed doubling the dense M=1 GEMM, or as separate launches), for ``FUSE_QUANT_MAX_TOKENS``."""
     from torchinferno.kernels import fused_moe
-    from torchinferno.kernels.fp8_block_moe import fused_fp8_block_experts, quantize_expert_blocks
+    from torchinferno.kernels.fp8_block_moe import FUSE_QUANT_MAX_TOKENS, fused_fp8_block_experts, quantize_expert_blocks
 
     rows = []
     for name, (E, k, D, inter) in MOE_SHAPES.items():
@@ -161,15 +163,19 @@ def moe(dev, log=print, tokens=(1, 16, 128, 2048)) -> list[dict]:
             hit = int(torch.unique(ids).numel())
             t_bf16 = _per_call_ms([lambda: fused_moe.fused_experts(x, ids, w, gu, dn)])
             t_fp8 = _per_call_ms([lambda: fused_fp8_block_experts(x, ids, w, *q)])
+            inline = T <= FUSE_QUANT_MAX_TOKENS  # the default placement; time the other one too
+            t_other = _per_call_ms([lambda: fused_fp8_block_experts(x, ids, w, *q, quant_inline=not inline)])
             want, got = fused_moe.fused_experts(x, ids, w, gu, dn), fused_fp8_block_experts(x, ids, w, *q)
             err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
             row = {"shape": name, "tokens": T, "experts_hit": hit, "bf16_ms": t_bf16, "fp8_block_ms": t_fp8,
                    "bf16_gb_s": hit * 3 * D * inter * 2 / t_bf16 / 1e6, "fp8_block_gb_s": hit * 3 * D * inter / t_fp8 / 1e6,
-                   "tflop_s_fp8": 2 * T * k * 3 * D * inter / t_fp8 / 1e9, "rel_err_vs_bf16": err}
+                   "tflop_s_fp8": 2 * T * k * 3 * D * inter / t_fp8 / 1e9, "rel_err_vs_bf16": err,
+                   "quant_inline": inline, "fp8_block_other_quant_ms": t_other}
             rows.append(row)
             log(f"moe {name:7s} T={T:4d} hit {hit:3d}: bf16 {t_bf16 * 1e3:8.1f}us {row['bf16_gb_s']:5.0f}GB/s | fp8b "
                 f"{t_fp8 * 1e3:8.1f}us {row['fp8_block_gb_s']:5.0f}GB/s {row['tflop_s_fp8']:4.0f}TF | "
-                f"{t_bf16 / t_fp8:.2f}x | rel err vs bf16 {err:.3f}")
+                f"{t_bf16 / t_fp8:.2f}x | rel err vs bf16 {err:.3f} | quantizer {'inline' if inline else 'separate'}; "
+                f"{'separate' if inline else 'inline'} {t_other * 1e3:.1f}us")
         del gu, dn, q
         torch.cuda.empty_cache()
     return rows
