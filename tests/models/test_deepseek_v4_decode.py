@@ -35,8 +35,8 @@ def set_static(model, on: bool) -> None:
         layer.self_attn.static_decode = on
 
 
-def run(model, static: bool, mode: str = "module"):
-    """Prefill every prompt in one batch, then greedy-decode STEPS tokens per row -> (logits [steps, B, V], caches).
+def run(model, static: bool, mode: str = "module", steps: int = STEPS):
+    """Prefill every prompt in one batch, then greedy-decode ``steps`` tokens per row -> (logits [steps, B, V], caches).
 
     ``mode``: "module" (the model's forward), "emulated" (the graph runner's padded bucket buffers, run eagerly) or
     "runner" (``CudaGraphDecodeRunner.run``: captured graphs on CUDA)."""
@@ -44,7 +44,7 @@ def run(model, static: bool, mode: str = "module"):
     p = next(model.parameters())
     dev, dtype = p.device, p.dtype
     B = len(PROMPTS)
-    per_seq = -(-(max(PROMPTS) + STEPS) // BS)
+    per_seq = -(-(max(PROMPTS) + steps) // BS)
     caches = kv_spec(model.config).allocate(num_blocks=per_seq * B + 1, block_size=BS, dtype=dtype, device=dev)
     table = [[1 + per_seq * b + j for j in range(per_seq)][::-1] for b in range(B)]  # non-contiguous blocks
     g = torch.Generator().manual_seed(5)
@@ -60,7 +60,7 @@ def run(model, static: bool, mode: str = "module"):
             gr = CudaGraphDecodeRunner(model, caches, BS, per_seq, batch_sizes=(B + 2,))
             if mode == "runner":
                 gr.capture()
-        for i in range(STEPS):
+        for i in range(steps):
             ctx = [n + i for n in PROMPTS]
             meta = build_attention_metadata([1] * B, ctx, table, BS, device=dev)
             pos = torch.tensor(ctx, device=dev)
@@ -75,7 +75,7 @@ def run(model, static: bool, mode: str = "module"):
             tok = logits.argmax(-1)
     set_static(model, True)
     if mode == "runner":
-        assert gr.use_graphs == (dev.type == "cuda") and gr.num_replays == (STEPS if gr.use_graphs else 0)
+        assert gr.use_graphs == (dev.type == "cuda") and gr.num_replays == (steps if gr.use_graphs else 0)
     return torch.stack(out), caches
 
 
