@@ -34,8 +34,8 @@ def default_config(programs: int, sms: int, fp32: bool) -> dict:
     """Tiles for a launch of ``programs`` (sequences x head blocks x splits) on ``sms`` SMs, from the H100 sweep of
     run 51 (benchmarks/probe_ds_prefill.py mla; 16 heads, 576 / 512, bf16): while the programs fit one wave, 64-row
     tiles over 8 warps (batch 1, ctx 4096: 26.3 us against 32.5 with 32 rows); past one wave, 32 rows over 4 warps, two
-    programs an SM (batch 64, ctx 4096, 4 splits: 123.8 against 142.5 us). fp32 (ieee dots): 16-row tiles, as 32
-    rows of fp32 need more shared memory than an SM has."""
+    programs an SM (batch 64, ctx 4096, 4 splits: 123.8 against 142.5 us). fp32 (ieee dots: tests and references,
+    not timed): 16-row tiles over 4 warps, 75 KB of shared memory for sm_90."""
     if fp32:
         return {"block_n": 16, "num_warps": 4, "num_stages": 2}
     if programs <= sms:
