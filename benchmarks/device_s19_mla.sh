@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device call (issue 24, session 19; run tool: timeout_s 540, carry [".whl"]): the MLA decode kernel
 # (kernels/triton/mla_decode_attention.py: each latent row read once as c_kv + k_pe tiles, c_kv reused as the values,
-# no spills at its default tiles) against the GQA kernel's MLA plan (576 padded to 1024, 888 bytes spilled).
+# no spills at the 32-row / 8-warp tiles it had then) against the GQA kernel's MLA plan (576 padded to 1024, 888 bytes spilled).
 # 1. CUDA tests: MLA decode (both kernels, FP8 cache, models from graphs), the GQA decode kernels whose split end
 #    moved into decode_attention.finish_split (test_triton_kernels / test_cuda_decode_step: Llama's fused step). T_TESTS.
 # 2. probe_ds_prefill.py mla,decode: kernel A/B over batch 1/8/64, ctx 128/1024/4096, tiles; the V2-Lite-like model's

@@ -29,9 +29,14 @@ from array import array
 from collections import OrderedDict, deque
 from typing import Iterable, Sequence
 
-__all__ = ["EVICTION_POLICIES", "BlockPool", "NoFreeBlocksError", "hash_block_tokens", "hash_token_blocks"]
+__all__ = ["EVICTION_POLICIES", "BlockPool", "NoFreeBlocksError", "cdiv", "hash_block_tokens", "hash_token_blocks"]
 
 EVICTION_POLICIES = ("lru", "fifo")
+
+
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ints: blocks of ``b`` tokens that hold ``a`` tokens."""
+    return -(-a // b)
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: Sequence[int]) -> int:

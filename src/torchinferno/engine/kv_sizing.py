@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from torchinferno.cache.block_pool import cdiv
 from torchinferno.engine.config import EngineConfig
 from torchinferno.errors import ConfigError
 from torchinferno.models.protocol import KVSpec
@@ -45,15 +46,11 @@ class KVPlan:
     num_sliding_blocks: int | None = None  # hybrid specs: the sliding group's pool
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def sliding_blocks_needed(window: int, block_size: int, max_num_seqs: int, max_step_tokens: int) -> int:
     """Sliding blocks that never make the scheduler wait: each running sequence holds the blocks of
     ``[c - window, c)`` (``cdiv(window, bs) + 1``) plus its partial last block, and one step adds at most
     ``max_step_tokens`` tokens (``cdiv`` of that in blocks)."""
-    return max_num_seqs * (_cdiv(window, block_size) + 2) + _cdiv(max_step_tokens, block_size)
+    return max_num_seqs * (cdiv(window, block_size) + 2) + cdiv(max_step_tokens, block_size)
 
 
 def hybrid_split(spec: KVSpec, dtype: torch.dtype, block_size: int, budget: int, sliding_need: int,
@@ -116,14 +113,14 @@ def plan_kv_cache(model: nn.Module, spec: KVSpec, dtype: torch.dtype, config: En
     step_tokens = config.max_num_batched_tokens if config.enable_chunked_prefill else max(
         config.max_num_batched_tokens, want_len)
     need = sliding_blocks_needed(W, bs, config.max_num_seqs, step_tokens)
-    whole_ids = _cdiv(want_len, bs) * config.max_num_seqs
-    one_seq = _cdiv(W, bs) + 2  # one sequence's window + its decode block
+    whole_ids = cdiv(want_len, bs) * config.max_num_seqs
+    one_seq = cdiv(W, bs) + 2  # one sequence's window + its decode block
     if config.num_gpu_blocks is not None:
         n, s, reason = config.num_gpu_blocks, min(config.num_gpu_blocks, need), "num_gpu_blocks"
     else:
         whole_pb = spec.group_bytes_per_block(dtype, bs, sliding=False, pack=True)
         slide_pb = spec.group_bytes_per_block(dtype, bs, sliding=True, pack=True)
-        per_seq_blocks = _cdiv(want_len, bs)
+        per_seq_blocks = cdiv(want_len, bs)
         # the single-group plan's bytes are the budget (kv_cache_memory / free CUDA memory / the CPU RAM cap)
         base = _plan(model, spec, dtype, config, want_len, device)
         budget = config.kv_cache_memory or base.num_blocks * spec.bytes_per_token(dtype) * bs

@@ -50,11 +50,11 @@ import itertools
 from collections import deque
 from dataclasses import dataclass
 
-from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
+from torchinferno.cache.block_pool import BlockPool, cdiv, hash_token_blocks
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.outputs import PLACEHOLDER_TOKEN, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from torchinferno.engine.request import Request, RequestStatus
-from torchinferno.engine.scheduler_handoff import HandoffMixin, cdiv
+from torchinferno.engine.scheduler_handoff import HandoffMixin
 from torchinferno.engine.sliding_group import SlidingGroup
 
 __all__ = ["Scheduler", "StepResult"]

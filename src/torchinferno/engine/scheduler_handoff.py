@@ -9,11 +9,8 @@ incoming prompt (``reserve_prefilled``), turns it into a running request when th
 
 from __future__ import annotations
 
+from torchinferno.cache.block_pool import cdiv
 from torchinferno.engine.request import Request, RequestStatus
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class HandoffMixin:

@@ -63,10 +63,9 @@ def mla_num_splits(batch: int, table_rows: int, device: torch.device) -> int:
     pass ``batch x head blocks`` when a sequence's heads take several programs), at most :data:`MLA_MAX_SPLITS` and
     one per :data:`MLA_MIN_SPLIT_ROWS` rows of the block table's width ``table_rows``; a power of two. Shapes only,
     so a captured CUDA graph keeps its plan."""
-    from torchinferno.kernels.triton import num_sms
+    from torchinferno.kernels.triton import device_sms
 
-    sms = num_sms(device.index or 0) if device.type == "cuda" else 132
-    n = max(1, min(MLA_MAX_SPLITS, table_rows // MLA_MIN_SPLIT_ROWS, 2 * sms // max(batch, 1)))
+    n = max(1, min(MLA_MAX_SPLITS, table_rows // MLA_MIN_SPLIT_ROWS, 2 * device_sms(device) // max(batch, 1)))
     return 1 << (n.bit_length() - 1)
 
 

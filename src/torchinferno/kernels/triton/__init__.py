@@ -46,5 +46,11 @@ def num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def device_sms(device: torch.device) -> int:
+    """SMs of a CUDA ``device``; 132 (an H100 / H200) elsewhere, so launch plans made off-GPU (the interpreter,
+    tests) match the GPU's."""
+    return num_sms(device.index or 0) if device.type == "cuda" else 132
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())

@@ -34,7 +34,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from torchinferno.kernels.kv_dtype import is_fp8
-from torchinferno.kernels.triton import next_pow2, num_sms
+from torchinferno.kernels.triton import device_sms, next_pow2
 
 LOG2E = 1.4426950408889634
 
@@ -88,7 +88,15 @@ def _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
         s = tl.dot(q, tl.trans(k), input_precision="ieee")
     else:
         s = tl.dot(q, tl.trans(k))
-    s = tl.where(tm[None, :], s * qk_scale, float("-inf"))  # [GROUP_PAD, BLOCK_N], log2 domain
+    return online_softmax_step(s, v, tm, m_i, l_i, acc, qk_scale, IEEE)
+
+
+@triton.jit
+def online_softmax_step(s, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
+    """Scores ``s [ROWS, BLOCK_N]`` (fp32 dot products; tokens off ``tm`` masked) of a value tile ``v [BLOCK_N, DV]``
+    folded into the running max ``m_i``, sum ``l_i`` and output ``acc`` (base 2): the updated triple. An all-masked
+    tile adds nothing. Shared by the GQA and MLA decode kernels."""
+    s = tl.where(tm[None, :], s * qk_scale, float("-inf"))  # [ROWS, BLOCK_N], log2 domain
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # an all-masked tile (empty split) adds nothing
     p = tl.exp2(s - m_ref[:, None])
@@ -242,7 +250,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
     merge kernel costs more than it saves; with the in-kernel merge, smaller splits pay off at batch 1).
     Powers of two only, so few kernel variants get compiled. Depends on shapes alone.
     """
-    sms = num_sms(device.index or 0) if device.type == "cuda" else 132
+    sms = device_sms(device)
     programs = max(1, batch * num_kv_heads)
     want = math.ceil(waves * sms / programs)
     cap = max(1, max_context // min_split_tokens)

@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 
 from torchinferno.kernels.kv_dtype import is_fp8
-from torchinferno.kernels.triton import next_pow2, num_sms
-from torchinferno.kernels.triton.decode_attention import LOG2E, _decode_stage2, finish_split
+from torchinferno.kernels.triton import device_sms, next_pow2
+from torchinferno.kernels.triton.decode_attention import LOG2E, _decode_stage2, finish_split, online_softmax_step
 
 BLOCK_H = 16  # heads per program (V2-Lite: all 16; V3's 128: 8 programs per sequence and split)
 
@@ -89,17 +89,7 @@ def _mla_decode_stage1(Q, C, BT, SEQ, OUT, OP, LSE, CNT, qk_scale, H,
             else:
                 s = tl.dot(q_lat, tl.trans(ckv))
                 s += tl.dot(q_pe, tl.trans(kpe))
-            s = tl.where(tm[None, :], s * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_N], log2 domain
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_ref[:, None])
-            alpha = tl.exp2(m_i - m_ref)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(dot_ty), ckv, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(dot_ty), ckv)
-            m_i = m_new
+            m_i, l_i, acc = online_softmax_step(s, ckv, tm, m_i, l_i, acc, qk_scale, IEEE)  # c_kv: the values
         finish_split(acc, m_i, l_i, OUT, OP, LSE, CNT + b * tl.num_programs(1) + hb, b, heads, hm, dr, drm, split,
                      n_active, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                      NUM_SPLITS, MERGE, BLOCK_H, R_PAD)
@@ -126,8 +116,7 @@ def mla_paged_decode_attention(q: torch.Tensor, cache: torch.Tensor, block_table
         return out
     hblocks = triton.cdiv(H, BLOCK_H)
     ieee = q.dtype == torch.float32
-    sms = num_sms(q.device.index or 0) if q.is_cuda else 132
-    cfg = {**default_config(B * hblocks * num_splits, sms, ieee), **(config or {})}
+    cfg = {**default_config(B * hblocks * num_splits, device_sms(q.device), ieee), **(config or {})}
     f16_dot = is_fp8(cache.dtype) and not ieee
     r_pad = next_pow2(R)
     if num_splits > 1:
