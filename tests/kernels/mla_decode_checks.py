@@ -207,6 +207,46 @@ def check_models(device, dtype=torch.float32) -> None:
             assert err <= TOL[dtype], f"{family} {size} {overrides} {mode}: rel err {err:.2e}"
 
 
+def check_step(device, dtype=torch.float32, pdl: bool = False) -> None:
+    """deepseek-v3's batch-1 decode-GEMV step (``models/deepseek_v32/cuda_decode.py``) == the module path it replaces
+    (fused variant, same weights), with and without the query LoRA: hidden states of 5 greedy decode steps after a
+    7-token prompt, the latent cache rows the step appended, and its one-row head vs the model's linear."""
+    from test_cuda_decode_step import _decode_hidden
+
+    from torchinferno.models.common.step_model import LeanStepModel
+    from torchinferno.models.deepseek_v32.cuda_decode import MlaCudaDecodeStep
+    from torchinferno.testing import tiny_model
+
+    tol = TOL[dtype] * 3  # the step's norms feed the GEMVs in fp32 (the module path rounds them first)
+    torch.set_grad_enabled(False)  # the absorbed decode's bmm(out=) refuses parameters that require grad
+    for size in ("debug-v3", "debug-v3-no-q-lora"):
+        model = tiny_model("deepseek-v3.2", size, variant="v1", device=device).to(dtype)
+        spec = model.family.kv_spec(model.config)
+        prompt = [5, 17, 99, 3, 42, 7, 8]
+        want_caches = spec.allocate(8, 4, dtype, device)
+        want = _decode_hidden(model, want_caches, prompt, 5)
+        step = MlaCudaDecodeStep(model, pdl=pdl)
+        assert step.layers[0].q is None if model.config.q_lora_rank else step.layers[0].q is not None
+        handled = []
+
+        def counted(*args, step=step, handled=handled):
+            out = step(*args)
+            handled.append(out is not None)
+            return out
+
+        got_caches = spec.allocate(8, 4, dtype, device)
+        got = _decode_hidden(LeanStepModel(model, counted), got_caches, prompt, 5)
+        assert handled == [False] + [True] * 5, handled  # the prompt through the modules, every decode step by the step
+        err = _rel(got, want)
+        assert err <= tol, f"{size}: step vs module path rel err {err:.2e}"
+        for g, w in zip(got_caches, want_caches):  # the step's latent appends == the module path's
+            assert _rel(g[0], w[0]) <= tol, size
+        h = torch.randn(1, model.config.hidden_size, device=device).to(dtype)
+        assert step.compute_logits(h) is not None and step.compute_logits(h.expand(2, -1).contiguous()) is None
+        ref = torch.nn.functional.linear(h.double(), model.head_weight().double())
+        assert _rel(step.compute_logits(h), ref) <= tol
+
+
 def main() -> None:
     here = Path(__file__).resolve().parent
     sys.path[:0] = [str(here), str(here.parent)]
@@ -226,6 +266,11 @@ def main() -> None:
         check_prologue(cpu, torch.float16, T=3, H=20, dn=8, R=32, r=8)  # heads over two blocks of 16
     elif what == "models":
         check_models(cpu)
+    elif what == "step":
+        from torchinferno.models.deepseek_v32.cuda_decode import MlaCudaDecodeStep
+
+        assert not MlaCudaDecodeStep.supports(_pair("deepseek-v3.2", "debug-v3", cpu, torch.float32)[0])  # CPU weights
+        check_step(cpu)
     print(f"ok {what}")
 
 

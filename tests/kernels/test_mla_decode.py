@@ -19,7 +19,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("check", ["kernel", "prologue", "models"])
+@pytest.mark.parametrize("check", ["kernel", "prologue", "models", "step"])
 def test_mla_decode_on_the_triton_interpreter(check, interpreter_check):
     interpreter_check("mla_decode_checks.py", check)
 
@@ -50,6 +50,24 @@ def test_mla_models_decode_from_cuda_graphs():
     import mla_decode_checks as C
 
     C.check_models(torch.device("cuda"))
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_decode_gemv_step_matches_the_module_path(dtype):
+    """The batch-1 step (models/deepseek_v32/cuda_decode.py) on CUDA, with PDL where the GPU has it, both paths
+    identical otherwise; the engine wraps a deepseek-v3 model with it (step_model)."""
+    sys.path.insert(0, str(HERE))
+    import mla_decode_checks as C
+
+    from torchinferno.models.common.step_model import LeanStepModel, step_model
+    from torchinferno.testing import tiny_model
+
+    dev = torch.device("cuda")
+    C.check_step(dev, dtype, pdl=torch.cuda.get_device_capability()[0] >= 9)
+    model = tiny_model("deepseek-v3.2", "debug-v3", variant="v1", device=dev).to(dtype)
+    assert isinstance(step_model(model, dev), LeanStepModel)
+    assert step_model(tiny_model("deepseek-v3.2", "debug", variant="v1", device=dev), dev).__class__ is not LeanStepModel
 
 
 def test_mla_split_plan_fills_the_sms_and_respects_the_table():

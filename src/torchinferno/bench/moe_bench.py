@@ -166,6 +166,7 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
         positions_for,
     )
     from torchinferno.models.common.moe import set_moe_backend
+    from torchinferno.models.common.step_model import step_model
 
     cfg = model.config
     bs = 16
@@ -178,9 +179,21 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             t.normal_()
     out = {"decode": [], "prefill": None}
     set_moe_backend(model, "auto")
-    out["launches_b1"] = step_launches(model, log)
-    out["kernels_b1"] = _kernel_table(_eager_decode_step(model, caches, bs, blocks_per, ctx), "batch-1 eager step", log)
-    runner = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=batches)
+    out["launches_b1"] = step_launches(model, log)  # the module path's, per layer
+    lean = step_model(model, dev)  # the family's batch-1 decode-GEMV step where it has one, as the engine runs it
+    out["lean_step"] = type(getattr(lean, "step", None)).__name__ if lean is not model else None
+    out["kernels_b1"] = _kernel_table(_eager_decode_step(lean, caches, bs, blocks_per, ctx), "batch-1 eager step", log)
+    if lean is not model and 1 in batches:  # the A/B: batch 1 through the module path, graph-replayed too
+        mod = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=(1,))
+        mod.capture()
+        meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=dev)
+        ids, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
+        with torch.no_grad():
+            out["module_path_b1_ms"] = cuda_time_ms(lambda: mod.run(ids, pos, meta.slot_mapping, meta.block_tables,
+                                                                    meta.seq_lens, meta.seq_lens_list), iters=20, warmup=3)
+        log(f"  batch 1 through the module path (no {out['lean_step']}): {out['module_path_b1_ms']:.3f} ms")
+        del mod
+    runner = CudaGraphDecodeRunner(lean, caches, bs, blocks_per, batch_sizes=batches)
     runner.capture()  # graphs where the model supports them (paged MLA + fused MoE), else the eager padded path
     out["graphs"] = runner.use_graphs
     log(f"  decode steps {'replayed from CUDA graphs' if runner.use_graphs else 'eager (model not capturable)'}")
@@ -195,7 +208,7 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
 
         def step(ids=ids, pos=pos, meta=meta):
             with torch.no_grad():
-                return model.compute_logits(model(ids, pos, caches, meta))
+                return lean.compute_logits(lean(ids, pos, caches, meta))
 
         def replay(ids=ids, pos=pos, meta=meta):
             with torch.no_grad():

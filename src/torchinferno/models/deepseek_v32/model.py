@@ -243,6 +243,13 @@ class DeepSeekV32ForCausalLM(CausalLMBase):
         layers = (DeepSeekDecoderLayer(config, i, ops, absorb_decode) for i in range(config.num_hidden_layers))
         super().__init__(config, ops, DecoderStack(config.vocab_size, config.hidden_size, config.rms_norm_eps, layers, ops))
 
+    def make_cuda_decode_step(self, **options):
+        """The batch-1 CUDA step of decode GEMVs chained by PDL (``cuda_decode.MlaCudaDecodeStep``) where it
+        reproduces this model's module path, else None."""
+        from torchinferno.models.deepseek_v32.cuda_decode import MlaCudaDecodeStep
+
+        return MlaCudaDecodeStep(self, **options) if MlaCudaDecodeStep.supports(self) else None
+
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [max_pos, rope_dim/2] fp32 for the rope part, YaRN attention factor folded in."""
         c = self.config

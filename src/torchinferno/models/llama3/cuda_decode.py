@@ -32,7 +32,7 @@ from torch import nn
 from torchinferno.kernels import api as kapi
 from torchinferno.kernels import triton as tri  # dispatch only: importing it never imports Triton
 from torchinferno.models.common.attention_metadata import AttentionMetadata
-from torchinferno.models.common.decode_step import LeanDecodeStepBase
+from torchinferno.models.common.decode_step import LeanDecodeStepBase, gemv_logits
 from torchinferno.models.llama3 import fused_ops
 
 # GEMV launch tiles per linear (a sweep on an H200: benchmarks/probe_decode_gemv.py).
@@ -93,12 +93,8 @@ class CudaDecodeStep(LeanDecodeStepBase):
         self.attention_launch = attn
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """``hidden [1, D]`` -> fp32 logits ``[1, V]`` through the decode GEMV (cuBLAS streamed this 1 GB weight
-        5-8% slower at one row: runs 20-21), rounded to the activation dtype first as the module path's linear is;
-        None for anything else (the model's linear runs)."""
-        if hidden.shape[0] != 1 or hidden.dtype != self.head.dtype or not tri.usable(hidden):
-            return None
-        return kapi.decode_gemv(hidden.reshape(-1), self.head, pdl=self.pdl, config=self.configs["head"]).float()[None]
+        """``hidden [1, D]`` -> fp32 logits ``[1, V]`` through the decode GEMV, or None (the model's head runs)."""
+        return gemv_logits(hidden, self.head, self.pdl, self.configs["head"])
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
