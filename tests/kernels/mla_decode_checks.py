@@ -207,10 +207,10 @@ def check_models(device, dtype=torch.float32) -> None:
             assert err <= TOL[dtype], f"{family} {size} {overrides} {mode}: rel err {err:.2e}"
 
 
-def check_step(device, dtype=torch.float32, pdl: bool = False) -> None:
+def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -> None:
     """deepseek-v3's batch-1 decode-GEMV step (``models/deepseek_v32/cuda_decode.py``) == the module path it replaces
-    (fused variant, same weights), with and without the query LoRA: hidden states of 5 greedy decode steps after a
-    7-token prompt, the latent cache rows the step appended, and its one-row head vs the model's linear."""
+    (fused variant, same weights), with and without the query LoRA: hidden states of ``steps`` greedy decode steps
+    after a 7-token prompt, the latent cache rows the step appended, and its one-row head vs the model's linear."""
     from test_cuda_decode_step import _decode_hidden
 
     from torchinferno.models.common.step_model import LeanStepModel
@@ -224,7 +224,7 @@ def check_step(device, dtype=torch.float32, pdl: bool = False) -> None:
         spec = model.family.kv_spec(model.config)
         prompt = [5, 17, 99, 3, 42, 7, 8]
         want_caches = spec.allocate(8, 4, dtype, device)
-        want = _decode_hidden(model, want_caches, prompt, 5)
+        want = _decode_hidden(model, want_caches, prompt, steps)
         step = MlaCudaDecodeStep(model, pdl=pdl)
         assert step.layers[0].q is None if model.config.q_lora_rank else step.layers[0].q is not None
         handled = []
@@ -235,8 +235,8 @@ def check_step(device, dtype=torch.float32, pdl: bool = False) -> None:
             return out
 
         got_caches = spec.allocate(8, 4, dtype, device)
-        got = _decode_hidden(LeanStepModel(model, counted), got_caches, prompt, 5)
-        assert handled == [False] + [True] * 5, handled  # the prompt through the modules, every decode step by the step
+        got = _decode_hidden(LeanStepModel(model, counted), got_caches, prompt, steps)
+        assert handled == [False] + [True] * steps, handled  # the prompt through the modules, every decode step by the step
         err = _rel(got, want)
         assert err <= tol, f"{size}: step vs module path rel err {err:.2e}"
         for g, w in zip(got_caches, want_caches):  # the step's latent appends == the module path's
@@ -270,7 +270,7 @@ def main() -> None:
         from torchinferno.models.deepseek_v32.cuda_decode import MlaCudaDecodeStep
 
         assert not MlaCudaDecodeStep.supports(_pair("deepseek-v3.2", "debug-v3", cpu, torch.float32)[0])  # CPU weights
-        check_step(cpu)
+        check_step(cpu, steps=3)  # the interpreter runs every kernel on the CPU: 3 decode steps
     print(f"ok {what}")
 
 
