@@ -15,5 +15,5 @@ timeout ${T_RUN:-120} python3 -m torchinferno.cli.main profile-offload "$R/llama
   --iters 3 > "$R/run.log" 2>&1; echo "run rc=$?" >> "$R/run.log"; tail -5 "$R/run.log"
 python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print({k: v for k, v in s.items() if not isinstance(v, (list, dict))})" \
   "$R/llama3-offload-cuda/offload_summary.json" 2>&1 | cut -c1-800
-timeout 120 python3 "$R/llama3-offload-cuda/offload_repro.py" 2>&1 | tail -1
+timeout ${T_REPRO:-60} python3 "$R/llama3-offload-cuda/offload_repro.py" 2>&1 | tail -1
 true

@@ -11,8 +11,8 @@ of a 2.05 ms batch-1 step in ``_decode_stage1``, one program per layer at contex
 * mla: the absorbed decode attention at the MLA shape (16 heads, 576 / 512) for batch 1 / 8 / 64 and context
   128 / 1024 / 4096: the MLA kernel (``kernels.triton.mla_decode_attention``) over split counts and tiles beside
   the GQA kernel with one 576-wide key head at the session-18 plan (device time, 20 calls per CUDA graph).
-* decode: the model's batch-1 / 8 decode step replayed from CUDA graphs with either kernel
-  (``kernels.mla_decode.DECODE_KERNEL``), same caches and tokens.
+* decode: the model's batch-1 decode step replayed from a CUDA graph at context 128 / 1024: module path vs the
+  decode-GEMV step, MLA split floors, and the GQA kernel (``kernels.mla_decode.DECODE_KERNEL``); same caches, tokens.
 """
 
 from __future__ import annotations
@@ -166,43 +166,51 @@ def mla_section() -> dict:
     return {"rows": rows}
 
 
-def decode_section(model) -> dict:
+DECODE_VARIANTS = (  # label, through the batch-1 decode-GEMV step (models/deepseek_v32/cuda_decode.py), kernel, split rows
+    ("module", False, "mla", 128), ("step", True, "mla", 128), ("step_split64", True, "mla", 64),
+    ("step_split32", True, "mla", 32), ("step_gqa", True, "gqa", 128))
+
+
+def decode_section(model, contexts=(128, 1024)) -> dict:
+    """The batch-1 decode step replayed from a CUDA graph (as the engine runs it) per :data:`DECODE_VARIANTS`: the
+    module path vs the decode-GEMV step, the MLA split floor (``kernels.mla_decode.MLA_MIN_SPLIT_ROWS``) and the GQA
+    kernel baseline; same caches and tokens for all (argmaxes compare), wall and device time."""
     from torchinferno.kernels import mla_decode as md
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
+    from torchinferno.models.common.step_model import step_model
 
-    cfg, bs, ctx = model.config, 16, 128
+    cfg, bs = model.config, 16
     spec = model.family.kv_spec(cfg)
-    batches = (1, 8)
-    blocks_per = -(-(ctx + 8) // bs)
+    lean = step_model(model, DEV)
     out = {}
-    for label in ("mla", "gqa"):  # the MLA kernel vs the GQA kernel's MLA plan (kernels.mla_decode.DECODE_KERNEL)
-        torch.manual_seed(0)  # the same caches and tokens for both: their argmaxes compare
-        md.DECODE_KERNEL = label
-        caches = spec.allocate(max(batches) * blocks_per + 1, bs, torch.bfloat16, DEV)
+    for ctx in contexts:
+        blocks_per = -(-(ctx + 8) // bs)
+        torch.manual_seed(0)
+        caches = spec.allocate(blocks_per + 1, bs, torch.bfloat16, DEV)
         for layer in caches:
             for t in layer:
                 t.normal_()
-        runner = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=batches)
-        runner.capture()
-        for B in batches:
-            table = [list(range(1 + b * blocks_per, 1 + (b + 1) * blocks_per)) for b in range(B)]
-            meta = build_attention_metadata([1] * B, [ctx] * B, table, bs, device=DEV)
-            ids = torch.randint(0, cfg.vocab_size, (B,), device=DEV)
-            pos = torch.full((B,), ctx, device=DEV)
+        meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=DEV)
+        ids = torch.randint(0, cfg.vocab_size, (1,), device=DEV)
+        pos = torch.full((1,), ctx, device=DEV)
+        for label, use_step, kernel, split_rows in DECODE_VARIANTS:
+            md.DECODE_KERNEL, md.MLA_MIN_SPLIT_ROWS = kernel, split_rows
+            runner = CudaGraphDecodeRunner(lean if use_step else model, caches, bs, blocks_per, batch_sizes=(1,))
+            runner.capture()
 
-            def replay(ids=ids, pos=pos, meta=meta, runner=runner):
+            def replay(runner=runner):
                 with torch.no_grad():
                     return runner.run(ids, pos, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.seq_lens_list)
 
             logits = replay().float()
-            out[f"{label}_B{B}"] = {"ms": cuda_time_ms(replay, iters=30, warmup=3),
-                                    "device_ms": device_time_ms(replay, iters=20, warmup=2),
-                                    "argmax": logits.argmax(-1).tolist()}
-            log(f"decode {label} B={B}: {out[f'{label}_B{B}']['ms']:.3f} ms (device "
-                f"{out[f'{label}_B{B}']['device_ms']:.3f}) argmax {out[f'{label}_B{B}']['argmax'][:4]}")
-        del runner, caches
+            row = out[f"{label}_ctx{ctx}"] = {"ms": cuda_time_ms(replay, iters=30, warmup=3),
+                                              "device_ms": device_time_ms(replay, iters=30, warmup=3),
+                                              "argmax": logits.argmax(-1).tolist()}
+            log(f"decode {label} ctx={ctx}: {row['ms']:.3f} ms (device {row['device_ms']:.3f}) argmax {row['argmax']}")
+            del runner
+        del caches
         torch.cuda.empty_cache()
-    md.DECODE_KERNEL = "mla"
+    md.DECODE_KERNEL, md.MLA_MIN_SPLIT_ROWS = "mla", 128
     return out
 
 
