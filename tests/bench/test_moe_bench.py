@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchinferno.bench.moe_bench as mb
+import torchinferno.bench.moe_layer_bench as ml
 from torchinferno.testing import tiny_model
 
 
@@ -36,11 +37,12 @@ def test_transformers_peer_shares_our_weights_and_agrees():
 
 
 def test_sections_run_on_cpu(monkeypatch):
-    monkeypatch.setattr(mb, "cuda_time_ms", _wall_ms)
-    monkeypatch.setattr(mb, "_graph_ms", _wall_ms)
+    for mod in (mb, ml):
+        monkeypatch.setattr(mod, "cuda_time_ms", _wall_ms)
+    monkeypatch.setattr(ml, "_graph_ms", _wall_ms)
     monkeypatch.setattr(mb, "device_time_ms", _wall_ms)
     cpu = torch.device("cpu")
-    rows = mb.layer_rows(cpu, E=8, top_k=2, D=32, inter=16, shared=1, batches=(1, 4), prefill=16, bw=1e11, mm=1e12,
+    rows = ml.layer_rows(cpu, E=8, top_k=2, D=32, inter=16, shared=1, batches=(1, 4), prefill=16, bw=1e11, mm=1e12,
                          log=lambda *_: None)
     assert [r["tokens"] for r in rows] == [1, 4, 16] and all(r["rel_err_vs_torch"] == 0 for r in rows)
     assert rows[0]["experts_hit"] <= 2 and "pct_of_matmul_rate" in rows[-1] and rows[0]["separate_shared_ms"] > 0
@@ -94,7 +96,6 @@ def test_fp8_block_model_section_on_cpu(monkeypatch):
     from torchinferno.models.deepseek_v32.config import tiny_deepseek_v32_config
 
     monkeypatch.setattr(mb, "cuda_time_ms", _wall_ms)
-    monkeypatch.setattr(mb, "_graph_ms", _wall_ms)
     monkeypatch.setattr(mb, "device_time_ms", _wall_ms)
     cfg = tiny_deepseek_v32_config(moe_intermediate_size=128, hidden_size=128)
     bf16, fp8 = mb.build_random(cfg, "cpu"), mb.build_random(cfg, "cpu", "fp8-block")
