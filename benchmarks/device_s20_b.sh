@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Device call (session 20, second; run tool: timeout_s 480, carry [".whl"]).
-# 0. The deepseek-v3 decode-GEMV step's CUDA test (fp32 + bf16).
+# Device call (session 20's second, not run: no device started; next session's first; run tool: timeout_s 480,
+# carry [".whl"]).
+# 0. The deepseek-v3 decode-GEMV step's CUDA test (fp32 + bf16; q + kv_a in one launch) and the two-weight GEMV's.
 # 1. Issue 21 deliverable 6, never run on a GPU: benchmarks/device_s19_offload.sh (profile-offload CUDA tests, the
 #    README line on CUDA, its repro script).
 # 2. Issue 24: probe_ds_prefill.py decode — the V2-Lite-like batch-1 step from a CUDA graph at context 128 / 1024:
 #    module path vs the decode-GEMV step (run s20_a: step 1.94 ms device; the module path's device time not taken
-#    there), MLA split floors 128 / 64 / 32 rows, and the GQA kernel.
+#    there), q + kv_a in one launch or two, PDL off, MLA split floors 128 / 64 / 32 rows, and the GQA kernel.
 source benchmarks/device_env.sh
 R="$OUT/s20_b"; mkdir -p "$R"
 # 0. the decode-GEMV step's CUDA test (run s20_a's 150 s cap interrupted it at bf16, after fp32 + PDL passed)
-timeout -s INT ${T_STEP:-120} python3 -m pytest tests/kernels/test_mla_decode.py -k "gemv_step" -p no:cacheprovider \
+timeout -s INT ${T_STEP:-120} python3 -m pytest tests/kernels/test_mla_decode.py tests/kernels/test_decode_gemv.py \
+  -k "gemv_step or two_weights" -p no:cacheprovider \
   --timeout 110 --tb=short -rfEp -q -o addopts="" > "$R/step_tests.log" 2>&1; echo "step tests rc=$?" >> "$R/step_tests.log"
 grep -E "^(PASSED|FAILED|ERROR)|^E  |passed|failed|rc=" "$R/step_tests.log" | cut -c1-240 | head -8
 T_TESTS=${T_TESTS:-100} T_RUN=${T_RUN:-90} bash benchmarks/device_s19_offload.sh

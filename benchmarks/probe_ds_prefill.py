@@ -12,7 +12,8 @@ of a 2.05 ms batch-1 step in ``_decode_stage1``, one program per layer at contex
   128 / 1024 / 4096: the MLA kernel (``kernels.triton.mla_decode_attention``) over split counts and tiles beside
   the GQA kernel with one 576-wide key head at the session-18 plan (device time, 20 calls per CUDA graph).
 * decode: the model's batch-1 decode step replayed from a CUDA graph at context 128 / 1024: module path vs the
-  decode-GEMV step, MLA split floors, and the GQA kernel (``kernels.mla_decode.DECODE_KERNEL``); same caches, tokens.
+  decode-GEMV step (and the step with q / kv_a in two launches, without PDL), MLA split floors, and the GQA kernel
+  (``kernels.mla_decode.DECODE_KERNEL``); same caches and tokens.
 """
 
 from __future__ import annotations
@@ -166,9 +167,11 @@ def mla_section() -> dict:
     return {"rows": rows}
 
 
-DECODE_VARIANTS = (  # label, through the batch-1 decode-GEMV step (models/deepseek_v32/cuda_decode.py), kernel, split rows
-    ("module", False, "mla", 128), ("step", True, "mla", 128), ("step_split64", True, "mla", 64),
-    ("step_split32", True, "mla", 32), ("step_gqa", True, "gqa", 128))
+DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/deepseek_v32/cuda_decode.py; None: the
+    # module path), MLA kernel, MLA split floor in rows
+    ("module", None, "mla", 128), ("step", {}, "mla", 128), ("step_q_kv_apart", {"fuse_q_kv": False}, "mla", 128),
+    ("step_no_pdl", {"pdl": False}, "mla", 128), ("step_split64", {}, "mla", 64), ("step_split32", {}, "mla", 32),
+    ("step_gqa", {}, "gqa", 128))
 
 
 def decode_section(model, contexts=(128, 1024)) -> dict:
@@ -181,7 +184,6 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
 
     cfg, bs = model.config, 16
     spec = model.family.kv_spec(cfg)
-    lean = step_model(model, DEV)
     out = {}
     for ctx in contexts:
         blocks_per = -(-(ctx + 8) // bs)
@@ -193,9 +195,10 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
         meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=DEV)
         ids = torch.randint(0, cfg.vocab_size, (1,), device=DEV)
         pos = torch.full((1,), ctx, device=DEV)
-        for label, use_step, kernel, split_rows in DECODE_VARIANTS:
+        for label, options, kernel, split_rows in DECODE_VARIANTS:
             md.DECODE_KERNEL, md.MLA_MIN_SPLIT_ROWS = kernel, split_rows
-            runner = CudaGraphDecodeRunner(lean if use_step else model, caches, bs, blocks_per, batch_sizes=(1,))
+            run_model = model if options is None else step_model(model, DEV, **options)
+            runner = CudaGraphDecodeRunner(run_model, caches, bs, blocks_per, batch_sizes=(1,))
             runner.capture()
 
             def replay(runner=runner):

@@ -209,7 +209,7 @@ def check_models(device, dtype=torch.float32) -> None:
 
 def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -> None:
     """deepseek-v3's batch-1 decode-GEMV step (``models/deepseek_v32/cuda_decode.py``) == the module path it replaces
-    (fused variant, same weights), with and without the query LoRA: hidden states of ``steps`` greedy decode steps
+    (fused variant, same weights), with and without the query LoRA, q and kv_a in one launch or two: hidden states of ``steps`` greedy decode steps
     after a 7-token prompt, the latent cache rows the step appended, and its one-row head vs the model's linear."""
     from test_cuda_decode_step import _decode_hidden
 
@@ -219,14 +219,15 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
 
     tol = TOL[dtype] * 3  # the step's norms feed the GEMVs in fp32 (the module path rounds them first)
     torch.set_grad_enabled(False)  # the absorbed decode's bmm(out=) refuses parameters that require grad
-    for size in ("debug-v3", "debug-v3-no-q-lora"):
+    for size, fuse in (("debug-v3", True), ("debug-v3-no-q-lora", True), ("debug-v3-no-q-lora", False)):
         model = tiny_model("deepseek-v3.2", size, variant="v1", device=device).to(dtype)
         spec = model.family.kv_spec(model.config)
         prompt = [5, 17, 99, 3, 42, 7, 8]
         want_caches = spec.allocate(8, 4, dtype, device)
         want = _decode_hidden(model, want_caches, prompt, steps)
-        step = MlaCudaDecodeStep(model, pdl=pdl)
+        step = MlaCudaDecodeStep(model, pdl=pdl, fuse_q_kv=fuse)
         assert step.layers[0].q is None if model.config.q_lora_rank else step.layers[0].q is not None
+        assert step.fuse_q_kv == fuse  # q and kv_a in one launch (the tiny configs' q rows divide its tile)
         handled = []
 
         def counted(*args, step=step, handled=handled):
@@ -238,7 +239,7 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
         got = _decode_hidden(LeanStepModel(model, counted), got_caches, prompt, steps)
         assert handled == [False] + [True] * steps, handled  # the prompt through the modules, every decode step by the step
         err = _rel(got, want)
-        assert err <= tol, f"{size}: step vs module path rel err {err:.2e}"
+        assert err <= tol, f"{size} fuse_q_kv={fuse}: step vs module path rel err {err:.2e}"
         for g, w in zip(got_caches, want_caches):  # the step's latent appends == the module path's
             assert _rel(g[0], w[0]) <= tol, size
         h = torch.randn(1, model.config.hidden_size, device=device).to(dtype)

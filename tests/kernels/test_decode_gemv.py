@@ -61,6 +61,18 @@ def check_plain(dev, n, k, norm, add, config=None, pdl=False):
     _close(y, ref_decode_gemv(x, w, res, nw, 1e-5), exact, scale)
 
 
+def check_two_weights(dev, n1, n2, k, config=None, pdl=False):
+    """``second_weight``: one output [n1 + n2] whose rows are those of ``rms_norm(x) @ [w1; w2].T`` (MLA's q and
+    kv_a from one launch); the kernel's answer equals its own single-weight GEMV on the stacked weight bitwise."""
+    x, nw, w, _ = _tensors(dev, n1 + n2, k, n1 + 3 * k)
+    w1, w2 = w[:n1].clone(), w[n1:].clone()  # two allocations, as two modules' weights
+    y = kapi.decode_gemv(x, w1, second_weight=w2, norm_weight=nw, eps=1e-5, config=config, pdl=pdl)
+    assert y.shape == (n1 + n2,)
+    assert torch.equal(y, kapi.decode_gemv(x, w, norm_weight=nw, eps=1e-5, config=config, pdl=pdl))
+    _close(y, ref_decode_gemv(x, w, None, nw, 1e-5), _exact_input(x, nw, 1e-5) @ w.double().t(),
+           (_exact_input(x, nw, 1e-5) @ w.double().t()).abs() + _abs_sum(x, nw, w, 1e-5) / 4)
+
+
 def check_swiglu(dev, inter, k, config=None):
     x, nw, w, _ = _tensors(dev, 2 * inter, k, inter + k)
     y = kapi.decode_gemv_swiglu(x, w, norm_weight=nw, eps=1e-6, config=config)
@@ -118,6 +130,16 @@ CASES_ROPE = [(4, 2, 64, 256, 5), (8, 2, 128, 512, 63), (4, 4, 32, 300, 0), (4, 
 def test_reference_decode_gemv_on_cpu(n, k, norm, add):
     check_plain("cpu", n, k, norm, add)
     check_swiglu("cpu", n // 2, k)
+
+
+def test_reference_two_weight_gemv_on_cpu():
+    check_two_weights("cpu", 96, 36, 320)
+
+
+@pytest.mark.cuda
+def test_decode_gemv_two_weights(cuda_dev):
+    check_two_weights(cuda_dev, 3072, 576, 2048)  # V2-Lite's q_proj and kv_a_proj_with_mqa
+    check_two_weights(cuda_dev, 96, 36, 320, config={"block_n": 8, "block_k": 128}, pdl=True)
 
 
 @pytest.mark.parametrize("nq,nkv,hd,k,slot", CASES_ROPE)

@@ -87,7 +87,7 @@ def test_mla_decode_attention_compiles(cache, q, block_n, warps, merge, splits):
 
 def _gemv_pointers(kv: str = "*bf16") -> dict[str, str]:
     return {"X": "*bf16", "R": "*bf16", "NW": "*bf16", "W": "*bf16", "Y": "*bf16", "COS": "*bf16", "SIN": "*bf16",
-            "KC": kv, "VC": kv, "SLOT": "*i64"}
+            "KC": kv, "VC": kv, "SLOT": "*i64", "W2": "*bf16"}
 
 
 @pytest.mark.parametrize("linear", ["qkv", "o", "gate_up", "down", "head"])
@@ -99,7 +99,7 @@ def test_fused_step_gemvs_compile_with_their_default_tiles(linear):
     cfg = DEFAULT_CONFIGS[linear]
     epi = {"qkv": dg.EPI_ROPE_KV, "gate_up": dg.EPI_SWIGLU}.get(linear, dg.EPI_PLAIN)
     compile_sm90(dg._decode_gemv_kernel, _gemv_pointers(), dict(
-        ADD=linear in ("o", "down"), NORM=linear in ("qkv", "gate_up"), EPI=epi, NQ=32, NKV=8, HD=128,
+        ADD=linear in ("o", "down"), NORM=linear in ("qkv", "gate_up"), EPI=epi, TWO_W=False, NQ=32, NKV=8, HD=128,
         BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PDL=True, EARLY_LAUNCH=cfg["early_launch"], SAT=0.0),
         floats=("eps",), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
@@ -108,8 +108,23 @@ def test_qkv_gemv_with_an_fp8_cache_compiles():
     from torchinferno.kernels.triton import decode_gemv as dg
 
     compile_sm90(dg._decode_gemv_kernel, _gemv_pointers("*fp8e4nv"), dict(
-        ADD=False, NORM=True, EPI=dg.EPI_ROPE_KV, NQ=32, NKV=8, HD=128, BLOCK_N=4, BLOCK_K=2048, PDL=True,
-        EARLY_LAUNCH=True, SAT=448.0), floats=("eps",), num_stages=3)
+        ADD=False, NORM=True, EPI=dg.EPI_ROPE_KV, TWO_W=False, NQ=32, NKV=8, HD=128, BLOCK_N=4, BLOCK_K=2048,
+        PDL=True, EARLY_LAUNCH=True, SAT=448.0), floats=("eps",), num_stages=3)
+
+
+@pytest.mark.parametrize("linear", ["proj", "gate_up", "down", "head"])
+def test_deepseek_step_gemvs_compile_with_their_default_tiles(linear):
+    """The deepseek-v3 batch-1 step's GEMVs (``models/deepseek_v32/cuda_decode.DEFAULT_CONFIGS``) under PDL; its
+    q + kv_a projection reads two weights in one launch (``TWO_W``)."""
+    from torchinferno.kernels.triton import decode_gemv as dg
+    from torchinferno.models.deepseek_v32.cuda_decode import DEFAULT_CONFIGS
+
+    cfg = DEFAULT_CONFIGS[linear]
+    compile_sm90(dg._decode_gemv_kernel, _gemv_pointers(), dict(
+        ADD=linear == "down", NORM=linear != "down", EPI=dg.EPI_SWIGLU if linear == "gate_up" else dg.EPI_PLAIN,
+        TWO_W=linear == "proj", NQ=0, NKV=0, HD=0, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PDL=True,
+        EARLY_LAUNCH=cfg["early_launch"], SAT=0.0), floats=("eps",), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
 
 
 @pytest.mark.parametrize("kv,q", [("*bf16", "*bf16"), ("*fp8e4nv", "*bf16"), ("*fp32", "*fp32")])

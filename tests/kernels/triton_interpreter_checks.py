@@ -59,6 +59,7 @@ def decode_gemv() -> None:
     for case in G.CASES_PLAIN[:3]:
         G.check_plain(CPU, *case)
     G.check_swiglu(CPU, 384, 256)
+    G.check_two_weights(CPU, 96, 36, 320, config={"block_n": 8, "block_k": 128})  # rows of two weights, one launch
     for case in G.CASES_ROPE:
         G.check_rope_kv(CPU, *case)
 

@@ -91,8 +91,10 @@ def rotary_tables_neox(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype)
 # --------------------------------------------------------------- one-row decode GEMVs with fused small ops
 def decode_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
                 residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
-                **launch) -> torch.Tensor:
-    """``x [K] -> [N]``: ``rms_norm(x) @ weight.T + residual`` (norm and residual optional).
+                second_weight: torch.Tensor | None = None, **launch) -> torch.Tensor:
+    """``x [K] -> [N]``: ``rms_norm(x) @ weight.T + residual`` (norm and residual optional); with ``second_weight
+    [N2, K]`` its rows follow in the same output (``[N + N2]``, one launch on CUDA; the tile's ``block_n`` must
+    divide ``N``).
 
     CUDA: one Triton kernel (``kernels/triton/decode_gemv.py``; ``launch``: ``pdl``, ``config``). Elsewhere
     ``kernels.reference.ref_decode_gemv`` (written into ``out`` when given).
@@ -100,9 +102,12 @@ def decode_gemv(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None 
     if _tri.usable(x):
         from torchinferno.kernels.triton import decode_gemv as dg
 
-        return dg.gemv(x, weight, out, residual=residual, norm_weight=norm_weight, eps=eps, **launch)
+        return dg.gemv(x, weight, out, residual=residual, norm_weight=norm_weight, eps=eps,
+                       second_weight=second_weight, **launch)
     from torchinferno.kernels.reference import ref_decode_gemv
 
+    if second_weight is not None:
+        weight = torch.cat([weight, second_weight])
     y = ref_decode_gemv(x, weight, residual, norm_weight, eps)
     return y if out is None else out.copy_(y)
 

@@ -68,9 +68,9 @@ def _input_tile(X, NW, k, km, NORM: tl.constexpr):
 
 @triton.jit
 def _decode_gemv_kernel(
-    X, R, NW, W, Y, COS, SIN, KC, VC, SLOT,
-    N, K, stride_w, eps,
-    ADD: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr,
+    X, R, NW, W, Y, COS, SIN, KC, VC, SLOT, W2,
+    N, K, stride_w, eps, N1, stride_w2,
+    ADD: tl.constexpr, NORM: tl.constexpr, EPI: tl.constexpr, TWO_W: tl.constexpr,
     NQ: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr,
     SAT: tl.constexpr,
@@ -90,6 +90,8 @@ def _decode_gemv_kernel(
     k = tl.arange(0, BLOCK_K)
     km = k < K
     p1 = W + rows1.to(tl.int64)[:, None] * stride_w + k[None, :]
+    if TWO_W:  # rows >= N1 come from the second weight (BLOCK_N divides N1: a program reads one weight)
+        p1 = tl.where(pid * BLOCK_N >= N1, W2 + (rows1 - N1).to(tl.int64)[:, None] * stride_w2 + k[None, :], p1)
     p2 = W + rows2.to(tl.int64)[:, None] * stride_w + k[None, :]
     # First weight tile before the wait: weights are never written by an earlier kernel.
     w1 = tl.load(p1, mask=m1[:, None] & km[None, :], other=0.0, eviction_policy="evict_first")
@@ -165,7 +167,7 @@ DEFAULT_CONFIG = {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3
 
 
 def _launch(x, weight, y, *, residual=None, norm_weight=None, eps=0.0, epi=EPI_PLAIN, n_rows=None,
-            rope=None, kv=None, nq=0, nkv=0, head_dim=0, pdl=False, config=None):
+            rope=None, kv=None, nq=0, nkv=0, head_dim=0, pdl=False, config=None, second=None):
     cfg = {**DEFAULT_CONFIG, **(config or {})}
     K = weight.shape[1]
     assert weight.stride(1) == 1 and x.is_contiguous() and x.numel() == K, (x.shape, weight.shape)
@@ -183,21 +185,31 @@ def _launch(x, weight, y, *, residual=None, norm_weight=None, eps=0.0, epi=EPI_P
     extra = {"launch_pdl": True} if pdl else {}
     _decode_gemv_kernel[grid](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else x, weight, y,
-        cos, sin, k_cache, v_cache, slot, N, K, weight.stride(0), float(eps),
-        ADD=residual is not None, NORM=norm_weight is not None, EPI=epi, NQ=nq, NKV=nkv, HD=head_dim,
+        cos, sin, k_cache, v_cache, slot, weight if second is None else second, N, K, weight.stride(0), float(eps),
+        weight.shape[0], weight.stride(0) if second is None else second.stride(0),
+        ADD=residual is not None, NORM=norm_weight is not None, EPI=epi, TWO_W=second is not None, NQ=nq, NKV=nkv,
+        HD=head_dim,
         BLOCK_N=bn, BLOCK_K=cfg["block_k"], PDL=pdl, EARLY_LAUNCH=bool(cfg["early_launch"]), SAT=sat,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra)
 
 
-def gemv(x, weight, out=None, *, residual=None, norm_weight=None, eps=1e-6, pdl=False, config=None):
+def gemv(x, weight, out=None, *, residual=None, norm_weight=None, eps=1e-6, pdl=False, config=None,
+         second_weight=None):
     """``x [K] -> [N]``: ``norm(x) @ weight.T + residual`` (norm and residual optional; see module doc).
 
     ``out`` must not alias ``residual`` (another program may still read the row it would overwrite).
+    ``second_weight [N2, K]``: its rows follow ``weight``'s in the output (``[N + N2]``, one launch for two
+    projections of the same input, e.g. MLA's q and kv_a); ``config["block_n"]`` must divide ``N``.
     """
     N = weight.shape[0]
     assert residual is None or out is None or out.data_ptr() != residual.data_ptr()
-    y = torch.empty(N, dtype=x.dtype, device=x.device) if out is None else out
-    _launch(x, weight, y, residual=residual, norm_weight=norm_weight, eps=eps, n_rows=N, pdl=pdl, config=config)
+    if second_weight is not None:
+        assert second_weight.shape[1] == weight.shape[1] and second_weight.dtype == weight.dtype
+        assert second_weight.stride(1) == 1 and N % {**DEFAULT_CONFIG, **(config or {})}["block_n"] == 0
+    n_rows = N + (0 if second_weight is None else second_weight.shape[0])
+    y = torch.empty(n_rows, dtype=x.dtype, device=x.device) if out is None else out
+    _launch(x, weight, y, residual=residual, norm_weight=norm_weight, eps=eps, n_rows=n_rows, pdl=pdl, config=config,
+            second=second_weight)
     return y
 
 

@@ -5,9 +5,8 @@ V2-Lite-like model's 926 MB of dense weights at 64% of the copy bandwidth on an 
 own launch; this step's GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). This step runs the same math as ``DeepSeekV32ForCausalLM.forward``
 with the ``fused`` ops, per layer:
 
-    q GEMV      (prologue: input RMSNorm)                      [H (dn + r)]  (q_lora: q_a GEMV, then q_b GEMV
-                                                                              with q_a_layernorm as its prologue)
-    kv_a GEMV   (prologue: input RMSNorm)                      [R + r]
+    q + kv_a GEMV (prologue: input RMSNorm; both weights in one launch)  [H (dn + r) | R + r]
+                (q_lora: q_a + kv_a, then a q_b GEMV with q_a_layernorm as its prologue)
     MLA prologue (latent norm, both ropes, latent cache append: kernels.triton.mla_prologue)
     absorbed paged MLA decode (kernels.mla_decode: W_UK bmm, the MLA kernel, W_UV bmm)
     o GEMV      (epilogue: residual add: writes the next residual stream)
@@ -84,13 +83,15 @@ class MlaCudaDecodeStep:
 
     ``pdl``: launch the GEMVs with programmatic dependent launch (default: on Hopper or newer). ``configs``: GEMV
     tiles (``proj``: q / q_a / q_b / kv_a / o; ``gate_up``, ``down``: dense layers; ``head``), each merged over
-    ``DEFAULT_CONFIGS``. Invariant: one call at a time, stream-ordered (the attention's split-merge counters are
+    ``DEFAULT_CONFIGS``. ``fuse_q_kv``: q (or q_a) and kv_a in one launch (``decode_gemv``'s ``second_weight``;
+    needs the proj tile's ``block_n`` to divide the q rows), else two (the A/B of benchmarks/probe_ds_prefill.py). Invariant: one call at a time, stream-ordered (the attention's split-merge counters are
     shared by every layer, as in the module path).
     """
 
     device_type = "cuda"
 
-    def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None):
+    def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None,
+                 fuse_q_kv: bool = True):
         cfg = model.config
         self.hidden, self.eps = cfg.hidden_size, cfg.rms_norm_eps
         a0 = model.model.layers[0].self_attn
@@ -103,6 +104,8 @@ class MlaCudaDecodeStep:
         self.head = model.head_weight()  # [V, D]
         self.pdl = torch.cuda.get_device_capability(self.embed.device)[0] >= 9 if pdl is None else pdl
         self.configs = {k: {**v, **((configs or {}).get(k) or {})} for k, v in DEFAULT_CONFIGS.items()}
+        first = self.layers[0].q if self.layers[0].q is not None else self.layers[0].q_a
+        self.fuse_q_kv = fuse_q_kv and first.shape[0] % self.configs["proj"]["block_n"] == 0
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -148,13 +151,18 @@ class MlaCudaDecodeStep:
         other = torch.empty_like(res)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [1, r / 2] fp32
         for layer, cache in zip(self.layers, kv_caches):
-            if layer.q is not None:
-                q = kapi.decode_gemv(res, layer.q, norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=proj)
+            first = layer.q if layer.q is not None else layer.q_a  # [Nq, D]: q, or q_a under q LoRA
+            nq = first.shape[0]
+            if self.fuse_q_kv:  # [Nq + R + r]: both projections of the normalized input in one launch
+                qkv = kapi.decode_gemv(res, first, second_weight=layer.kv_a, norm_weight=layer.in_norm, eps=eps,
+                                       pdl=pdl, config=proj)
+                q, kv = qkv[:nq], qkv[nq:]
             else:
-                q_lat = kapi.decode_gemv(res, layer.q_a, norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=proj)
-                q = kapi.decode_gemv(q_lat, layer.q_b, norm_weight=layer.q_a_norm, eps=LATENT_NORM_EPS, pdl=pdl,
+                q = kapi.decode_gemv(res, first, norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=proj)
+                kv = kapi.decode_gemv(res, layer.kv_a, norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=proj)
+            if layer.q is None:  # q LoRA: q_b over q_a_layernorm(q_a x)
+                q = kapi.decode_gemv(q, layer.q_b, norm_weight=layer.q_a_norm, eps=LATENT_NORM_EPS, pdl=pdl,
                                      config=proj)
-            kv = kapi.decode_gemv(res, layer.kv_a, norm_weight=layer.in_norm, eps=eps, pdl=pdl, config=proj)
             q = q.view(1, H, dn + r)
             qbuf = mla_decode.query_buffer(1, H, R, r, q.dtype, q.device)  # [H, 1, R + r]
             q_pe = qbuf[:, :, R:].transpose(0, 1)  # [1, H, r]: the rope dims of the absorbed query
