@@ -12,8 +12,8 @@ of a 2.05 ms batch-1 step in ``_decode_stage1``, one program per layer at contex
   128 / 1024 / 4096: the MLA kernel (``kernels.triton.mla_decode_attention``) over split counts and tiles beside
   the GQA kernel with one 576-wide key head at the session-18 plan (device time, 20 calls per CUDA graph).
 * decode: the model's batch-1 decode step replayed from a CUDA graph at context 128 / 1024: module path vs the
-  decode-GEMV step (and the step with q / kv_a in two launches, without PDL), MLA split floors, and the GQA kernel
-  (``kernels.mla_decode.DECODE_KERNEL``); same caches and tokens.
+  decode-GEMV step (and the step with q / kv_a in two launches, without PDL), MLA split floors, the GQA kernel
+  (``kernels.mla_decode.DECODE_KERNEL``) and other router tiles (``moe_routing.ROUTER_TILES``); same caches, tokens.
 """
 
 from __future__ import annotations
@@ -167,11 +167,13 @@ def mla_section() -> dict:
     return {"rows": rows}
 
 
+ROUTER_2X2048 = {"block_e": 2, "block_k": 2048}  # 32 programs of one load each (default: 16 of four)
 DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/deepseek_v32/cuda_decode.py; None: the
-    # module path), MLA kernel, MLA split floor in rows
-    ("module", None, "mla", 128), ("step", {}, "mla", 128), ("step_q_kv_apart", {"fuse_q_kv": False}, "mla", 128),
-    ("step_no_pdl", {"pdl": False}, "mla", 128), ("step_split64", {}, "mla", 64), ("step_split32", {}, "mla", 32),
-    ("step_gqa", {}, "gqa", 128))
+    # module path), MLA kernel (kernels.mla_decode.DECODE_KERNEL), MLA split floor in rows, router tiles
+    ("module", None, "mla", 128, None), ("step", {}, "mla", 128, None),
+    ("step_q_kv_apart", {"fuse_q_kv": False}, "mla", 128, None), ("step_no_pdl", {"pdl": False}, "mla", 128, None),
+    ("step_split64", {}, "mla", 64, None), ("step_split32", {}, "mla", 32, None), ("step_gqa", {}, "gqa", 128, None),
+    ("step_router_2x2048", {}, "mla", 128, ROUTER_2X2048))
 
 
 def decode_section(model, contexts=(128, 1024)) -> dict:
@@ -180,11 +182,13 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
     kernel baseline; same caches and tokens for all (argmaxes compare), wall and device time."""
     from torchinferno.kernels import mla_decode as md
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
+    from torchinferno.kernels.triton import moe_routing
     from torchinferno.models.common.step_model import step_model
 
     cfg, bs = model.config, 16
     spec = model.family.kv_spec(cfg)
     out = {}
+    router = dict(moe_routing.ROUTER_TILES)  # the default, restored after each variant and at the end
     for ctx in contexts:
         blocks_per = -(-(ctx + 8) // bs)
         torch.manual_seed(0)
@@ -195,8 +199,10 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
         meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=DEV)
         ids = torch.randint(0, cfg.vocab_size, (1,), device=DEV)
         pos = torch.full((1,), ctx, device=DEV)
-        for label, options, kernel, split_rows in DECODE_VARIANTS:
+        for label, options, kernel, split_rows, router_tiles in DECODE_VARIANTS:
             md.DECODE_KERNEL, md.MLA_MIN_SPLIT_ROWS = kernel, split_rows
+            moe_routing.ROUTER_TILES.clear()
+            moe_routing.ROUTER_TILES.update(router_tiles or router)
             run_model = model if options is None else step_model(model, DEV, **options)
             runner = CudaGraphDecodeRunner(run_model, caches, bs, blocks_per, batch_sizes=(1,))
             runner.capture()
@@ -214,6 +220,8 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
         del caches
         torch.cuda.empty_cache()
     md.DECODE_KERNEL, md.MLA_MIN_SPLIT_ROWS = "mla", 128
+    moe_routing.ROUTER_TILES.clear()
+    moe_routing.ROUTER_TILES.update(router)
     return out
 
 

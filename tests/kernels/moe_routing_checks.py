@@ -54,6 +54,9 @@ def check_routing(device) -> None:
         w0, id0 = moe_routing.route(moe_routing.router_logits(x, wr), bias, k, G, TG, True, 2.5, n_shared=ns)
         assert torch.equal(id1, id0) and torch.equal(w1, w0), f"router_route {T, E, D, G, TG, ns}"
         assert not bool(moe_routing.route_counters(device, 1).any()), "route counters left nonzero"
+        if E >= 2 and D > 64:  # other ROUTER_TILES (the probe's A/B): the same routing, logits to fp32 rounding
+            w2, id2 = moe_routing.router_route(x, wr, bias, k, G, TG, True, 2.5, n_shared=ns, block_e=2, block_k=64)
+            assert torch.equal(id2, id1) and torch.allclose(w2, w1, rtol=1e-5, atol=1e-6), f"router tiles {T, E, D}"
     from torchinferno.kernels.fused_moe import max_padded, reference_align
 
     for T, E, ns, bm in ((1, 64, 2, 16), (7, 64, 2, 16), (9, 16, 0, 4), (4, 8, 1, 64)):

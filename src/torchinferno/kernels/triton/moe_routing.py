@@ -131,6 +131,10 @@ def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORT
                 tl.atomic_xchg(CNT_ALL, 0, sem="relaxed", scope="gpu")
 
 
+# The router GEMV's tiles (router_route and router_logits read them at call time, so both compute the same logits):
+# BLOCK_E experts a program, BLOCK_K hidden columns a load. A batch-1 launch is latency-bound (8 us a layer at the
+# V2-Lite-like shape on an H100, run 54: 16 programs of 4 loads each); benchmarks/probe_ds_prefill.py A/Bs others.
+ROUTER_TILES = {"block_e": 4, "block_k": 512}
 ROUTER_GEMV_MAX_TOKENS = 64  # decode-sized steps: one GEMV launch; larger ones cast x and run cuBLAS's fp32 GEMM
 ROUTE_COUNTERS = 4096  # per device: int32 zeros, one per token of a router_route launch (left zero by every launch)
 _counters: dict[torch.device, torch.Tensor] = {}
@@ -151,7 +155,8 @@ def route_counters(device: torch.device, n: int) -> torch.Tensor | None:
 
 def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int,
                  topk_group: int, norm: bool, scaling: float, sqrt_softplus: bool = False, n_shared: int = 0,
-                 block_e: int = 4, block_k: int = 512, align: tuple[int, int, int] | None = None) -> tuple | None:
+                 block_e: int | None = None, block_k: int | None = None,
+                 align: tuple[int, int, int] | None = None) -> tuple | None:
     """:func:`router_logits` then :func:`route` in ONE launch: x [T, D] (any float dtype), weight [E, D] fp32 ->
     (weights [T, top_k + n_shared] fp32, ids int64), the same numbers (same GEMV tiles, same routing code). None
     when the counters are unavailable (:func:`route_counters`); the caller then takes the two launches.
@@ -167,7 +172,8 @@ def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     cnt = route_counters(x.device, T)
     if cnt is None:
         return None
-    block_e = min(block_e, E)
+    block_e = min(block_e or ROUTER_TILES["block_e"], E)
+    block_k = block_k or ROUTER_TILES["block_k"]
     w = torch.empty((T, top_k + n_shared), dtype=torch.float32, device=x.device)
     ids = torch.empty((T, top_k + n_shared), dtype=torch.int64, device=x.device)
     if align is not None:
@@ -188,12 +194,14 @@ def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return (w, ids) if align is None else (w, ids, *aligned)
 
 
-def router_logits(x: torch.Tensor, weight: torch.Tensor, block_e: int = 4, block_k: int = 512) -> torch.Tensor:
+def router_logits(x: torch.Tensor, weight: torch.Tensor, block_e: int | None = None,
+                  block_k: int | None = None) -> torch.Tensor:
     """x [T, D] (any float dtype), weight [E, D] fp32 -> fp32 logits [T, E] == ``F.linear(x.float(), weight)``
     in one launch (the cast of x folded into the GEMV)."""
     T, D = x.shape
     E = weight.shape[0]
     assert weight.shape[1] == D and weight.stride(1) == 1 and x.stride(1) == 1
+    block_e, block_k = block_e or ROUTER_TILES["block_e"], block_k or ROUTER_TILES["block_k"]
     out = torch.empty((T, E), dtype=torch.float32, device=x.device)
     if T:
         _router_gemv_kernel[(T, triton.cdiv(E, block_e))](x, weight, out, D, E, x.stride(0), weight.stride(0),
