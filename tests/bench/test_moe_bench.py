@@ -50,6 +50,7 @@ def test_sections_run_on_cpu(monkeypatch):
     model = tiny_model("deepseek-v3.2", size="debug-v3").to(torch.bfloat16)
     rep = mb.model_rows(model, cpu, batches=(1, 3), ctx=8, prefill=16, bw=1e11, mm=1e12, log=lambda *_: None)
     assert [r["batch"] for r in rep["decode"]] == [1, 3] and rep["prefill"]["tokens"] == 16
+    assert rep["lean_step"] is None and "module_path_b1_ms" not in rep  # no lean step for deepseek on CPU
     assert rep["prefill"]["fused_device_ms"] > 0  # the prefill without host issue time, beside its wall time
     assert "per_layer" in rep["launches_b1"]  # (no CUDA kernels on CPU; the count itself: tests/kernels/test_launch_count)
     b1 = rep["decode"][0]
@@ -88,6 +89,24 @@ def test_tune_grid_bounds():
     assert {c["BLOCK_M"] for c in grid(6 / 64)} == {16}
     assert max(c["BLOCK_M"] for c in grid(192)) == 128
     assert all(c["num_warps"] in (4, 8) for c in grid(24))
+
+
+def test_model_section_times_the_module_path_beside_a_lean_step(monkeypatch):
+    """Where the family has a batch-1 step (CUDA; here a stand-in that declines every batch, on CPU), batch 1 is also
+    timed through the module path in the same run, wall and device time."""
+    from torchinferno.models.common import step_model as sm
+
+    monkeypatch.setattr(mb, "cuda_time_ms", _wall_ms)
+    monkeypatch.setattr(mb, "device_time_ms", _wall_ms)
+
+    class Declines:
+        def __call__(self, *args):
+            return None
+
+    monkeypatch.setattr(sm, "step_model", lambda model, dev, **kw: sm.LeanStepModel(model, Declines()))
+    model = tiny_model("deepseek-v3.2", size="debug-v3").to(torch.bfloat16)
+    rep = mb.model_rows(model, torch.device("cpu"), batches=(1,), ctx=8, prefill=0, log=lambda *_: None)
+    assert rep["lean_step"] == "Declines" and rep["module_path_b1_ms"] > 0 and rep["module_path_b1_device_ms"] > 0
 
 
 def test_fp8_block_model_section_on_cpu(monkeypatch):

@@ -2,8 +2,8 @@
 
 The module path of a one-token step runs every dense projection through cuBLAS, whose one-row GEMMs read the
 V2-Lite-like model's 926 MB of dense weights at 64% of the copy bandwidth on an H100 (run 51), and each norm as its
-own launch; this step's GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). This step runs the same math as ``DeepSeekV32ForCausalLM.forward``
-with the ``fused`` ops, per layer:
+own launch; this step's GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). It runs the same math
+as ``DeepSeekV32ForCausalLM.forward`` with the ``fused`` ops, per layer:
 
     q + kv_a GEMV (prologue: input RMSNorm; both weights in one launch)  [H (dn + r) | R + r]
                 (q_lora: q_a + kv_a, then a q_b GEMV with q_a_layernorm as its prologue)
@@ -84,8 +84,9 @@ class MlaCudaDecodeStep:
     ``pdl``: launch the GEMVs with programmatic dependent launch (default: on Hopper or newer). ``configs``: GEMV
     tiles (``proj``: q / q_a / q_b / kv_a / o; ``gate_up``, ``down``: dense layers; ``head``), each merged over
     ``DEFAULT_CONFIGS``. ``fuse_q_kv``: q (or q_a) and kv_a in one launch (``decode_gemv``'s ``second_weight``;
-    needs the proj tile's ``block_n`` to divide the q rows), else two (the A/B of benchmarks/probe_ds_prefill.py). Invariant: one call at a time, stream-ordered (the attention's split-merge counters are
-    shared by every layer, as in the module path).
+    needs the proj tile's ``block_n`` to divide the q rows), else two (the A/B of benchmarks/probe_ds_prefill.py).
+    Invariant: one call at a time, stream-ordered (the attention's split-merge counters are shared by every layer, as
+    in the module path).
     """
 
     device_type = "cuda"
