@@ -47,7 +47,7 @@ def noise_floor(bench_a: list[str], bench_b: list[str]) -> dict:
 
 def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str,
             api: str = "admission", pred_steps: Path | None = None, timeline_fit: dict | None = None,
-            finish_latency: bool = False) -> dict:
+            finish_latency: bool = False, stream_coalesce: bool = False) -> dict:
     """Calibrate on ``steps`` + ``fit_bench``, predict ``pred_bench``. ``pred_steps``: replay the predicted run's
     arrivals at the core from its step log (``--replay-arrivals``); the API stage is then the streaming cost only,
     fitted with the calibration run's own arrivals replayed."""
@@ -58,6 +58,7 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     cal = calibration_from_step_logs([str(steps)], log=lambda *a: None, cost_model=cost_model,
                                      timeline_weights=weights, timeline_fit=timeline_fit)
     fit_s = time.perf_counter() - t0
+    cal.extra["stream_coalesce"] = stream_coalesce  # the API stage's model, fitted and predicted with it
     if pred_steps is not None:
         adm = 0.0
         if finish_latency:
@@ -114,6 +115,9 @@ def main(argv=None) -> int:
                    help="timeline fit: drop iterations measured more than this many times slower than predicted (3)")
     p.add_argument("--fix", default=None, metavar="NAME=SECONDS,...",
                    help="timeline fit: hold these parameters at these values (not fitted)")
+    p.add_argument("--stream-coalesce", action="store_true",
+                   help="API stage: stream_s per streamed event, a request's tokens joining its still-queued event "
+                        "(driver.run_workload's stream_coalesce)")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)
@@ -125,10 +129,11 @@ def main(argv=None) -> int:
     (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
     out = {"run": str(run), "cost_model": a.cost_model, "timeline_fit": tf, "noise_floor_a_vs_b": noise_floor(ba, bb),
            "api": "replay" if a.replay_arrivals else a.api,
+           "stream_coalesce": a.stream_coalesce,
            "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api, sb if a.replay_arrivals else None, tf,
-                             a.finish_latency),
+                             a.finish_latency, a.stream_coalesce),
            "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api, sa if a.replay_arrivals else None, tf,
-                             a.finish_latency)}
+                             a.finish_latency, a.stream_coalesce)}
     for name in ("noise_floor_a_vs_b", "a_to_b", "b_to_a"):
         r = out[name]
         print(f"{name:<20} mean |error| {r['mean_abs'] * 100:5.1f}%  max {r['max_abs'] * 100:5.1f}%  "

@@ -173,6 +173,23 @@ def test_api_server_fifo_delays_tokens():
     assert fifo[1].last_s == pytest.approx(3.5)
 
 
+def test_api_server_coalesces_tokens_of_a_queued_event():
+    """stream_coalesce: a server behind on streaming sends a request's newer tokens with its still-queued event (cost
+    per event), so it keeps up with the engine where the per-token FIFO falls ever further behind."""
+    def run(coalesce):
+        ex = SimulatedExecutor(CostModel(c0=1.0), EngineConfig(max_num_seqs=8, max_num_batched_tokens=256),
+                               num_blocks=64, device="cpu")
+        reqs = [SimRequest(f"r{i}", 0.0, list(range(1, 9)), 6) for i in range(4)]
+        return run_workload(reqs, [Replica(EngineCore(ex), ex.clock)], stream_s=0.3,
+                            stream_coalesce=coalesce).records
+
+    fifo, coal = run(False), run(True)
+    assert [r.first_s for r in coal] == [r.first_s for r in fifo] == pytest.approx([1.3, 1.6, 1.9, 2.2])  # first events
+    assert max(r.last_s for r in fifo) == pytest.approx(1.0 + 0.3 * 24)  # 24 tokens, one at a time
+    assert max(r.last_s for r in coal) < max(r.last_s for r in fifo) - 1.0  # later tokens ride along (7.0 vs 8.2)
+    assert all(r.num_tokens == 6 for r in coal) and any(itl == 0.0 for r in coal for itl in r.itls)
+
+
 def test_fit_recovers_host_batched_step():
     """Run 37's decode-step shape (issue 21): a host-bound graph step that costs ``host_batched`` more from two rows
     on (4.1 ms at 1 row, 4.9 at 2, ~10 at 256). The fit recovers the term and prices the 16-row step."""

@@ -170,7 +170,8 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
         replica_hook(rep)
     return run_workload(reqs, [rep],
                         max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream,
-                        entry_delays=entry_delays, latency_s=lat, finish_latency_s=fin)
+                        entry_delays=entry_delays, latency_s=lat, finish_latency_s=fin,
+                        stream_coalesce=bool(calibration.extra.get("stream_coalesce", False)))
 
 
 def fit_stream_replay(calibration: Calibration, results: list[str], step_log: str, seed: int = 0,
