@@ -210,7 +210,7 @@ def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
         return sum(e) / len(e)
 
     grid_a = [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3]
-    grid_s = [0.0, 5e-6, 10e-6, 20e-6, 40e-6, 60e-6, 80e-6, 120e-6]
+    grid_s = [0.0, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 70e-6, 80e-6, 100e-6, 120e-6]
     best = min((err(a, st), a, st) for a in grid_a for st in grid_s)
     return best[1], best[2], best[0]
 
