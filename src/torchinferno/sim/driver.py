@@ -236,7 +236,9 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
                         now = queued_event[o.request_id]  # rides along with the event still queued
                     else:
                         admit_free = max(admit_free, step_end) + stream_s * (1 if stream_coalesce else n)
-                        now = queued_event[o.request_id] = admit_free
+                        now = admit_free
+                        if stream_coalesce:
+                            queued_event[o.request_id] = now
                 if n:
                     if rec.num_tokens == 0:
                         rec.first_s = now
