@@ -209,12 +209,13 @@ def test_tp2_decode_role_killed_mid_stream_then_colocated():
                     wide_byte_tokenizer(model.config.vocab_size), DisaggConfig(timeout_s=30))
     try:
         async def main():
-            toks, err = [], None
+            toks, err, killed = [], None, False
             try:
                 async for o in llm.generate("k", prompts()[0], SamplingParams(max_tokens=40, ignore_eos=True)):
                     toks = o.token_ids
-                    if len(toks) == 3:
+                    if len(toks) >= 3 and not killed:  # >=: a busy host can deliver several tokens in one output
                         os.kill(llm.decode.pid, signal.SIGKILL)
+                        killed = True
             except EngineDeadError as e:
                 err = str(e)
             stats = await _settled(llm, roles=("prefill",))
