@@ -39,7 +39,7 @@ def test_transformers_peer_shares_our_weights_and_agrees():
 def test_sections_run_on_cpu(monkeypatch):
     for mod in (mb, ml):
         monkeypatch.setattr(mod, "cuda_time_ms", _wall_ms)
-    monkeypatch.setattr(ml, "_graph_ms", _wall_ms)
+    monkeypatch.setattr(ml, "graph_time_ms", _wall_ms)
     monkeypatch.setattr(mb, "device_time_ms", _wall_ms)
     cpu = torch.device("cpu")
     rows = ml.layer_rows(cpu, E=8, top_k=2, D=32, inter=16, shared=1, batches=(1, 4), prefill=16, bw=1e11, mm=1e12,

@@ -207,10 +207,12 @@ def check_models(device, dtype=torch.float32) -> None:
             assert err <= TOL[dtype], f"{family} {size} {overrides} {mode}: rel err {err:.2e}"
 
 
+@torch.no_grad()  # the absorbed decode's bmm(out=) refuses parameters that require grad
 def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -> None:
     """deepseek-v3's batch-1 decode-GEMV step (``models/deepseek_v32/cuda_decode.py``) == the module path it replaces
-    (fused variant, same weights), with and without the query LoRA, q and kv_a in one launch or two: hidden states of ``steps`` greedy decode steps
-    after a 7-token prompt, the latent cache rows the step appended, and its one-row head vs the model's linear."""
+    (fused variant, same weights), with and without the query LoRA, q and kv_a in one launch or two: hidden states
+    of ``steps`` greedy decode steps after a 7-token prompt, the latent cache rows the step appended, and its one-row
+    head vs the model's linear."""
     from test_cuda_decode_step import _decode_hidden
 
     from torchinferno.models.common.step_model import LeanStepModel
@@ -218,7 +220,6 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
     from torchinferno.testing import tiny_model
 
     tol = TOL[dtype] * 3  # the step's norms feed the GEMVs in fp32 (the module path rounds them first)
-    torch.set_grad_enabled(False)  # the absorbed decode's bmm(out=) refuses parameters that require grad
     for size, fuse in (("debug-v3", True), ("debug-v3-no-q-lora", True), ("debug-v3-no-q-lora", False)):
         model = tiny_model("deepseek-v3.2", size, variant="v1", device=device).to(dtype)
         spec = model.family.kv_spec(model.config)
@@ -237,7 +238,7 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
 
         got_caches = spec.allocate(8, 4, dtype, device)
         got = _decode_hidden(LeanStepModel(model, counted), got_caches, prompt, steps)
-        assert handled == [False] + [True] * steps, handled  # the prompt through the modules, every decode step by the step
+        assert handled == [False] + [True] * steps, handled  # the prompt by the modules, each decode by the step
         err = _rel(got, want)
         assert err <= tol, f"{size} fuse_q_kv={fuse}: step vs module path rel err {err:.2e}"
         for g, w in zip(got_caches, want_caches):  # the step's latent appends == the module path's

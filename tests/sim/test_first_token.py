@@ -3,13 +3,8 @@ in the driver (issue 21: the replayed refill delay holds the previous request's 
 
 import pytest
 
-from torchinferno.engine.config import EngineConfig
-from torchinferno.engine.core import EngineCore
-from torchinferno.sim.cost_model import CostModel
-from torchinferno.sim.driver import Replica, run_workload
-from torchinferno.sim.executor import SimulatedExecutor
 from torchinferno.sim.first_token import finish_latency_for, follow_requests
-from torchinferno.sim.traffic import SimRequest
+from timeline_logs import one_second_steps  # tests/sim/timeline_logs.py (pytest puts this folder on sys.path)
 
 
 def _row(t, dt, step, resolved, seqs=0, dec=0, pre=0, arrivals=0, idle=0.0, gap=0.0):
@@ -35,14 +30,7 @@ def test_follow_requests_async_and_a_cut_prompt():
 
 
 def test_finish_latency_delays_the_next_send_not_the_tokens():
-    def run(fin):
-        ex = SimulatedExecutor(CostModel(c0=1.0), EngineConfig(max_num_seqs=8, max_num_batched_tokens=256),
-                               num_blocks=64, device="cpu")
-        reqs = [SimRequest(f"r{i}", 0.0, list(range(1, 9)), 3) for i in range(2)]
-        return run_workload(reqs, [Replica(EngineCore(ex), ex.clock)], max_concurrency=1,
-                            finish_latency_s=fin).records
-
-    plain, late = run(0.0), run(0.5)
+    plain, late = (one_second_steps(2, 3, max_concurrency=1, finish_latency_s=fin) for fin in (0.0, 0.5))
     assert late[0].last_s == plain[0].last_s and late[0].finish_s == plain[0].finish_s + 0.5
     assert late[1].send_s == late[0].finish_s  # the closed loop refills the slot when the client is done
     assert late[1].first_s - late[1].send_s == pytest.approx(plain[1].first_s - plain[1].send_s)

@@ -13,7 +13,7 @@ from torchinferno.sim.calibration import Calibration
 from torchinferno.sim.cost_model import CostModel
 from torchinferno.sim.driver import Replica, run_workload
 from torchinferno.sim.executor import SimulatedExecutor
-from timeline_logs import EngineLoop  # tests/sim/timeline_logs.py (pytest puts this folder on sys.path)
+from timeline_logs import EngineLoop, one_second_steps  # tests/sim/timeline_logs.py (pytest puts this folder on sys.path)
 from torchinferno.sim.timeline import BatchShape, Timeline, TimelineModel
 from torchinferno.sim.timeline_fit import Iteration, fit_timeline, iterations_from_step_log, replay_periods
 from torchinferno.sim.traffic import SimRequest
@@ -161,13 +161,7 @@ def test_validate_tiny_cpu_model_with_timeline(tmp_path):
 
 def test_api_server_fifo_delays_tokens():
     """driver.run_workload(stream_s=...): tokens reach the client after the API server streamed them."""
-    def run(stream_s):
-        ex = SimulatedExecutor(CostModel(c0=1.0), EngineConfig(max_num_seqs=8, max_num_batched_tokens=256),
-                               num_blocks=64, device="cpu")
-        reqs = [SimRequest(f"r{i}", 0.0, list(range(1, 9)), 3) for i in range(2)]
-        return run_workload(reqs, [Replica(EngineCore(ex), ex.clock)], stream_s=stream_s).records
-
-    plain, fifo = run(0.0), run(0.25)
+    plain, fifo = one_second_steps(2, 3, stream_s=0.0), one_second_steps(2, 3, stream_s=0.25)
     assert [r.first_s for r in plain] == [1.0, 1.0]
     assert [r.first_s for r in fifo] == [1.25, 1.5]  # one server: the second request's token waits for the first
     assert fifo[1].last_s == pytest.approx(3.5)
@@ -176,14 +170,7 @@ def test_api_server_fifo_delays_tokens():
 def test_api_server_coalesces_tokens_of_a_queued_event():
     """stream_coalesce: a server behind on streaming sends a request's newer tokens with its still-queued event (cost
     per event), so it keeps up with the engine where the per-token FIFO falls ever further behind."""
-    def run(coalesce):
-        ex = SimulatedExecutor(CostModel(c0=1.0), EngineConfig(max_num_seqs=8, max_num_batched_tokens=256),
-                               num_blocks=64, device="cpu")
-        reqs = [SimRequest(f"r{i}", 0.0, list(range(1, 9)), 6) for i in range(4)]
-        return run_workload(reqs, [Replica(EngineCore(ex), ex.clock)], stream_s=0.3,
-                            stream_coalesce=coalesce).records
-
-    fifo, coal = run(False), run(True)
+    fifo, coal = (one_second_steps(4, 6, stream_s=0.3, stream_coalesce=c) for c in (False, True))
     assert [r.first_s for r in coal] == [r.first_s for r in fifo] == pytest.approx([1.3, 1.6, 1.9, 2.2])  # first events
     assert max(r.last_s for r in fifo) == pytest.approx(1.0 + 0.3 * 24)  # 24 tokens, one at a time
     assert max(r.last_s for r in coal) < max(r.last_s for r in fifo) - 1.0  # later tokens ride along (7.0 vs 8.2)

@@ -1,5 +1,6 @@
 """Synthetic engine-loop logs for the timeline-fit tests: an async engine's iterations under a known
-:class:`~torchinferno.sim.timeline.TimelineModel` (shared by test_timeline.py and test_timeline_anchor.py)."""
+:class:`~torchinferno.sim.timeline.TimelineModel` (shared by test_timeline.py and test_timeline_anchor.py); and
+:func:`one_second_steps`, the driver tests' toy served run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,22 @@ import random
 
 from torchinferno.sim.timeline import Timeline, TimelineModel
 from torchinferno.sim.timeline_fit import Iteration
+
+
+def one_second_steps(requests: int, output_len: int, **workload) -> list:
+    """``driver.run_workload``'s records for ``requests`` 8-token prompts sent at 0 s, each decoding ``output_len``
+    tokens, on one replica whose every step takes exactly 1 s (``workload``: the API stage, concurrency, ...)."""
+    from torchinferno.engine.config import EngineConfig
+    from torchinferno.engine.core import EngineCore
+    from torchinferno.sim.cost_model import CostModel
+    from torchinferno.sim.driver import Replica, run_workload
+    from torchinferno.sim.executor import SimulatedExecutor
+    from torchinferno.sim.traffic import SimRequest
+
+    ex = SimulatedExecutor(CostModel(c0=1.0), EngineConfig(max_num_seqs=8, max_num_batched_tokens=256),
+                           num_blocks=64, device="cpu")
+    reqs = [SimRequest(f"r{i}", 0.0, list(range(1, 9)), output_len) for i in range(requests)]
+    return run_workload(reqs, [Replica(EngineCore(ex), ex.clock)], **workload).records
 
 
 class EngineLoop:

@@ -36,9 +36,10 @@ def device_time_ms(fn, iters: int = 20, warmup: int = 3, hold_us: float = 2000.0
     return cuda_time_ms(fn, iters, warmup, hold_us=hold_us)
 
 
-def graph_time_ms(fn, calls: int = 20, iters: int = 10) -> float:
+def graph_time_ms(fn, calls: int = 20, iters: int = 10, fallback: bool = True) -> float:
     """Device milliseconds per ``fn()`` with launch overhead removed: ``calls`` calls captured in one
-    CUDA graph, replays timed with events. Falls back to ``cuda_time_ms`` when capture fails."""
+    CUDA graph, replays timed with events. Falls back to ``cuda_time_ms`` when capture fails (``fallback=False``:
+    the capture's exception propagates, for a caller that reports it)."""
     try:
         fn()
         torch.cuda.synchronize()
@@ -48,6 +49,8 @@ def graph_time_ms(fn, calls: int = 20, iters: int = 10) -> float:
                 fn()
     except Exception:
         torch.cuda.synchronize()
+        if not fallback:
+            raise
         return cuda_time_ms(fn, iters=iters)
     return cuda_time_ms(g.replay, iters=iters, warmup=2) / calls
 

@@ -86,8 +86,7 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
     if lean is not model and 1 in batches:  # the A/B: batch 1 through the module path, graph-replayed too
         mod = CudaGraphDecodeRunner(model, caches, bs, blocks_per, batch_sizes=(1,))
         mod.capture()
-        meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=dev)
-        ids, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
+        ids, pos, meta = _b1_inputs(dev, bs, blocks_per, ctx)
         def replay_module_path():
             with torch.no_grad():
                 return mod.run(ids, pos, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.seq_lens_list)
@@ -185,13 +184,17 @@ def _kernel_table(fn, label: str, log=print) -> dict:
     return p
 
 
-def _eager_decode_step(model, caches, bs: int, blocks_per: int, ctx: int):
-    """A function running one eager batch-1 decode step (model forward + head) over the first sequence's blocks."""
+def _b1_inputs(dev, bs: int, blocks_per: int, ctx: int):
+    """(ids [1], positions [1], metadata) of one decode token at position ``ctx`` over the first sequence's blocks."""
     from torchinferno.models.common.attention_metadata import build_attention_metadata
 
-    dev = next(model.parameters()).device
     meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=dev)
-    ids, pos = torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev)
+    return torch.zeros(1, dtype=torch.long, device=dev), torch.full((1,), ctx, device=dev), meta
+
+
+def _eager_decode_step(model, caches, bs: int, blocks_per: int, ctx: int):
+    """A function running one eager batch-1 decode step (model forward + head) over the first sequence's blocks."""
+    ids, pos, meta = _b1_inputs(next(model.parameters()).device, bs, blocks_per, ctx)
 
     def step():
         with torch.no_grad():

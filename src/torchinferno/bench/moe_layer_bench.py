@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from torchinferno.bench.gpu_timing import cuda_time_ms
+from torchinferno.bench.gpu_timing import cuda_time_ms, graph_time_ms
 from torchinferno.bench.moe_models import _randomize
 
 
@@ -54,12 +54,15 @@ def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 
             set_moe_backend(moe, "auto")
             want = moe(x)
             try:
-                fused_ms, graphed = _graph_ms(lambda x=x: moe(x)), True
+                fused_ms, graphed = graph_time_ms(lambda x=x: moe(x), calls=10, fallback=False), True
             except Exception as e:  # noqa: BLE001 - a capture failure is a finding, reported
                 log(f"  layer M={M}: CUDA graph capture failed ({type(e).__name__}: {e}); timing eagerly")
                 fused_ms, graphed = cuda_time_ms(lambda x=x: moe(x)), False
+
             def timed(x=x):
-                return _graph_ms(lambda: moe(x)) if graphed else cuda_time_ms(lambda: moe(x))
+                if graphed:
+                    return graph_time_ms(lambda: moe(x), calls=10, fallback=False)
+                return cuda_time_ms(lambda: moe(x))
 
             ab = {}
             try:  # A/Bs of the path policy (kernels.fused_moe.policy): shared experts in / apart, per-token kernels
@@ -97,13 +100,3 @@ def layer_rows(dev, E=64, top_k=6, D=2048, inter=1408, shared=2, batches=(1, 8, 
             + f"rel err {err:.1e}")
         rows.append(row)
     return rows
-
-
-def _graph_ms(fn, calls: int = 10) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    return cuda_time_ms(g.replay, iters=10, warmup=2) / calls

@@ -1,9 +1,10 @@
 """Batch-1 CUDA decode step of DeepSeek-V3-style models (MLA + MoE, no DSA indexer): decode GEMVs chained by PDL.
 
 The module path of a one-token step runs every dense projection through cuBLAS, whose one-row GEMMs read the
-V2-Lite-like model's 926 MB of dense weights at 64% of the copy bandwidth on an H100 (run 51), and each norm as its
-own launch; this step's GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). It runs the same math
-as ``DeepSeekV32ForCausalLM.forward`` with the ``fused`` ops, per layer:
+V2-Lite-like model's 926 MB of dense weights at about 64% of the copy bandwidth on an H100 (run 51's 0.60 ms of
+cuBLAS less ~0.11 ms of absorption bmms, their share in run 54), and each norm as its own launch; this step's
+GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). It runs the same math as
+``DeepSeekV32ForCausalLM.forward`` with the ``fused`` ops, per layer:
 
     q + kv_a GEMV (prologue: input RMSNorm; both weights in one launch)  [H (dn + r) | R + r]
                 (q_lora: q_a + kv_a, then a q_b GEMV with q_a_layernorm as its prologue)
