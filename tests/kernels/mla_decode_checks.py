@@ -3,6 +3,7 @@
 
 ``check_kernel``: ``kernels.mla_decode.paged_absorbed_decode`` == ``mla.mla_absorbed_attention`` over the gathered
 latent (ragged lengths 1..300, scattered block tables); ``write_latent`` skips slot -1.
+``check_head_gemv``: the decode step's W_UK / W_UV head GEMVs == float64 bmm of the same ``kv_b_proj`` slices.
 ``check_models``: tiny deepseek-v3 (no indexer), dsv4 and deepseek-v3.2 (DSA) models, default (fused) variant vs the
 v0 reference with the same weights: prefill into a paged cache then decode steps (paged MLA + fused MoE on the fused
 side) through the module path and ``CudaGraphDecodeRunner`` (graphs on CUDA), or on CPU through the runner's bucket
@@ -207,6 +208,32 @@ def check_models(device, dtype=torch.float32) -> None:
             assert err <= TOL[dtype], f"{family} {size} {overrides} {mode}: rel err {err:.2e}"
 
 
+def check_head_gemv(device, dtype, H=4, dn=8, dv=24, R=40, r=8, configs=({"block_n": 16, "block_k": 16},) * 2,
+                    pdl: bool = False) -> None:
+    """``kernels.triton.head_gemv`` == float64 ``bmm`` for both MLA absorption products over the slices of one
+    ``kv_b_proj`` weight, as the decode step calls them: ``W_UK`` into a query buffer next to the rope dims (which
+    must stay as they were), ``W_UV`` from a head-major latent output. ``configs``: the (W_UK, W_UV) tiles; the
+    defaults leave a partial tile in both N and K."""
+    from torchinferno.kernels.mla_decode import query_buffer
+    from torchinferno.kernels.triton.head_gemv import head_gemv
+    from torchinferno.models.common.mla import split_kv_b
+
+    g = torch.Generator(device=device).manual_seed(H * R + dn)
+    w_kv_b = (torch.randn(H * (dn + dv), R, generator=g, device=device) * R**-0.5).to(dtype)
+    w_uk, w_uv = split_kv_b(w_kv_b, H, dn, dv)
+    q = torch.randn(1, H, dn + r, generator=g, device=device).to(dtype)  # the q GEMV's output: nope dims, then rope
+    buf = query_buffer(1, H, R, r, dtype, device)  # [H, 1, R + r]
+    buf[:, :, R:] = 7.0  # the prologue's q_pe: the W_UK product must not touch it
+    head_gemv(q[0, :, :dn], w_uk.transpose(1, 2), buf[:, 0, :R], pdl=pdl, config=configs[0])
+    want = torch.bmm(q[0, :, :dn].double().unsqueeze(1), w_uk.double()).squeeze(1)  # [H, R]
+    assert _rel(buf[:, 0, :R], want) <= TOL[dtype], ("W_UK", _rel(buf[:, 0, :R], want))
+    assert bool((buf[:, :, R:] == 7.0).all()), "the W_UK product wrote into the rope dims"
+    o_lat = torch.randn(H, 1, R, generator=g, device=device).to(dtype).transpose(0, 1)  # [1, H, R] head-major
+    out = head_gemv(o_lat[0], w_uv, torch.empty(H, dv, dtype=dtype, device=device), pdl=pdl, config=configs[1])
+    want = torch.bmm(w_uv.double(), o_lat[0].double().unsqueeze(2)).squeeze(2)  # [H, dv]
+    assert _rel(out, want) <= TOL[dtype], ("W_UV", _rel(out, want))
+
+
 @torch.no_grad()  # the absorbed decode's bmm(out=) refuses parameters that require grad
 def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -> None:
     """deepseek-v3's batch-1 decode-GEMV step (``models/deepseek_v32/cuda_decode.py``) == the module path it replaces
@@ -220,13 +247,14 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
     from torchinferno.testing import tiny_model
 
     tol = TOL[dtype] * 3  # the step's norms feed the GEMVs in fp32 (the module path rounds them first)
-    for size, fuse in (("debug-v3", True), ("debug-v3-no-q-lora", True), ("debug-v3-no-q-lora", False)):
+    for size, fuse, absorb in (("debug-v3", True, True), ("debug-v3-no-q-lora", True, True),
+                               ("debug-v3-no-q-lora", False, False)):
         model = tiny_model("deepseek-v3.2", size, variant="v1", device=device).to(dtype)
         spec = model.family.kv_spec(model.config)
         prompt = [5, 17, 99, 3, 42, 7, 8]
         want_caches = spec.allocate(8, 4, dtype, device)
         want = _decode_hidden(model, want_caches, prompt, steps)
-        step = MlaCudaDecodeStep(model, pdl=pdl, fuse_q_kv=fuse)
+        step = MlaCudaDecodeStep(model, pdl=pdl, fuse_q_kv=fuse, absorb_gemv=absorb)
         assert step.layers[0].q is None if model.config.q_lora_rank else step.layers[0].q is not None
         assert step.fuse_q_kv == fuse  # q and kv_a in one launch (the tiny configs' q rows divide its tile)
         handled = []
@@ -240,7 +268,7 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
         got = _decode_hidden(LeanStepModel(model, counted), got_caches, prompt, steps)
         assert handled == [False] + [True] * steps, handled  # the prompt by the modules, each decode by the step
         err = _rel(got, want)
-        assert err <= tol, f"{size} fuse_q_kv={fuse}: step vs module path rel err {err:.2e}"
+        assert err <= tol, f"{size} fuse_q_kv={fuse} absorb_gemv={absorb}: step vs module path rel err {err:.2e}"
         for g, w in zip(got_caches, want_caches):  # the step's latent appends == the module path's
             assert _rel(g[0], w[0]) <= tol, size
         h = torch.randn(1, model.config.hidden_size, device=device).to(dtype)
@@ -263,6 +291,9 @@ def main() -> None:
         check_kernel(cpu, torch.float32, lens=(2, 600, 1100), H=4, dn=8, dv=8, R=32, r=8, bs=64)  # split-K merged
         check_kernel(cpu, torch.float32, lens=(2, 300), H=20, dn=8, dv=8, R=48, r=8)  # R not 2^n, 2 splits merged
         check_kernel(cpu, torch.float32, kernel="gqa")  # the A/B baseline
+    elif what == "head_gemv":
+        check_head_gemv(cpu, torch.float32)
+        check_head_gemv(cpu, torch.float16, H=3, dn=16, dv=8, R=24, configs=({"block_n": 8, "block_k": 8},) * 2)
     elif what == "prologue":
         check_prologue(cpu, torch.float32)
         check_prologue(cpu, torch.float16, T=3, H=20, dn=8, R=32, r=8)  # heads over two blocks of 16

@@ -19,7 +19,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("check", ["kernel", "prologue", "models", "step"])
+@pytest.mark.parametrize("check", ["kernel", "prologue", "head_gemv", "models", "step"])
 def test_mla_decode_on_the_triton_interpreter(check, interpreter_check):
     interpreter_check("mla_decode_checks.py", check)
 
@@ -42,6 +42,11 @@ def test_mla_paged_decode_cuda(dtype):
     C.check_prologue(torch.device("cuda"), dtype)
     C.check_prologue(torch.device("cuda"), dtype, T=7, H=16, dn=128, R=512, r=64, bs=16)  # the V2-Lite shape
     C.check_prologue(torch.device("cuda"), dtype, fp8_cache=True)
+    from torchinferno.models.deepseek_v32.cuda_decode import DEFAULT_CONFIGS as tiles
+
+    for pdl in (False, torch.cuda.get_device_capability()[0] >= 9):  # the V2-Lite shape at the step's tiles
+        C.check_head_gemv(torch.device("cuda"), dtype, H=16, dn=128, dv=128, R=512, r=64, pdl=pdl,
+                          configs=(tiles["absorb_q"], tiles["absorb_o"]))
 
 
 @cuda

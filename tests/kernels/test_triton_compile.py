@@ -127,6 +127,18 @@ def test_deepseek_step_gemvs_compile_with_their_default_tiles(linear):
         num_stages=cfg["num_stages"])
 
 
+@pytest.mark.parametrize("product", ["absorb_q", "absorb_o"])
+def test_deepseek_step_head_gemvs_compile_with_their_default_tiles(product):
+    """The step's MLA absorption GEMVs (``kernels/triton/head_gemv.py``) at its tiles, under PDL."""
+    from torchinferno.kernels.triton import head_gemv as hg
+    from torchinferno.models.deepseek_v32.cuda_decode import DEFAULT_CONFIGS
+
+    cfg = DEFAULT_CONFIGS[product]
+    compile_sm90(hg._head_gemv_kernel, {"X": "*bf16", "W": "*bf16", "Y": "*bf16"}, dict(
+        BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PDL=True, EARLY_LAUNCH=cfg["early_launch"]),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
 @pytest.mark.parametrize("kv,q", [("*bf16", "*bf16"), ("*fp8e4nv", "*bf16"), ("*fp32", "*fp32")])
 def test_prefill_attention_compiles(kv, q):
     from torchinferno.kernels.triton import prefill_attention as pa

@@ -91,26 +91,14 @@ def _query_buffer_of(q_pe: torch.Tensor, R: int) -> torch.Tensor | None:
     return base
 
 
-def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
-                          w_kv_b: torch.Tensor, scale: float, block_tables: torch.Tensor,
-                          seq_lens: torch.Tensor) -> torch.Tensor:
-    """q_nope [B, H, dn], q_pe [B, H, r], latent_cache [N, bs, R + r], w_kv_b [H*(dn+dv), R],
-    block_tables [B, max_blocks] int32, seq_lens [B] int32 (>= 1) -> [B, H, dv] in q_nope.dtype (contiguous).
-
-    When ``q_pe`` lives in a :func:`query_buffer` (the fused MLA prologue put it there), ``W_UK^T q_nope`` is
-    written next to it by one bmm; else the query is concatenated. The output is produced by one bmm writing
-    ``[B, H, dv]`` rows directly (``o_proj`` reads them as ``[B, H * dv]`` without a copy)."""
-    B, H, dn = q_nope.shape
-    r = q_pe.shape[-1]
+def latent_attention(q: torch.Tensor, latent_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     scale: float, r: int) -> torch.Tensor:
+    """The attention of absorbed MLA decode: q [B, H, R + r] (absorbed queries, any strides with the last dim
+    contiguous), latent_cache [N, bs, R + r] -> o_lat [B, H, R] in q.dtype, stored head-major (``[H, B, R]``
+    contiguous, so ``o_lat.transpose(0, 1)`` is the ``W_UV`` bmm's operand). Keys are the latent rows, values their
+    first R dims; one launch of ``DECODE_KERNEL`` (plus its split merge)."""
+    B, H = q.shape[0], q.shape[1]
     R = latent_cache.shape[-1] - r
-    w_uk, w_uv = split_kv_b(w_kv_b, H, dn, w_kv_b.shape[0] // H - dn)
-    buf = _query_buffer_of(q_pe, R) if q_pe.dtype == q_nope.dtype else None
-    if buf is not None:
-        torch.bmm(q_nope.transpose(0, 1), w_uk, out=buf[:, :, :R])  # [H, B, dn] @ [H, dn, R] next to q_pe
-        q = buf.transpose(0, 1)  # [B, H, R + r] (strided)
-    else:
-        q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # [B, H, R]
-        q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1)  # [B, H, R + r]
     lens = seq_lens.to(torch.int32)
     o_lat = torch.empty(H, B, R, dtype=q.dtype, device=q.device).transpose(0, 1)  # [B, H, R], head-major storage
     table_rows = block_tables.shape[1] * latent_cache.shape[1]
@@ -134,6 +122,30 @@ def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache
             batched_paged_decode_attention(q[:, h0:h1], kc, kc[..., :R], block_tables, lens, scale,
                                            num_splits=splits, out=o_lat[:, h0:h1], config=gqa_tiles,
                                            merge_counters=counters)
+    return o_lat
+
+
+def paged_absorbed_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
+                          w_kv_b: torch.Tensor, scale: float, block_tables: torch.Tensor,
+                          seq_lens: torch.Tensor) -> torch.Tensor:
+    """q_nope [B, H, dn], q_pe [B, H, r], latent_cache [N, bs, R + r], w_kv_b [H*(dn+dv), R],
+    block_tables [B, max_blocks] int32, seq_lens [B] int32 (>= 1) -> [B, H, dv] in q_nope.dtype (contiguous).
+
+    When ``q_pe`` lives in a :func:`query_buffer` (the fused MLA prologue put it there), ``W_UK^T q_nope`` is
+    written next to it by one bmm; else the query is concatenated. The output is produced by one bmm writing
+    ``[B, H, dv]`` rows directly (``o_proj`` reads them as ``[B, H * dv]`` without a copy)."""
+    B, H, dn = q_nope.shape
+    r = q_pe.shape[-1]
+    R = latent_cache.shape[-1] - r
+    w_uk, w_uv = split_kv_b(w_kv_b, H, dn, w_kv_b.shape[0] // H - dn)
+    buf = _query_buffer_of(q_pe, R) if q_pe.dtype == q_nope.dtype else None
+    if buf is not None:
+        torch.bmm(q_nope.transpose(0, 1), w_uk, out=buf[:, :, :R])  # [H, B, dn] @ [H, dn, R] next to q_pe
+        q = buf.transpose(0, 1)  # [B, H, R + r] (strided)
+    else:
+        q_lat = torch.einsum("bhd,hdr->bhr", q_nope, w_uk)  # [B, H, R]
+        q = torch.cat([q_lat, q_pe.to(q_lat.dtype)], dim=-1)  # [B, H, R + r]
+    o_lat = latent_attention(q, latent_cache, block_tables, seq_lens, scale, r)
     out = torch.empty(B, H, w_uv.shape[1], dtype=q.dtype, device=q.device)
     torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, B, R] @ [H, R, dv]
     return out

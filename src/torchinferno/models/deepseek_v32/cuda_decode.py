@@ -9,7 +9,9 @@ GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). It runs the s
     q + kv_a GEMV (prologue: input RMSNorm; both weights in one launch)  [H (dn + r) | R + r]
                 (q_lora: q_a + kv_a, then a q_b GEMV with q_a_layernorm as its prologue)
     MLA prologue (latent norm, both ropes, latent cache append: kernels.triton.mla_prologue)
-    absorbed paged MLA decode (kernels.mla_decode: W_UK bmm, the MLA kernel, W_UV bmm)
+    W_UK head GEMV (kernels/triton/head_gemv.py: q_nope -> the absorbed query, next to the prologue's q_pe)
+    absorbed paged MLA attention (kernels.mla_decode.latent_attention)
+    W_UV head GEMV (the latent output -> [H, dv], the o GEMV's input)
     o GEMV      (epilogue: residual add: writes the next residual stream)
     dense layers: gate/up GEMV (prologue: RMSNorm; epilogue: SwiGLU), down GEMV (epilogue: residual add)
     MoE layers:   RMSNorm, the layer's ``SparseMoE`` module as is (one-launch routing, fused experts), residual add
@@ -34,6 +36,7 @@ from torchinferno.kernels import triton as tri  # dispatch only: importing it ne
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.decode_step import gemv_logits
 from torchinferno.models.common.layers import GatedMLP, SparseMoE
+from torchinferno.models.common.mla import split_kv_b
 from torchinferno.models.common.mla_projections import LATENT_NORM_EPS
 
 # GEMV launch tiles per linear (llama3's sweep on an H200, benchmarks/probe_decode_gemv.py; K <= 2048 rows of one
@@ -43,14 +46,18 @@ DEFAULT_CONFIGS: dict[str, dict] = {
     "gate_up": {"block_n": 8, "block_k": 1024, "num_warps": 4, "num_stages": 2, "early_launch": True},
     "down": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": True},
     "head": {"block_n": 4, "block_k": 2048, "num_warps": 4, "num_stages": 3, "early_launch": False},
+    # The absorption GEMVs (kernels/triton/head_gemv.py), 16 KB of weights a program: W_UK [dn, R] per head read
+    # with R contiguous (dn = 128 in one tile), W_UV [dv, R] per head in rows of R.
+    "absorb_q": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 2, "early_launch": True},
+    "absorb_o": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 2, "early_launch": True},
 }
 
 
 class _Layer:
     """The tensors and modules one layer of the step reads (weights as ``[N, K]``, norms as ``[D]``)."""
 
-    __slots__ = ("attn", "in_norm", "post_norm", "q", "q_a", "q_a_norm", "q_b", "kv_a", "kv_norm", "o", "gate_up",
-                 "down", "moe")
+    __slots__ = ("attn", "in_norm", "post_norm", "q", "q_a", "q_a_norm", "q_b", "kv_a", "kv_norm", "w_uk_t", "w_uv",
+                 "o", "gate_up", "down", "moe")
 
     def __init__(self, layer: nn.Module):
         a = self.attn = layer.self_attn
@@ -63,6 +70,8 @@ class _Layer:
         self.q_b = a.q_b_proj.weight if lora else None  # [H (dn + r), q_lora]
         self.kv_a: torch.Tensor = a.kv_a_proj_with_mqa.weight  # [R + r, D]
         self.kv_norm: torch.Tensor = a.kv_a_layernorm.weight  # [R]
+        w_uk, self.w_uv = split_kv_b(a.kv_b_proj.weight, a.num_heads, a.nope_dim, a.v_dim)  # views [H, dn | dv, R]
+        self.w_uk_t = w_uk.transpose(1, 2)  # [H, R, dn]: the head GEMV's [H, N, K] (strided view)
         self.o: torch.Tensor = a.o_proj.weight  # [D, H dv]
         dense = isinstance(layer.mlp, GatedMLP)
         self.gate_up = layer.mlp.gate_up_proj.weight if dense else None  # [2 I, D]
@@ -86,6 +95,8 @@ class MlaCudaDecodeStep:
     tiles (``proj``: q / q_a / q_b / kv_a / o; ``gate_up``, ``down``: dense layers; ``head``), each merged over
     ``DEFAULT_CONFIGS``. ``fuse_q_kv``: q (or q_a) and kv_a in one launch (``decode_gemv``'s ``second_weight``;
     needs the proj tile's ``block_n`` to divide the q rows), else two (the A/B of benchmarks/probe_ds_prefill.py).
+    ``absorb_gemv``: MLA's W_UK / W_UV products as PDL head GEMVs (``absorb_q`` / ``absorb_o`` tiles), else the
+    module path's bmms.
     Invariant: one call at a time, stream-ordered (the attention's split-merge counters are shared by every layer, as
     in the module path).
     """
@@ -93,7 +104,7 @@ class MlaCudaDecodeStep:
     device_type = "cuda"
 
     def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None,
-                 fuse_q_kv: bool = True):
+                 fuse_q_kv: bool = True, absorb_gemv: bool = True):
         cfg = model.config
         self.hidden, self.eps = cfg.hidden_size, cfg.rms_norm_eps
         a0 = model.model.layers[0].self_attn
@@ -108,6 +119,7 @@ class MlaCudaDecodeStep:
         self.configs = {k: {**v, **((configs or {}).get(k) or {})} for k, v in DEFAULT_CONFIGS.items()}
         first = self.layers[0].q if self.layers[0].q is not None else self.layers[0].q_a
         self.fuse_q_kv = fuse_q_kv and first.shape[0] % self.configs["proj"]["block_n"] == 0
+        self.absorb_gemv = absorb_gemv
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -142,6 +154,7 @@ class MlaCudaDecodeStep:
                 or not meta.query_lens_list or not meta.is_decode):
             return None
         from torchinferno.kernels import mla_decode
+        from torchinferno.kernels.triton.head_gemv import head_gemv
         from torchinferno.kernels.triton.mla_prologue import mla_prologue
 
         H, dn, r, R, D, eps = self.num_heads, self.nope_dim, self.rope_dim, self.kv_lora_rank, self.hidden, self.eps
@@ -151,6 +164,7 @@ class MlaCudaDecodeStep:
         # layers' add) read one and write the other.
         res = self.embed[input_ids].view(D)  # [D] (a fresh tensor: the step may overwrite it)
         other = torch.empty_like(res)
+        o_buf = res.new_empty(H, self.layers[0].w_uv.shape[1])  # [H, dv]: every layer's W_UV output (o GEMV's input)
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # [1, r / 2] fp32
         for layer, cache in zip(self.layers, kv_caches):
             first = layer.q if layer.q is not None else layer.q_a  # [Nq, D]: q, or q_a under q LoRA
@@ -170,8 +184,14 @@ class MlaCudaDecodeStep:
             q_pe = qbuf[:, :, R:].transpose(0, 1)  # [1, H, r]: the rope dims of the absorbed query
             mla_prologue(kv.view(1, R + r), q, cos, sin, layer.kv_norm, layer.attn.kv_a_layernorm.eps, r,
                          self.rope_interleave, q_pe, cache[0], meta.slot_mapping)  # latent row -> cache
-            o = mla_decode.paged_absorbed_decode(q[:, :, :dn], q_pe, cache[0], layer.attn.kv_b_proj.weight,
-                                                 self.scale, meta.block_tables, meta.seq_lens)  # [1, H, dv]
+            if self.absorb_gemv:  # W_UK and W_UV as PDL head GEMVs around the attention kernel
+                head_gemv(q[0, :, :dn], layer.w_uk_t, qbuf[:, 0, :R], pdl=pdl, config=cfg["absorb_q"])  # [H, R]
+                o_lat = mla_decode.latent_attention(qbuf.transpose(0, 1), cache[0], meta.block_tables, meta.seq_lens,
+                                                    self.scale, r)  # [1, H, R], head-major
+                o = head_gemv(o_lat[0], layer.w_uv, o_buf, pdl=pdl, config=cfg["absorb_o"])  # [H, dv]
+            else:  # the module path's two bmms
+                o = mla_decode.paged_absorbed_decode(q[:, :, :dn], q_pe, cache[0], layer.attn.kv_b_proj.weight,
+                                                     self.scale, meta.block_tables, meta.seq_lens)  # [1, H, dv]
             h = kapi.decode_gemv(o.view(-1), layer.o, other, residual=res, pdl=pdl, config=proj)  # res + attention
             if layer.moe is None:
                 act = kapi.decode_gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
