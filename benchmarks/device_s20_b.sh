@@ -6,7 +6,7 @@
 #    README line on CUDA, its repro script).
 # 2. Issue 24: probe_ds_prefill.py decode — the V2-Lite-like batch-1 step from a CUDA graph at context 128 / 1024:
 #    module path vs the decode-GEMV step (run s20_a: step 1.94 ms device; the module path's device time not taken
-#    there), q + kv_a in one launch or two, PDL off, W_UK / W_UV as head GEMVs or bmms, MLA split floors
+#    there), q + kv_a in one launch or two, PDL off, W_UK / W_UV as head GEMVs or bmms, the MoE's norm / add fused or apart, MLA split floors
 #    128 / 64 / 32 rows, and the GQA kernel.
 source benchmarks/device_env.sh
 R="$OUT/s20_b"; mkdir -p "$R"

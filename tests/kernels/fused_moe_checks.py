@@ -126,7 +126,8 @@ SMALL_TILES = ({"BLOCK_N": 16, "BLOCK_K": 32, "num_warps": 4, "num_stages": 2}, 
 def check_small(device, dtype, names=None) -> None:
     """The per-token kernels (``kernels.triton.moe_small``, ``fused_experts(small=True)``) == the grouped reference
     and == the grouped Triton path (``small=False``) at 1-3 tokens: every routing (dropped ids too), V4's clamp, the
-    shared experts appended as ids ``E + j``, uneven tiles; and the policy picks them by token count."""
+    shared experts appended as ids ``E + j``, uneven tiles, the input RMSNorm and residual add fused in; and the
+    policy picks them by token count."""
     from torchinferno.kernels import fused_moe
     from torchinferno.models.common import moe
 
@@ -168,6 +169,12 @@ def check_small(device, dtype, names=None) -> None:
         want = moe.grouped_expert_mlp(x.float(), ids, w, gate_up.float(), down.float(), _silu_and_mul)
         got = moe_small.small_m_experts(x, ids, w, gate_up, down, *SMALL_TILES)
         assert _rel_err(got.float(), want) <= TOL[dtype], f"small tiles T={T}"
+        nw = (torch.rand(D, generator=g) + 0.5).to(dtype).to(device)  # a decode step's layer ends fused in
+        xn = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5) * nw.float()
+        want = x.float() + moe.grouped_expert_mlp(xn, ids, w, gate_up.float(), down.float(), _silu_and_mul)
+        out = torch.empty_like(x)
+        got = moe_small.small_m_experts(x, ids, w, gate_up, down, *SMALL_TILES, rms=(nw, 1e-5), residual=x, out=out)
+        assert got is out and _rel_err(got.float(), want) <= TOL[dtype], f"small rms + residual T={T}"
     calls = []
     real = moe_small.small_m_experts
     moe_small.small_m_experts = lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)

@@ -239,7 +239,25 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
     """deepseek-v3's batch-1 decode-GEMV step (``models/deepseek_v32/cuda_decode.py``) == the module path it replaces
     (fused variant, same weights), with and without the query LoRA, q and kv_a in one launch or two: hidden states
     of ``steps`` greedy decode steps after a 7-token prompt, the latent cache rows the step appended, and its one-row
-    head vs the model's linear."""
+    head vs the model's linear. The absorption head GEMVs and the MoE's fused norm / residual add are on in the first
+    two cases (the MoE layers must take them) and off in the third."""
+    from torchinferno.models.deepseek_v32 import cuda_decode
+
+    fused_moe_calls = []
+
+    def counted_moe(*args):  # did the MoE layers take the fused ends (norm in, residual add out)?
+        out = real_moe(*args)
+        fused_moe_calls.append(out is not None)
+        return out
+
+    real_moe, cuda_decode.fused_decode_moe = cuda_decode.fused_decode_moe, counted_moe
+    try:
+        _check_step(device, dtype, pdl, steps, fused_moe_calls)
+    finally:
+        cuda_decode.fused_decode_moe = real_moe
+
+
+def _check_step(device, dtype, pdl, steps, fused_moe_calls) -> None:
     from test_cuda_decode_step import _decode_hidden
 
     from torchinferno.models.common.step_model import LeanStepModel
@@ -248,13 +266,13 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
 
     tol = TOL[dtype] * 3  # the step's norms feed the GEMVs in fp32 (the module path rounds them first)
     for size, fuse, absorb in (("debug-v3", True, True), ("debug-v3-no-q-lora", True, True),
-                               ("debug-v3-no-q-lora", False, False)):
+                               ("debug-v3-no-q-lora", False, False)):  # the last: every part unfused
         model = tiny_model("deepseek-v3.2", size, variant="v1", device=device).to(dtype)
         spec = model.family.kv_spec(model.config)
         prompt = [5, 17, 99, 3, 42, 7, 8]
         want_caches = spec.allocate(8, 4, dtype, device)
         want = _decode_hidden(model, want_caches, prompt, steps)
-        step = MlaCudaDecodeStep(model, pdl=pdl, fuse_q_kv=fuse, absorb_gemv=absorb)
+        step = MlaCudaDecodeStep(model, pdl=pdl, fuse_q_kv=fuse, absorb_gemv=absorb, fuse_moe_ends=absorb)
         assert step.layers[0].q is None if model.config.q_lora_rank else step.layers[0].q is not None
         assert step.fuse_q_kv == fuse  # q and kv_a in one launch (the tiny configs' q rows divide its tile)
         handled = []
@@ -267,6 +285,8 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
         got_caches = spec.allocate(8, 4, dtype, device)
         got = _decode_hidden(LeanStepModel(model, counted), got_caches, prompt, steps)
         assert handled == [False] + [True] * steps, handled  # the prompt by the modules, each decode by the step
+        assert fused_moe_calls and all(fused_moe_calls) if absorb else not fused_moe_calls, fused_moe_calls
+        fused_moe_calls.clear()
         err = _rel(got, want)
         assert err <= tol, f"{size} fuse_q_kv={fuse} absorb_gemv={absorb}: step vs module path rel err {err:.2e}"
         for g, w in zip(got_caches, want_caches):  # the step's latent appends == the module path's

@@ -57,6 +57,11 @@ def check_routing(device) -> None:
         if E >= 2 and D > 64:  # other ROUTER_TILES (the probe's A/B): the same routing, logits to fp32 rounding
             w2, id2 = moe_routing.router_route(x, wr, bias, k, G, TG, True, 2.5, n_shared=ns, block_e=2, block_k=64)
             assert torch.equal(id2, id1) and torch.allclose(w2, w1, rtol=1e-5, atol=1e-6), f"router tiles {T, E, D}"
+            nw = (torch.rand(D, generator=g) + 0.5).to(device)  # the pre-MoE RMSNorm fused into the GEMV
+            xn = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5) * nw
+            w3, id3 = moe_routing.router_route(x, wr, bias, k, G, TG, True, 2.5, n_shared=ns, rms=(nw, 1e-5))
+            w4, id4 = moe_routing.route(moe_routing.router_logits(xn, wr), bias, k, G, TG, True, 2.5, n_shared=ns)
+            assert torch.equal(id3, id4) and torch.allclose(w3, w4, rtol=1e-5, atol=1e-6), f"router rms {T, E, D}"
     from torchinferno.kernels.fused_moe import max_padded, reference_align
 
     for T, E, ns, bm in ((1, 64, 2, 16), (7, 64, 2, 16), (9, 16, 0, 4), (4, 8, 1, 64)):

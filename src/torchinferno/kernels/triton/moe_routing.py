@@ -79,17 +79,26 @@ def _route_row(logit, BIAS, W_OUT, IDS_OUT, t, scaling, E: tl.constexpr, TOP_K: 
 
 
 @triton.jit
-def _logits_tile(X, W, t, re, ok_e, D, stride_xt, stride_w, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    # [BLOCK_E] fp32 router logits of token t for experts re: sum_d float(x[t, d]) * float(w[e, d]), rows ~ok_e read 0
+def _logits_tile(X, W, t, re, ok_e, D, stride_xt, stride_w, NW, eps, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                 RMS: tl.constexpr):
+    # [BLOCK_E] fp32 router logits of token t for experts re: sum_d float(x[t, d]) * float(w[e, d]), rows ~ok_e read 0.
+    # RMS: of rms_norm(x[t]) * NW instead, never rounded (decode_gemv's prologue: the 1/rms scalar scales the sums)
     rk = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
         kk = k0 + rk
         ok_k = kk < D
         xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
+        if RMS:
+            ss += xv * xv
+            xv = xv * tl.load(NW + kk, mask=ok_k, other=0.0).to(tl.float32)
         w = tl.load(W + re.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=ok_e[:, None] & ok_k[None, :], other=0.0)
         acc += w.to(tl.float32) * xv[None, :]
-    return tl.sum(acc, 1)
+    out = tl.sum(acc, 1)
+    if RMS:
+        out = out * (1.0 / tl.sqrt(tl.sum(ss, 0) / D + eps))
+    return out
 
 
 @triton.jit
@@ -99,22 +108,25 @@ def _router_gemv_kernel(X, W, OUT, D, E, stride_xt, stride_w, stride_ot, BLOCK_E
     t = tl.program_id(0).to(tl.int64)
     re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     ok_e = re < E
-    tl.store(OUT + t * stride_ot + re, _logits_tile(X, W, t, re, ok_e, D, stride_xt, stride_w, BLOCK_E, BLOCK_K), mask=ok_e)
+    tl.store(OUT + t * stride_ot + re, _logits_tile(X, W, t, re, ok_e, D, stride_xt, stride_w, X, 0.0, BLOCK_E, BLOCK_K,
+                                                    False), mask=ok_e)
 
 
 @triton.jit
-def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORTED, BLOCK_EXPERT, NUM_PADDED, D,
-                         stride_xt, stride_w, scaling, E_ALIGN, P_MAX, NB, BLOCK_E: tl.constexpr,
+def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORTED, BLOCK_EXPERT, NUM_PADDED, NW, D,
+                         stride_xt, stride_w, scaling, E_ALIGN, P_MAX, NB, eps, BLOCK_E: tl.constexpr,
                          BLOCK_K: tl.constexpr, E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
                          N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                          NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr, N_SHARED: tl.constexpr, S_PAD: tl.constexpr,
-                         ALIGN: tl.constexpr, BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+                         ALIGN: tl.constexpr, BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                         RMS: tl.constexpr):
     # grid (T, E / BLOCK_E): each program writes BLOCK_E fp32 logits of token t (the router GEMV); the last of the
     # token's programs to finish (counted by an atomic on CNT[t], left zero again) routes the token; with ALIGN the
     # last token to be routed (CNT_ALL) runs the fused MoE's sort/pad over every token's ids.
     t = tl.program_id(0).to(tl.int64)
     re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
-    tl.store(LOGITS + t * E + re, _logits_tile(X, WR, t, re, re < E, D, stride_xt, stride_w, BLOCK_E, BLOCK_K))
+    tl.store(LOGITS + t * E + re, _logits_tile(X, WR, t, re, re < E, D, stride_xt, stride_w, NW, eps, BLOCK_E, BLOCK_K,
+                                               RMS))
     tl.debug_barrier()  # every thread's logit stores precede the release below
     done = tl.atomic_add(CNT + t, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(1) - 1:
@@ -156,14 +168,17 @@ def route_counters(device: torch.device, n: int) -> torch.Tensor | None:
 def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int,
                  topk_group: int, norm: bool, scaling: float, sqrt_softplus: bool = False, n_shared: int = 0,
                  block_e: int | None = None, block_k: int | None = None,
-                 align: tuple[int, int, int] | None = None) -> tuple | None:
+                 align: tuple[int, int, int] | None = None, rms: tuple[torch.Tensor, float] | None = None) -> tuple | None:
     """:func:`router_logits` then :func:`route` in ONE launch: x [T, D] (any float dtype), weight [E, D] fp32 ->
     (weights [T, top_k + n_shared] fp32, ids int64), the same numbers (same GEMV tiles, same routing code). None
     when the counters are unavailable (:func:`route_counters`); the caller then takes the two launches.
 
     ``align = (num_experts, block_m, p_max)``: the same launch also sorts/pads the ids for the fused MoE's grouped
     GEMMs (``kernels.fused_moe.align_pairs`` over ``num_experts`` = routed + shared): returns (weights, ids,
-    sorted_pairs, block_expert, num_padded)."""
+    sorted_pairs, block_expert, num_padded).
+
+    ``rms = (norm_weight [D], eps)``: route ``rms_norm(x) * norm_weight`` instead of ``x``, the norm fused into the
+    GEMV (its output never rounded: a batch-1 step's pre-MoE norm without its own launch)."""
     from torchinferno.kernels.triton.fused_moe import align_outputs
 
     T, D = x.shape
@@ -186,11 +201,12 @@ def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
         logits = torch.empty((T, E), dtype=torch.float32, device=x.device)  # scratch between the token's programs
         _router_route_kernel[(T, E // block_e)](
             x, weight, logits, cnt, cnt[ROUTE_COUNTERS:], weight if bias is None else bias.float().contiguous(), w,
-            ids, *aligned, D, x.stride(0), weight.stride(0), float(scaling), n_align, p_max, p_max // bm,
+            ids, *aligned, x if rms is None else rms[0], D, x.stride(0), weight.stride(0), float(scaling), n_align,
+            p_max, p_max // bm, 0.0 if rms is None else float(rms[1]),
             BLOCK_E=block_e, BLOCK_K=block_k, E=E, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group,
             PER=E // n_group, TOPK_GROUP=topk_group, HAS_BIAS=bias is not None, NORM=norm,
             SQRT_SOFTPLUS=sqrt_softplus, N_SHARED=n_shared, S_PAD=triton.next_power_of_2(max(1, n_shared)),
-            ALIGN=align is not None, BM=bm, E_PAD=e_pad, CHUNK=chunk, num_warps=4)
+            ALIGN=align is not None, BM=bm, E_PAD=e_pad, CHUNK=chunk, RMS=rms is not None, num_warps=4)
     return (w, ids) if align is None else (w, ids, *aligned)
 
 

@@ -41,9 +41,10 @@ def _expert_rows(B, S, e, num_routed, stride_be, stride_bn, up_offset, shared_st
 
 
 @triton.jit
-def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, INTER, top_k, num_routed, num_valid, stride_xt, stride_be, stride_bn,
-                         up_offset, shared_step, stride_sn, shared_up, stride_at, limit, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, CLAMP: tl.constexpr, HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr):
+def _pair_gate_up_kernel(X, B, S, IDS, ACT, NW, D, INTER, top_k, num_routed, num_valid, stride_xt, stride_be,
+                         stride_bn, up_offset, shared_step, stride_sn, shared_up, stride_at, limit, eps,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CLAMP: tl.constexpr, HAS_SHARED: tl.constexpr,
+                         MAY_DROP: tl.constexpr, RMS: tl.constexpr):
     pair = tl.program_id(0).to(tl.int64)
     e = tl.load(IDS + pair).to(tl.int64)
     if MAY_DROP:
@@ -58,17 +59,25 @@ def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, INTER, top_k, num_routed, num_val
     g_ptrs = base + rn.to(tl.int64)[:, None] * stride_n + rk[None, :]  # [BN, BK]
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
         kk = k0 + rk
         ok_k = kk < D
         xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
+        if RMS:  # rms_norm(x) * NW: the 1/rms scalar scales the finished sums
+            ss += xv * xv
+            xv = xv * tl.load(NW + kk, mask=ok_k, other=0.0).to(tl.float32)
         m = ok_n[:, None] & ok_k[None, :]
         wg = tl.load(g_ptrs + k0, mask=m, other=0.0, eviction_policy="evict_first")
         wu = tl.load(g_ptrs + up + k0, mask=m, other=0.0, eviction_policy="evict_first")
         acc_g += wg.to(tl.float32) * xv[None, :]
         acc_u += wu.to(tl.float32) * xv[None, :]
-    gate = tl.sum(acc_g, 1).to(ACT.dtype.element_ty).to(tl.float32)  # rounded where the unfused GEMM writes them
-    upv = tl.sum(acc_u, 1).to(ACT.dtype.element_ty).to(tl.float32)
+    gate, upv = tl.sum(acc_g, 1), tl.sum(acc_u, 1)
+    if RMS:
+        inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / D + eps)
+        gate, upv = gate * inv, upv * inv
+    gate = gate.to(ACT.dtype.element_ty).to(tl.float32)  # rounded where the unfused GEMM writes them
+    upv = upv.to(ACT.dtype.element_ty).to(tl.float32)
     if CLAMP:
         gate = tl.minimum(gate, limit)
         upv = tl.minimum(tl.maximum(upv, -limit), limit)
@@ -77,9 +86,10 @@ def _pair_gate_up_kernel(X, B, S, IDS, ACT, D, INTER, top_k, num_routed, num_val
 
 
 @triton.jit
-def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, INTER, num_routed, num_valid, stride_be, stride_bn, shared_step,
-                       stride_sn, stride_at, stride_ot, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr):
+def _token_down_kernel(ACT, B, S, IDS, W, OUT, RES, D, INTER, num_routed, num_valid, stride_be, stride_bn, shared_step,
+                       stride_sn, stride_at, stride_ot, stride_rt, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr,
+                       ADD: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = rn < D
@@ -116,22 +126,31 @@ def _token_down_kernel(ACT, B, S, IDS, W, OUT, D, INTER, num_routed, num_valid, 
         wt = tl.load(W + pair).to(tl.float32)
         y = dot.to(ACT.dtype.element_ty).to(tl.float32) * wt  # rounded, then weighted (the grouped path)
         out += tl.where(ok, y, 0.0)
+    if ADD:  # the residual stream's add: the MoE output rounded, then the sum rounded (the unfused x + moe(x))
+        out = out.to(OUT.dtype.element_ty).to(tl.float32) + tl.load(RES + t * stride_rt + rn, mask=ok_n).to(tl.float32)
     tl.store(OUT + t * stride_ot + rn, out.to(OUT.dtype.element_ty), mask=ok_n)
 
 
 def small_m_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
                     down: torch.Tensor, cfg_gate_up: dict, cfg_down: dict, limit: float | None = None,
-                    may_drop: bool = False, shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    may_drop: bool = False, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    rms: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D], ids [T, k], weights [T, k] fp32, gate_up [E, 2I, D], down [E, D, I] -> [T, D] in x.dtype.
 
     ``kernels.fused_moe.fused_experts``'s contract (``shared = (shared_gate_up [2 ns I, D], shared_down [D, ns I])``,
-    ids ``E + j``); two launches. Inputs contiguous (the caller's job)."""
+    ids ``E + j``); two launches. Inputs contiguous (the caller's job). A decoder layer's ends fused in (a batch-1
+    step): ``rms = (norm_weight [D], eps)`` runs the experts on ``rms_norm(x) * norm_weight`` (never rounded);
+    ``residual [T, D]`` is added to the output (``round(residual + round(moe))``); ``out`` [T, D] receives it (must
+    not alias ``residual``: another program may still read the row)."""
     T, top_k = ids.shape
     E, two_i, D = gate_up.shape
     inter = two_i // 2
     assert x.stride(1) == 1 and gate_up.stride(2) == 1 and down.stride(2) == 1 and ids.is_contiguous()
     assert weights.dtype == torch.float32 and weights.is_contiguous() and down.shape == (E, D, inter)
-    out = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    assert residual is None or (residual.shape == (T, D) and residual.stride(1) == 1)
+    assert out is None or residual is None or out.data_ptr() != residual.data_ptr()
+    out = torch.empty((T, D), dtype=x.dtype, device=x.device) if out is None else out
     if T == 0:
         return out
     act = torch.empty((T * top_k, inter), dtype=x.dtype, device=x.device)
@@ -144,13 +163,15 @@ def small_m_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, g
     row = s_gu.stride(0)
     c1, c2 = cfg_gate_up, cfg_down
     _pair_gate_up_kernel[(T * top_k, triton.cdiv(inter, c1["BLOCK_N"]))](
-        x, gate_up, s_gu, ids, act, D, inter, top_k, E, n_valid, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        inter * gate_up.stride(1), inter * row, row, s_gu.shape[0] // 2 * row, act.stride(0),
-        0.0 if limit is None else float(limit), BLOCK_N=c1["BLOCK_N"], BLOCK_K=c1["BLOCK_K"], CLAMP=limit is not None,
-        HAS_SHARED=shared is not None, MAY_DROP=may_drop, num_warps=c1["num_warps"], num_stages=c1["num_stages"])
+        x, gate_up, s_gu, ids, act, x if rms is None else rms[0], D, inter, top_k, E, n_valid, x.stride(0),
+        gate_up.stride(0), gate_up.stride(1), inter * gate_up.stride(1), inter * row, row, s_gu.shape[0] // 2 * row,
+        act.stride(0), 0.0 if limit is None else float(limit), 0.0 if rms is None else float(rms[1]),
+        BLOCK_N=c1["BLOCK_N"], BLOCK_K=c1["BLOCK_K"], CLAMP=limit is not None, HAS_SHARED=shared is not None,
+        MAY_DROP=may_drop, RMS=rms is not None, num_warps=c1["num_warps"], num_stages=c1["num_stages"])
     _token_down_kernel[(T, triton.cdiv(D, c2["BLOCK_N"]))](
-        act, down, s_dn, ids, weights, out, D, inter, E, n_valid, down.stride(0), down.stride(1), inter,
-        s_dn.stride(0), act.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"],
-        ONE_K=c2["BLOCK_K"] >= inter, HAS_SHARED=shared is not None, MAY_DROP=may_drop, num_warps=c2["num_warps"],
-        num_stages=c2["num_stages"])
+        act, down, s_dn, ids, weights, out, out if residual is None else residual, D, inter, E, n_valid,
+        down.stride(0), down.stride(1), inter, s_dn.stride(0), act.stride(0), out.stride(0),
+        0 if residual is None else residual.stride(0), TOP_K=top_k, BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"],
+        ONE_K=c2["BLOCK_K"] >= inter, HAS_SHARED=shared is not None, MAY_DROP=may_drop, ADD=residual is not None,
+        num_warps=c2["num_warps"], num_stages=c2["num_stages"])
     return out

@@ -133,16 +133,18 @@ class SigmoidRouter(KeepFP32, nn.Module):
                 and moe_routing.supported(self.weight.shape[0], self.n_group)
                 and moe_routing.route_counters(x.device, x.shape[0]) is not None)
 
-    def fused_route(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None) -> tuple | None:
+    def fused_route(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None,
+                    rms: tuple[torch.Tensor, float] | None = None) -> tuple | None:
         """:meth:`forward`'s one-launch logits + routing (``kernels.triton.moe_routing.router_route``; with ``align``
-        also the fused MoE's sort/pad), or None where it does not apply (:meth:`fused_route_applies`)."""
+        also the fused MoE's sort/pad; with ``rms = (norm_weight, eps)`` of ``rms_norm(x) * norm_weight``), or None
+        where it does not apply (:meth:`fused_route_applies`)."""
         from torchinferno.kernels.triton import moe_routing
 
         if not self.fused_route_applies(x):
             return None
         return moe_routing.router_route(x, self.weight, self.e_score_correction_bias, self.top_k, self.n_group,
                                         self.topk_group, self.norm_topk_prob, self.scaling, n_shared=n_shared,
-                                        align=align)
+                                        align=align, rms=rms)
 
 
 class RoutedExperts(nn.Module):

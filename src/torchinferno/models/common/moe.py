@@ -186,6 +186,40 @@ def fused_with_shared(moe_block: torch.nn.Module, x: torch.Tensor, ids: torch.Te
                                    shared=(sh.gate_up_proj.weight, sh.down_proj.weight))
 
 
+def fused_decode_moe(moe_block: torch.nn.Module, h: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                     out: torch.Tensor) -> torch.Tensor | None:
+    """A batch-1 step's whole MoE sublayer in three launches: ``out = h + moe_block(rms_norm(h) * norm_weight)``
+    (h, out [1, D], distinct) with the norm fused into the routing GEMV and the gate/up kernel (the normalized input
+    never rounded, as the decode GEMVs' prologue) and the residual add into the down kernel (the MoE output rounded,
+    then the sum: the unfused add's roundings). Returns ``out``, or None where it does not apply (then the caller
+    runs the norm, the module and the add): one token on the per-token kernels
+    (``kernels.fused_moe.policy().small_m_max_tokens``), the plain ``RoutedExperts`` on the fused path, the one-launch
+    routing, the shared experts (if any) served inside the fused MoE (:func:`fused_shared_count`), and no hooks on
+    the block or its router (they would not see this call)."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common.layers import RoutedExperts
+
+    ex, gate, sh = moe_block.experts, moe_block.gate, moe_block.shared_experts
+    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in (moe_block, gate, ex))
+    if (h.shape[0] != 1 or hooked or type(ex) is not RoutedExperts or ex.moe_backend != "auto"
+            or ex.row_tile is not None or fused_moe.policy().small_m_max_tokens < 1
+            or not fused_moe.usable(h, ex.gate_up_proj) or not gate.fused_route_applies(h)):
+        return None
+    ns = fused_shared_count(moe_block, h)
+    if sh is not None and not ns:
+        return None
+    routed = gate.fused_route(h, ns, rms=(norm_weight, eps))
+    if routed is None:
+        return None
+    from torchinferno.kernels.triton import moe_small
+
+    weights, ids = routed
+    tiles = fused_moe.policy().small_m_tiles
+    return moe_small.small_m_experts(h, ids, weights, ex.gate_up_proj, ex.down_proj, tiles["gate_up"], tiles["down"],
+                                     shared=(sh.gate_up_proj.weight, sh.down_proj.weight) if ns else None,
+                                     rms=(norm_weight, eps), residual=h, out=out)
+
+
 def fused_routed_aligned(moe_block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:  # [T, D] or None
     """A ``SparseMoE`` step on the fused grouped path with its routing and the sort/pad in ONE launch (the router's
     ``fused_route(align=...)``), then the two grouped GEMMs and the top-k sum (+ the shared MLP when it runs apart);

@@ -14,7 +14,9 @@ GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). It runs the s
     W_UV head GEMV (the latent output -> [H, dv], the o GEMV's input)
     o GEMV      (epilogue: residual add: writes the next residual stream)
     dense layers: gate/up GEMV (prologue: RMSNorm; epilogue: SwiGLU), down GEMV (epilogue: residual add)
-    MoE layers:   RMSNorm, the layer's ``SparseMoE`` module as is (one-launch routing, fused experts), residual add
+    MoE layers:   the layer's ``SparseMoE`` weights through its one-launch routing and per-token expert kernels
+                  (models.common.moe.fused_decode_moe), the RMSNorm fused into both, the residual add into the down
+                  kernel; where that does not apply: RMSNorm, the module as is, residual add
 
 Every GEMV is ``kernels/triton/decode_gemv.py`` (the kernels of llama3's ``cuda_decode``), launched with
 programmatic dependent launch on Hopper so it streams its first weight tile while the previous kernel drains.
@@ -37,6 +39,7 @@ from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.decode_step import gemv_logits
 from torchinferno.models.common.layers import GatedMLP, SparseMoE
 from torchinferno.models.common.mla import split_kv_b
+from torchinferno.models.common.moe import fused_decode_moe
 from torchinferno.models.common.mla_projections import LATENT_NORM_EPS
 
 # GEMV launch tiles per linear (llama3's sweep on an H200, benchmarks/probe_decode_gemv.py; K <= 2048 rows of one
@@ -96,7 +99,8 @@ class MlaCudaDecodeStep:
     ``DEFAULT_CONFIGS``. ``fuse_q_kv``: q (or q_a) and kv_a in one launch (``decode_gemv``'s ``second_weight``;
     needs the proj tile's ``block_n`` to divide the q rows), else two (the A/B of benchmarks/probe_ds_prefill.py).
     ``absorb_gemv``: MLA's W_UK / W_UV products as PDL head GEMVs (``absorb_q`` / ``absorb_o`` tiles), else the
-    module path's bmms.
+    module path's bmms. ``fuse_moe_ends``: a MoE layer's norm and residual add inside its routing / expert kernels
+    (``models.common.moe.fused_decode_moe``), else their own launches around the module.
     Invariant: one call at a time, stream-ordered (the attention's split-merge counters are shared by every layer, as
     in the module path).
     """
@@ -104,7 +108,7 @@ class MlaCudaDecodeStep:
     device_type = "cuda"
 
     def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None,
-                 fuse_q_kv: bool = True, absorb_gemv: bool = True):
+                 fuse_q_kv: bool = True, absorb_gemv: bool = True, fuse_moe_ends: bool = True):
         cfg = model.config
         self.hidden, self.eps = cfg.hidden_size, cfg.rms_norm_eps
         a0 = model.model.layers[0].self_attn
@@ -120,6 +124,7 @@ class MlaCudaDecodeStep:
         first = self.layers[0].q if self.layers[0].q is not None else self.layers[0].q_a
         self.fuse_q_kv = fuse_q_kv and first.shape[0] % self.configs["proj"]["block_n"] == 0
         self.absorb_gemv = absorb_gemv
+        self.fuse_moe_ends = fuse_moe_ends
 
     @staticmethod
     def supports(model: nn.Module) -> bool:
@@ -197,7 +202,11 @@ class MlaCudaDecodeStep:
                 act = kapi.decode_gemv_swiglu(h, layer.gate_up, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
                                               config=cfg["gate_up"])  # [I]
                 res, other = kapi.decode_gemv(act, layer.down, res, residual=h, pdl=pdl, config=cfg["down"]), h
-            else:
-                m = layer.moe(kapi.rms_norm(h.view(1, D), layer.post_norm, eps))  # [1, D]
-                res, other = torch.add(h, m.view(D), out=res), h  # h + mlp (rounded once, as the module path)
+            else:  # res <- h + moe(norm(h)): three launches (norm and add fused), else five
+                fused = fused_decode_moe(layer.moe, h.view(1, D), layer.post_norm, eps, res.view(1, D)) \
+                    if self.fuse_moe_ends else None
+                if fused is None:
+                    m = layer.moe(kapi.rms_norm(h.view(1, D), layer.post_norm, eps))  # [1, D]
+                    torch.add(h, m.view(D), out=res)  # h + mlp (rounded once, as the module path)
+                other = h
         return kapi.rms_norm(res.view(1, D), self.final_norm, eps)
