@@ -172,7 +172,8 @@ DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/de
     # module path), MLA kernel (kernels.mla_decode.DECODE_KERNEL), MLA split floor in rows, router tiles
     ("module", None, "mla", 128, None), ("step", {}, "mla", 128, None),
     ("step_q_kv_apart", {"fuse_q_kv": False}, "mla", 128, None), ("step_no_pdl", {"pdl": False}, "mla", 128, None),
-    ("step_absorb_bmm", {"absorb_gemv": False}, "mla", 128, None), ("step_moe_ends_apart", {"fuse_moe_ends": False}, "mla", 128, None),
+    ("step_absorb_bmm", {"absorb_gemv": False}, "mla", 128, None),
+    ("step_moe_ends_apart", {"fuse_moe_ends": False}, "mla", 128, None),
     ("step_split64", {}, "mla", 64, None), ("step_split32", {}, "mla", 32, None), ("step_gqa", {}, "gqa", 128, None),
     ("step_router_2x2048", {}, "mla", 128, ROUTER_2X2048))
 
