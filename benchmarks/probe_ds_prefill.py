@@ -26,7 +26,9 @@ import time
 import torch
 
 from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms, graph_time_ms
-from torchinferno.bench.moe_bench import build_v2_lite
+from torchinferno.bench.ceilings import copy_bandwidth
+from torchinferno.bench.moe_bench import _routing_hits, build_v2_lite
+from torchinferno.bench.moe_models import active_bytes
 from torchinferno.models.common.attention_metadata import build_attention_metadata, positions_for
 
 DEV = torch.device("cuda")
@@ -191,6 +193,8 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
     spec = model.family.kv_spec(cfg)
     out = {}
     router = dict(moe_routing.ROUTER_TILES)  # the default, restored after each variant and at the end
+    bw = copy_bandwidth(DEV)  # the bound's bandwidth, measured in this run
+    out["copy_gbps"] = bw / 1e9
     for ctx in contexts:
         blocks_per = -(-(ctx + 8) // bs)
         torch.manual_seed(0)
@@ -201,6 +205,10 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
         meta = build_attention_metadata([1], [ctx], [list(range(1, 1 + blocks_per))], bs, device=DEV)
         ids = torch.randint(0, cfg.vocab_size, (1,), device=DEV)
         pos = torch.full((1,), ctx, device=DEV)
+        nbytes = active_bytes(model, _routing_hits(model, ids, pos, caches, meta)) + ctx * spec.bytes_per_token(
+            torch.bfloat16)
+        bound_ms = out[f"bound_ms_ctx{ctx}"] = nbytes / bw * 1e3
+        log(f"decode bound ctx={ctx}: {nbytes / 1e9:.3f} GB at {bw / 1e9:.0f} GB/s copy = {bound_ms:.3f} ms")
         for label, options, kernel, split_rows, router_tiles in DECODE_VARIANTS:
             md.DECODE_KERNEL, md.MLA_MIN_SPLIT_ROWS = kernel, split_rows
             moe_routing.ROUTER_TILES.clear()
@@ -217,7 +225,8 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
             row = out[f"{label}_ctx{ctx}"] = {"ms": cuda_time_ms(replay, iters=30, warmup=3),
                                               "device_ms": device_time_ms(replay, iters=30, warmup=3),
                                               "argmax": logits.argmax(-1).tolist()}
-            log(f"decode {label} ctx={ctx}: {row['ms']:.3f} ms (device {row['device_ms']:.3f}) argmax {row['argmax']}")
+            log(f"decode {label} ctx={ctx}: {row['ms']:.3f} ms (device {row['device_ms']:.3f}; "
+                f"{bound_ms / row['ms']:.1%} / {bound_ms / row['device_ms']:.1%} of the bound) argmax {row['argmax']}")
             del runner
         del caches
         torch.cuda.empty_cache()
