@@ -12,6 +12,10 @@ and cast for nothing. Here:
   the grouped path's per-pair rows (rounded, then weighted) and its sum over the top-k, in one launch. Slots are
   unrolled; a ``BLOCK_K`` of at least ``I`` reads each slot's weight rows as one tile (no K loop).
 
+A batch-1 decode step (``models.common.moe.fused_decode_moe``) also fuses its layer's ends: the pre-MoE RMSNorm
+into the gate/up kernel (``RMS``: every program reads all of ``x``, so it gathers ``sum(x^2)`` and scales its finished
+sums by 1/rms, the normalized input never rounded) and the residual add into the down kernel (``ADD``).
+
 Ids ``E + j`` read shared expert ``j`` from the shared MLP's own weights (same slices as ``kernels.triton.fused_moe``);
 with ``MAY_DROP`` ids outside ``[0, E + ns)`` contribute 0 (expert parallelism). Every pair reads its expert's weight
 rows itself, so this only pays while pairs rarely share an expert (``kernels.fused_moe.MoEPolicy.small_m_max_tokens``).
