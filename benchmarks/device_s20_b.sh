@@ -20,6 +20,7 @@ timeout -s INT ${T_STEP:-110} python3 -m pytest tests/kernels/test_mla_decode.py
   -k "gemv_step or two_weights or paged_decode_cuda" -p no:cacheprovider \
   --timeout 110 --tb=short -rfEp -q -o addopts="" > "$R/step_tests.log" 2>&1; echo "step tests rc=$?" >> "$R/step_tests.log"
 grep -E "^(PASSED|FAILED|ERROR)|^E  |passed|failed|rc=" "$R/step_tests.log" | cut -c1-240 | head -8
-T_TESTS=${T_TESTS:-70} T_RUN=${T_RUN:-80} bash benchmarks/device_s19_offload.sh
+[[ ${SKIP_OFFLOAD:-0} == 0 ]] && T_TESTS=${T_TESTS:-70} T_RUN=${T_RUN:-80} bash benchmarks/device_s19_offload.sh
+mkdir -p "$OUT/s19_offload"
 tar -C "$OUT" -czf "$OUT/s20_b.tgz" s20_b s19_offload && rm -rf "$R" "$OUT/s19_offload"
 true
