@@ -83,7 +83,8 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     errs = [v["relative_error"] for lv in res["levels"].values() for v in lv["figures"].values()]
     return {"calibrated_on": str(steps), "fit_seconds": fit_s, "admission_s": adm,
             "replayed_arrivals": str(pred_steps) if pred_steps is not None else None,
-            "stream_s": cal.extra.get("stream_s", 0.0), "latency_s": cal.extra.get("latency_s", 0.0),
+            "stream_s": cal.extra.get("stream_s", 0.0), "stream_token_s": cal.extra.get("stream_token_s", 0.0),
+            "latency_s": cal.extra.get("latency_s", 0.0),
             "finish_latency_s": cal.extra.get("finish_latency_s"),
             "timeline": cal.timeline,
             "levels": {c: {k: v for k, v in lv.items() if k != "result"} for c, lv in res["levels"].items()},
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
                    help="timeline fit: hold these parameters at these values (not fitted)")
     p.add_argument("--stream-coalesce", action="store_true",
                    help="API stage: stream_s per streamed event, a request's tokens joining its still-queued event "
-                        "(driver.run_workload's stream_coalesce)")
+                        "(driver.run_workload's stream_coalesce), plus a fitted cost per token (stream_token_s)")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)

@@ -177,6 +177,16 @@ def test_api_server_coalesces_tokens_of_a_queued_event():
     assert all(r.num_tokens == 6 for r in coal) and any(itl == 0.0 for r in coal for itl in r.itls)
 
 
+def test_api_server_prices_events_and_their_tokens():
+    """stream_token_s (with stream_coalesce): an event costs stream_s plus stream_token_s per token, and the tokens
+    that join a queued event add their cost behind it (the next event waits for them)."""
+    one = one_second_steps(1, 3, stream_s=0.1, stream_coalesce=True, stream_token_s=0.05)
+    assert one[0].first_s == pytest.approx(1.15) and one[0].last_s == pytest.approx(3.15)
+    base, priced = (one_second_steps(4, 6, stream_s=0.3, stream_coalesce=True, stream_token_s=t) for t in (0.0, 0.1))
+    assert [r.first_s for r in priced] == pytest.approx([1.4, 1.8, 2.2, 2.6])  # 0.3 + 0.1 an event of one token
+    assert max(r.last_s for r in priced) > max(r.last_s for r in base) + 0.5  # joined tokens cost time (7.7 vs 7.0)
+
+
 def test_fit_recovers_host_batched_step():
     """Run 37's decode-step shape (issue 21): a host-bound graph step that costs ``host_batched`` more from two rows
     on (4.1 ms at 1 row, 4.9 at 2, ~10 at 256). The fit recovers the term and prices the 16-row step."""

@@ -138,7 +138,8 @@ def summarize(records: list[RequestRecord]) -> dict:
 def run_workload(requests: list[SimRequest], replicas: list[Replica], router=None, *,
                  max_concurrency: int | None = None, transfer=None, max_steps: int | None = None,
                  admission_s: float = 0.0, stream_s: float = 0.0, entry_delays: dict | None = None,
-                 latency_s: float = 0.0, finish_latency_s: float = 0.0, stream_coalesce: bool = False) -> RunResult:
+                 latency_s: float = 0.0, finish_latency_s: float = 0.0, stream_coalesce: bool = False,
+                 stream_token_s: float = 0.0) -> RunResult:
     """Serve ``requests`` on ``replicas`` (module docstring). ``router(req, candidates) -> Replica`` picks among
     the replicas that take new requests (default: the first). P/D: when some replicas have role ``prefill``,
     a request is prefilled there (one token), then moved to a ``decode`` replica after ``transfer(req)``
@@ -156,7 +157,9 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     trip (finish reason, ``[DONE]``) beyond a first token's, plus the client's turnaround (``sim.first_token``).
     ``stream_coalesce``: ``stream_s`` is spent per streamed event, not per token, and tokens a request produces while
     its previous event still waits in that FIFO go out with it (one SSE event of several tokens, as a server behind
-    on streaming sends them: run 53's C 256 streamed 128 tokens in 76-87 events a request, mean)."""
+    on streaming sends them: run 53's C 256 streamed 128 tokens in 76-87 events a request, mean).
+    ``stream_token_s`` (with ``stream_coalesce``): each token also costs this much (detokenizing, bytes), the tokens
+    that join a queued event too: their time is added to the FIFO behind it."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ConfigError(f"max concurrency must be >= 1, got {max_concurrency}")
     entry = [r for r in replicas if r.role in ("both", "prefill")]
@@ -231,11 +234,13 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
             for o in outs:
                 rec = recs[o.request_id]
                 n = len(o.new_token_ids)
-                if stream_s > 0 and n:  # the API server delivers this request's tokens after what it already holds
+                if (stream_s > 0 or stream_token_s > 0) and n:  # the API server delivers them after what it holds
                     if stream_coalesce and queued_event.get(o.request_id, -math.inf) > step_end:
                         now = queued_event[o.request_id]  # rides along with the event still queued
+                        admit_free += stream_token_s * n  # its tokens' own cost: work behind that event
                     else:
-                        admit_free = max(admit_free, step_end) + stream_s * (1 if stream_coalesce else n)
+                        cost = stream_s + stream_token_s * n if stream_coalesce else stream_s * n
+                        admit_free = max(admit_free, step_end) + cost
                         now = admit_free
                         if stream_coalesce:
                             queued_event[o.request_id] = now

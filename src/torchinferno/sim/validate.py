@@ -137,16 +137,18 @@ def replayed_delays(step_log: str, work: list[tuple[dict, list]], warmups: int |
 
 
 def simulate_served(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
-                    cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None) -> dict:
+                    cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None,
+                    stream_token_s: float | None = None) -> dict:
     """The simulator's figures for one bench-serve result ``doc`` and its requests (``_served_workload``), as
     ``driver.summarize`` gives them. ``cost_model``: ``Calibration.model_for``'s choice. ``entry_delays``
     (``replayed_delays``): replayed admissions, which replace the calibration's admission time."""
-    return served_run(calibration, doc, reqs, admission_s, cost_model, stream_s, entry_delays).summary()
+    return served_run(calibration, doc, reqs, admission_s, cost_model, stream_s, entry_delays,
+                      stream_token_s=stream_token_s).summary()
 
 
 def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: float | None = None,
                cost_model: str = "auto", stream_s: float | None = None, entry_delays: dict | None = None,
-               replica_hook=None, latency_s: float | None = None):
+               replica_hook=None, latency_s: float | None = None, stream_token_s: float | None = None):
     """``simulate_served``'s ``driver.RunResult`` (per-request records); ``replica_hook(replica)`` sees the
     simulated replica before the run (``arrival_replay.StepRecorder``). With ``entry_delays``, the calibration's
     ``extra["finish_latency_s"]`` (concurrency -> seconds, ``sim.first_token.fit_finish_latency``; absent: 0) delays
@@ -159,6 +161,7 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
     adm = calibration.extra.get("admission_s", 0.0) if admission_s is None else admission_s
     stream = calibration.extra.get("stream_s", 0.0) if stream_s is None else stream_s
     lat = calibration.extra.get("latency_s", 0.0) if latency_s is None else latency_s
+    tok = calibration.extra.get("stream_token_s", 0.0) if stream_token_s is None else stream_token_s
     fin = 0.0
     if entry_delays is not None:
         from torchinferno.sim.first_token import finish_latency_for
@@ -171,7 +174,8 @@ def served_run(calibration: Calibration, doc: dict, reqs: list, admission_s: flo
     return run_workload(reqs, [rep],
                         max_concurrency=doc.get("max_concurrency"), admission_s=adm, stream_s=stream,
                         entry_delays=entry_delays, latency_s=lat, finish_latency_s=fin,
-                        stream_coalesce=bool(calibration.extra.get("stream_coalesce", False)))
+                        stream_coalesce=bool(calibration.extra.get("stream_coalesce", False)),
+                        stream_token_s=tok)
 
 
 def fit_stream_replay(calibration: Calibration, results: list[str], step_log: str, seed: int = 0,
@@ -198,21 +202,29 @@ def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
                    cost_model: str = "auto") -> tuple[float, float, float]:
     """The API server as one FIFO stage (``driver.run_workload``'s ``admission_s`` per request and ``stream_s`` per
     streamed token) that best predicts the p50 TTFT and p50 TPOT of ``results`` (bench-serve runs of the server
-    whose step log gave ``calibration``): a grid search. Returns ``(admission_s, stream_s, mean |relative error|)``."""
+    whose step log gave ``calibration``): a grid search. Returns ``(admission_s, stream_s, mean |relative error|)``.
+    With ``calibration.extra["stream_coalesce"]`` (``stream_s`` per streamed event) a second grid then fits the
+    per-token cost beside it (``stream_token_s``, stored in ``calibration.extra``) at the admission time found."""
     work = [_served_workload(p, seed) for p in results]
     meas = [measured_from_bench(doc) for doc, _ in work]
 
-    def err(a: float, st: float) -> float:
+    def err(a: float, st: float, tok: float = 0.0) -> float:
         e = []
         for (doc, reqs), m in zip(work, meas):
-            got = simulate_served(calibration, doc, reqs, a, cost_model, st)
+            got = simulate_served(calibration, doc, reqs, a, cost_model, st, stream_token_s=tok)
             e += [abs(got[k] - m[k]) / m[k] for k in ("p50_ttft_s", "p50_tpot_s")]
         return sum(e) / len(e)
 
     grid_a = [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3]
     grid_s = [0.0, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 70e-6, 80e-6, 100e-6, 120e-6]
     best = min((err(a, st), a, st) for a in grid_a for st in grid_s)
-    return best[1], best[2], best[0]
+    if not calibration.extra.get("stream_coalesce"):
+        return best[1], best[2], best[0]
+    a = best[1]
+    grid_t = [0.0, 2e-6, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6]
+    e, st, tok = min((err(a, st, tok), st, tok) for st in grid_s for tok in grid_t)
+    calibration.extra["stream_token_s"] = tok
+    return a, st, e
 
 
 def fit_admission(calibration: Calibration, results: list[str], seed: int = 0,
