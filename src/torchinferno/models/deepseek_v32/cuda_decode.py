@@ -39,8 +39,8 @@ from torchinferno.models.common.attention_metadata import AttentionMetadata
 from torchinferno.models.common.decode_step import gemv_logits
 from torchinferno.models.common.layers import GatedMLP, SparseMoE
 from torchinferno.models.common.mla import split_kv_b
-from torchinferno.models.common.moe import fused_decode_moe
 from torchinferno.models.common.mla_projections import LATENT_NORM_EPS
+from torchinferno.models.common.moe import fused_decode_moe
 
 # GEMV launch tiles per linear (llama3's sweep on an H200, benchmarks/probe_decode_gemv.py; K <= 2048 rows of one
 # tile for the V2-Lite-like hidden 2048; larger K loops over tiles).
@@ -203,9 +203,9 @@ class MlaCudaDecodeStep:
                                               config=cfg["gate_up"])  # [I]
                 res, other = kapi.decode_gemv(act, layer.down, res, residual=h, pdl=pdl, config=cfg["down"]), h
             else:  # res <- h + moe(norm(h)): three launches (norm and add fused), else five
-                fused = fused_decode_moe(layer.moe, h.view(1, D), layer.post_norm, eps, res.view(1, D)) \
-                    if self.fuse_moe_ends else None
-                if fused is None:
+                fused = self.fuse_moe_ends and fused_decode_moe(layer.moe, h.view(1, D), layer.post_norm, eps,
+                                                                res.view(1, D)) is not None
+                if not fused:
                     m = layer.moe(kapi.rms_norm(h.view(1, D), layer.post_norm, eps))  # [1, D]
                     torch.add(h, m.view(D), out=res)  # h + mlp (rounded once, as the module path)
                 other = h
