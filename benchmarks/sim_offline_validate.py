@@ -116,9 +116,10 @@ def main(argv=None) -> int:
                    help="timeline fit: drop iterations measured more than this many times slower than predicted (3)")
     p.add_argument("--fix", default=None, metavar="NAME=SECONDS,...",
                    help="timeline fit: hold these parameters at these values (not fitted)")
-    p.add_argument("--stream-coalesce", action="store_true",
+    p.add_argument("--stream-coalesce", action=argparse.BooleanOptionalAction, default=True,
                    help="API stage: stream_s per streamed event, a request's tokens joining its still-queued event "
-                        "(driver.run_workload's stream_coalesce), plus a fitted cost per token (stream_token_s)")
+                        "(driver.run_workload's stream_coalesce), plus a fitted cost per token (stream_token_s); "
+                        "--no-stream-coalesce: stream_s per token, one at a time (session 20's model)")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)

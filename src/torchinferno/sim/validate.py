@@ -221,7 +221,7 @@ def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
     if not calibration.extra.get("stream_coalesce"):
         return best[1], best[2], best[0]
     a = best[1]
-    grid_t = [0.0, 2e-6, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6]
+    grid_t = [0.0, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 60e-6, 80e-6]
     e, st, tok = min((err(a, st, tok), st, tok) for st in grid_s for tok in grid_t)
     calibration.extra["stream_token_s"] = tok
     return a, st, e
