@@ -186,3 +186,40 @@ def test_api_stage_fitted_from_recorded_arrivals(tmp_path):
     cal.device = "cpu"  # the simulated executor's log names no device
     adm, stream, lat, err = fit_api_from_arrivals(cal, results, str(tmp_path / "steps.jsonl"), cost_model="linear")
     assert (adm, stream, lat) == (1e-3, 20e-6, 0.0), (adm, stream, lat, err)
+
+
+def test_api_server_fit_recovers_event_and_token_costs(tmp_path):
+    """sim.validate.fit_api_server with stream_coalesce: results whose figures come from an API stage of 1 ms an
+    admission, 120 us an event and 40 us a token (in front of a logged core whose ~2.2 ms steps stream 16 requests at
+    once: 2.6 ms of events, so the stage falls behind and coalesces) are fitted back to those costs; the per-token FIFO
+    alone fits them worse."""
+    from torchinferno.sim.step_log_fit import calibration_from_step_logs
+    from torchinferno.sim.validate import _served_workload, fit_api_server, simulate_served
+
+    ex = _executor(max_num_seqs=16, budget=2048)
+    rec = _Recorder(tmp_path / "steps.jsonl", ex)
+    docs = {}
+    for c in (4, 16):
+        reqs = generate(TrafficSpec(num_requests=3 * c, prompt_len="fixed:64", output_len="fixed:16", seed=c))
+        t0 = ex.clock.now() + 1.0
+        reqs = [type(r)(f"c{c}-{i}", t0 + r.arrival_s, r.prompt_token_ids, r.output_len) for i, r in enumerate(reqs)]
+        run_workload(reqs, [rec.rep], max_concurrency=c)
+        docs[c] = {"input_lens": [64] * (3 * c), "output_lens": [16] * (3 * c), "max_concurrency": c,
+                   "num_warmups": 0, "request_rate": "inf", "burstiness": 1.0}
+    rec.log.close()
+    cal = calibration_from_step_logs([str(tmp_path / "steps.jsonl")], log=lambda *_: None, cost_model="linear")
+    cal.device = "cpu"
+    cal.extra["stream_coalesce"] = True
+    results = []
+    for c, doc in docs.items():  # "measured": the simulator's figures at the true costs
+        path = tmp_path / f"bench_c{c}.json"
+        path.write_text(json.dumps(doc))
+        got = simulate_served(cal, doc, _served_workload(str(path), 0)[1], 1e-3, "linear", 120e-6, stream_token_s=40e-6)
+        doc.update(output_throughput=got["output_throughput"], **{
+            f"p{q}_{n}_ms": got[f"p{q}_{n}_s"] * 1e3 for q in ("50", "99") for n in ("ttft", "tpot")})
+        path.write_text(json.dumps(doc))
+        results.append(str(path))
+    adm, event, err = fit_api_server(cal, results, cost_model="linear")
+    assert (adm, event, cal.extra["stream_token_s"]) == (1e-3, 120e-6, 40e-6) and err < 1e-9, (adm, event, err)
+    cal.extra["stream_coalesce"] = False
+    assert fit_api_server(cal, results, cost_model="linear")[2] > 1e-3  # one cost per token cannot match them
