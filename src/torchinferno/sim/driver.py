@@ -158,8 +158,8 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
     ``stream_coalesce``: ``stream_s`` is spent per streamed event, not per token, and tokens a request produces while
     its previous event still waits in that FIFO go out with it (one SSE event of several tokens, as a server behind
     on streaming sends them: run 53's C 256 streamed 128 tokens in 76-87 events a request, mean).
-    ``stream_token_s`` (with ``stream_coalesce``): each token also costs this much (detokenizing, bytes), the tokens
-    that join a queued event too: their time is added to the FIFO behind it."""
+    ``stream_token_s``: each token also costs this much beside its event's ``stream_s`` (detokenizing, bytes); with
+    ``stream_coalesce`` the tokens that join a queued event too: their time is added to the FIFO behind it."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ConfigError(f"max concurrency must be >= 1, got {max_concurrency}")
     entry = [r for r in replicas if r.role in ("both", "prefill")]
@@ -239,7 +239,8 @@ def run_workload(requests: list[SimRequest], replicas: list[Replica], router=Non
                         now = queued_event[o.request_id]  # rides along with the event still queued
                         admit_free += stream_token_s * n  # its tokens' own cost: work behind that event
                     else:
-                        cost = stream_s + stream_token_s * n if stream_coalesce else stream_s * n
+                        # one event of n tokens, or (no coalescing) n events of one token each
+                        cost = stream_s + stream_token_s * n if stream_coalesce else (stream_s + stream_token_s) * n
                         admit_free = max(admit_free, step_end) + cost
                         now = admit_free
                         if stream_coalesce:
