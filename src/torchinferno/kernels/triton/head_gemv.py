@@ -23,7 +23,8 @@ import triton.language as tl
 
 from torchinferno.kernels.triton.decode_gemv import _wait_for_previous_kernel
 
-# [BLOCK_N, BLOCK_K] = 8192 elements: 16 KB of bf16 weights a program, 128 programs for either product at 16 heads.
+# [BLOCK_N, BLOCK_K] = 8192 elements: 16 KB of bf16 weights a program. Callers pick tiles per product (the deepseek
+# step's ``absorb_q`` / ``absorb_o``: 128 programs each at 16 heads).
 DEFAULT_CONFIG = {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 2, "early_launch": True}
 
 
