@@ -12,8 +12,10 @@ of a 2.05 ms batch-1 step in ``_decode_stage1``, one program per layer at contex
   128 / 1024 / 4096: the MLA kernel (``kernels.triton.mla_decode_attention``) over split counts and tiles beside
   the GQA kernel with one 576-wide key head at the session-18 plan (device time, 20 calls per CUDA graph).
 * decode: the model's batch-1 decode step replayed from a CUDA graph at context 128 / 1024: module path vs the
-  decode-GEMV step (and the step with q / kv_a in two launches, without PDL), MLA split floors, the GQA kernel
-  (``kernels.mla_decode.DECODE_KERNEL``) and other router tiles (``moe_routing.ROUTER_TILES``); same caches, tokens.
+  decode-GEMV step (and the step with q / kv_a in two launches, without PDL, with the absorption bmms, with the MoE's
+  norm and add as their own launches), MLA split floors, the GQA kernel (``kernels.mla_decode.DECODE_KERNEL``) and
+  other router tiles (``moe_routing.ROUTER_TILES``); same caches, tokens; each beside the bound (active bytes at the
+  step's routing + KV over the copy bandwidth measured in the same run).
 """
 
 from __future__ import annotations
