@@ -121,6 +121,14 @@ def test_served_run_calibrates_and_validates(tmp_path):
     assert main(["sim-calibrate", "--from-step-log", str(log), "--out", str(gaps), "--fit-admission-to", *results,
                  "--api-model", "gaps"]) == 0
     assert "arrival_delay_error" in json.loads(gaps.read_text())["extra"]["admission_fit"]
+    events = tmp_path / "cal_events.json"  # the API stage per streamed event + per token, then validated with it
+    assert main(["sim-calibrate", "--from-step-log", str(log), "--out", str(events), "--fit-admission-to", *results,
+                 "--api-model", "events"]) == 0
+    extra = json.loads(events.read_text())["extra"]
+    assert extra["stream_coalesce"] is True and extra["stream_token_s"] >= 0 and "p50_ttft_tpot_error" in \
+        extra["admission_fit"]
+    assert main(["sim-validate", "--bench-results", *results, "--calibration", str(events),
+                 "--json-output", str(res_path)]) == 0
 
 
 def test_admission_spreads_a_burst():

@@ -78,13 +78,16 @@ def _cmd_calibrate(a) -> int:
             print(f"sim-calibrate: API server {adm * 1e3:.2f} ms per request + {stream * 1e6:.0f} us per streamed token "
                   f"after {lat * 1e3:.1f} ms latency (recorded arrival delays at the core within {err * 100:.1f}% "
                   "on average)")
-        elif a.fit_admission_to and a.api_model == "fifo":
+        elif a.fit_admission_to and a.api_model in ("fifo", "events"):
             from torchinferno.sim.validate import fit_api_server
 
+            cal.extra["stream_coalesce"] = a.api_model == "events"  # fit_api_server also fits stream_token_s then
             adm, stream, err = fit_api_server(cal, a.fit_admission_to, a.seed, a.cost_model)
             cal.extra.update(admission_s=adm, stream_s=stream)
             cal.extra["admission_fit"] = {"results": list(a.fit_admission_to), "p50_ttft_tpot_error": err}
-            print(f"sim-calibrate: API server {adm * 1e3:.2f} ms per request + {stream * 1e6:.0f} us per streamed token "
+            per = (f"{stream * 1e6:.0f} us per streamed event + {cal.extra['stream_token_s'] * 1e6:.0f} us per token"
+                   if a.api_model == "events" else f"{stream * 1e6:.0f} us per streamed token")
+            print(f"sim-calibrate: API server {adm * 1e3:.2f} ms per request + {per} "
                   f"(p50 TTFT and TPOT of {len(a.fit_admission_to)} bench results within {err * 100:.1f}% on average)")
         elif a.fit_admission_to:
             from torchinferno.sim.validate import fit_admission
@@ -206,10 +209,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --from-step-log: the timeline fit as before, or with the device clock anchored to the "
                         "measured waits and a decode graph's host side read off the steps right after small prefills "
                         "(issue 21: C 1 TTFT; docs/SIMULATION.md)")
-    p.add_argument("--api-model", default="admission", choices=["admission", "fifo", "gaps"],
+    p.add_argument("--api-model", default="admission", choices=["admission", "fifo", "events", "gaps"],
                    help="with --fit-admission-to: admission time only, or one FIFO API stage of admissions and "
-                        "streamed tokens fitted to p50 TTFT and TPOT (fifo) or to when the step log says the results' "
-                        "requests reached the core (gaps; results in run order)")
+                        "streamed tokens fitted to p50 TTFT and TPOT (fifo), the same with a cost per streamed event "
+                        "plus one per token, a request's tokens joining its queued event (events; docs/SIMULATION.md "
+                        "'Session 21'), or fitted to when the step log says the results' requests reached the core "
+                        "(gaps; results in run order)")
     p.add_argument("--fit-weights", default=None, choices=["relative", "sqrt", "time"],
                    help="how steps count in the fit: relative (each alike; default for probes), sqrt (default for "
                         "--from-step-log), time (long steps count most)")
