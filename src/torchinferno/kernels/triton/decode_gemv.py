@@ -67,6 +67,16 @@ def _input_tile(X, NW, k, km, NORM: tl.constexpr):
 
 
 @triton.jit
+def _inv_rms(ss, K, eps, NORM: tl.constexpr):
+    """The 1/rms factor of a row whose squares ``ss`` ([BK] partial sums over all K columns) were gathered by
+    :func:`_input_tile`'s callers; 1.0 without NORM."""
+    rstd = 1.0
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    return rstd
+
+
+@triton.jit
 def _decode_gemv_kernel(
     X, R, NW, W, Y, COS, SIN, KC, VC, SLOT, W2,
     N, K, stride_w, eps, N1, stride_w2,
@@ -117,9 +127,7 @@ def _decode_gemv_kernel(
         if EPI != 0:
             w2 = tl.load(p2 + k0, mask=m1[:, None] & kkm[None, :], other=0.0, eviction_policy="evict_first")
             acc2 += w2.to(tl.float32) * xt[None, :]
-    rstd = 1.0
-    if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+    rstd = _inv_rms(ss, K, eps, NORM)
 
     out_ty = Y.dtype.element_ty
     y1 = tl.sum(acc1, 1) * rstd

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.decode_gemv import _input_tile, _inv_rms
 from torchinferno.kernels.triton.fused_moe import _align_body
 
 
@@ -89,16 +90,12 @@ def _logits_tile(X, W, t, re, ok_e, D, stride_xt, stride_w, NW, eps, BLOCK_E: tl
     for k0 in range(0, D, BLOCK_K):
         kk = k0 + rk
         ok_k = kk < D
-        xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
+        xv, x = _input_tile(X + t * stride_xt, NW, kk, ok_k, RMS)
         if RMS:
-            ss += xv * xv
-            xv = xv * tl.load(NW + kk, mask=ok_k, other=0.0).to(tl.float32)
+            ss += x * x
         w = tl.load(W + re.to(tl.int64)[:, None] * stride_w + kk[None, :], mask=ok_e[:, None] & ok_k[None, :], other=0.0)
         acc += w.to(tl.float32) * xv[None, :]
-    out = tl.sum(acc, 1)
-    if RMS:
-        out = out * (1.0 / tl.sqrt(tl.sum(ss, 0) / D + eps))
-    return out
+    return tl.sum(acc, 1) * _inv_rms(ss, D, eps, RMS)
 
 
 @triton.jit

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.triton.decode_gemv import _input_tile, _inv_rms
+
 
 @triton.jit
 def _expert_rows(B, S, e, num_routed, stride_be, stride_bn, up_offset, shared_step, stride_sn, shared_up,
@@ -67,19 +69,16 @@ def _pair_gate_up_kernel(X, B, S, IDS, ACT, NW, D, INTER, top_k, num_routed, num
     for k0 in range(0, D, BLOCK_K):
         kk = k0 + rk
         ok_k = kk < D
-        xv = tl.load(X + t * stride_xt + kk, mask=ok_k, other=0.0).to(tl.float32)
-        if RMS:  # rms_norm(x) * NW: the 1/rms scalar scales the finished sums
-            ss += xv * xv
-            xv = xv * tl.load(NW + kk, mask=ok_k, other=0.0).to(tl.float32)
+        xv, x = _input_tile(X + t * stride_xt, NW, kk, ok_k, RMS)  # RMS: x * NW; the 1/rms scales the sums
+        if RMS:
+            ss += x * x
         m = ok_n[:, None] & ok_k[None, :]
         wg = tl.load(g_ptrs + k0, mask=m, other=0.0, eviction_policy="evict_first")
         wu = tl.load(g_ptrs + up + k0, mask=m, other=0.0, eviction_policy="evict_first")
         acc_g += wg.to(tl.float32) * xv[None, :]
         acc_u += wu.to(tl.float32) * xv[None, :]
-    gate, upv = tl.sum(acc_g, 1), tl.sum(acc_u, 1)
-    if RMS:
-        inv = 1.0 / tl.sqrt(tl.sum(ss, 0) / D + eps)
-        gate, upv = gate * inv, upv * inv
+    inv = _inv_rms(ss, D, eps, RMS)
+    gate, upv = tl.sum(acc_g, 1) * inv, tl.sum(acc_u, 1) * inv
     gate = gate.to(ACT.dtype.element_ty).to(tl.float32)  # rounded where the unfused GEMM writes them
     upv = upv.to(ACT.dtype.element_ty).to(tl.float32)
     if CLAMP:

@@ -145,6 +145,14 @@ def fused_expert_mlp(
     return grouped_expert_mlp(x, expert_ids, weights, gate_up, down, act_and_mul, row_tile)
 
 
+def _plain_fused_experts(ex: torch.nn.Module) -> bool:
+    """The plain unsharded ``RoutedExperts`` on the fused path (``moe_backend`` "auto", no batch-invariant row tiles):
+    what the fused MoE kernels read directly."""
+    from torchinferno.models.common.layers import RoutedExperts
+
+    return type(ex) is RoutedExperts and ex.moe_backend == "auto" and ex.row_tile is None
+
+
 def fused_shared_count(moe_block: torch.nn.Module, x: torch.Tensor) -> int:
     """How many shared experts a ``SparseMoE`` block serves inside its fused MoE for input ``x``, 0 when the
     separate shared MLP runs: the ops module opts in (``FUSE_SHARED_EXPERTS``), the block's ``fuse_shared`` is True,
@@ -154,14 +162,14 @@ def fused_shared_count(moe_block: torch.nn.Module, x: torch.Tensor) -> int:
     and the shared MLP is a plain bias-free ``GatedMLP`` of ``ns`` x the expert width in x's dtype (not sharded or
     swapped by a runtime linear replacement)."""
     from torchinferno.kernels import fused_moe
-    from torchinferno.models.common.layers import GatedMLP, RoutedExperts
+    from torchinferno.models.common.layers import GatedMLP
 
     sh, ex = moe_block.shared_experts, moe_block.experts
     if sh is None or moe_block.fuse_shared is False or not getattr(ex.ops, "FUSE_SHARED_EXPERTS", False):
         return 0
     if moe_block.fuse_shared is None and x.shape[0] > fused_moe.policy().shared_fuse_max_tokens:
         return 0
-    if type(ex) is not RoutedExperts or ex.moe_backend != "auto" or ex.row_tile is not None:
+    if not _plain_fused_experts(ex):
         return 0
     if not fused_moe.usable(x, ex.gate_up_proj) or type(sh) is not GatedMLP:
         return 0
@@ -197,12 +205,10 @@ def fused_decode_moe(moe_block: torch.nn.Module, h: torch.Tensor, norm_weight: t
     routing, the shared experts (if any) served inside the fused MoE (:func:`fused_shared_count`), and no hooks on
     the block or its router (they would not see this call)."""
     from torchinferno.kernels import fused_moe
-    from torchinferno.models.common.layers import RoutedExperts
 
     ex, gate, sh = moe_block.experts, moe_block.gate, moe_block.shared_experts
     hooked = any(m._forward_hooks or m._forward_pre_hooks for m in (moe_block, gate, ex))
-    if (h.shape[0] != 1 or hooked or type(ex) is not RoutedExperts or ex.moe_backend != "auto"
-            or ex.row_tile is not None or fused_moe.policy().small_m_max_tokens < 1
+    if (h.shape[0] != 1 or hooked or not _plain_fused_experts(ex) or fused_moe.policy().small_m_max_tokens < 1
             or not fused_moe.usable(h, ex.gate_up_proj) or not gate.fused_route_applies(h)):
         return None
     ns = fused_shared_count(moe_block, h)
@@ -227,12 +233,10 @@ def fused_routed_aligned(moe_block: torch.nn.Module, x: torch.Tensor) -> torch.T
     token counts (``kernels.fused_moe.policy().small_m_max_tokens``: no sort/pad there), more pairs than the
     one-program sort/pad takes, or the router's one-launch form does not apply."""
     from torchinferno.kernels import fused_moe
-    from torchinferno.models.common.layers import RoutedExperts
 
     ex = moe_block.experts
     T = x.shape[0]
-    if (type(ex) is not RoutedExperts or ex.moe_backend != "auto" or ex.row_tile is not None
-            or not getattr(ex.ops, "ROUTER_GEMV", False) or not fused_moe.usable(x, ex.gate_up_proj)
+    if (not _plain_fused_experts(ex) or not getattr(ex.ops, "ROUTER_GEMV", False) or not fused_moe.usable(x, ex.gate_up_proj)
             or T <= fused_moe.policy().small_m_max_tokens or not moe_block.gate.fused_route_applies(x)):
         return None
     ns = fused_shared_count(moe_block, x)
