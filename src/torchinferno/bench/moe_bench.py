@@ -11,7 +11,8 @@ Two sections, each beside a same-run bound:
   the experts the routing hits, shared experts) / copy bandwidth; prefill: FLOPs / sustained matmul rate.
 * ``model``: the whole V2-Lite-like model (``deepseek_v32`` size ``v2-lite-shape``, random bf16): a decode step
   at each batch (context 128 per sequence): replayed from CUDA graphs (``CudaGraphDecodeRunner``: paged MLA decode
-  + fused MoE, no host sync), the same module path eagerly, and eagerly with the torch MoE; a 2048-token prefill;
+  + fused MoE, no host sync), the same module path eagerly, and eagerly with the torch MoE; a 2048-token prefill
+  (eager, device-only behind a spin, and replayed from a CUDA graph);
   transformers' eager ``DeepseekV3ForCausalLM`` on the same tensors (``--no-hf`` skips it). ``--model-shape v3-scaled``
   runs the same section on DeepSeek-V3's layer shape with fewer layers (``bench.moe_models.build_model_shape``);
   ``--quantization fp8-block`` builds that model in block FP8 layer by layer (``kernels.fp8_block_stream``: 8 V3
@@ -30,7 +31,7 @@ import time
 import torch
 
 from torchinferno.bench.ceilings import copy_bandwidth, sustained_matmul_rate
-from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms
+from torchinferno.bench.gpu_timing import cuda_time_ms, device_time_ms, graph_time_ms
 from torchinferno.bench.moe_models import (  # noqa: F401 - re-exported: the bench's model builders
     MODEL_SHAPES,
     active_bytes,
@@ -152,14 +153,24 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
         # the same forward queued behind a 40 ms spin: its device time without the host's issue time (an eager
         # 2048-token forward issues for ~20-30 ms on the H100 hosts), so wall vs device says which one bounds it
         row["fused_device_ms"] = device_time_ms(run, iters=3, warmup=0, hold_us=40_000.0)
+        # the same forward replayed from a CUDA graph (no issue time at all); a failed capture means the prefill
+        # syncs with the host somewhere, and is reported as such
+        try:
+            row["fused_graph_ms"] = graph_time_ms(run, calls=2, iters=3, fallback=False)
+        except Exception as e:  # noqa: BLE001 - reported beside the eager figures
+            row["fused_graph_ms"], row["graph_error"] = None, f"{type(e).__name__}: {str(e)[:200]}"
         active_params = active_weights(model, [cfg.num_experts_per_tok] * _n_moe(model))[1]
         flops = 2 * prefill * active_params  # the weight GEMMs (attention's score FLOPs left out)
         row["flops_weights"] = flops
         if mm:
             row["pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_ms"] * 1e-3)
-        log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms (device {row['fused_device_ms']:.1f})  "
-            f"torch MoE {_ms(row['torch_ms'], 1)}  "
-            f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained bf16 matmul rate")
+            if row["fused_graph_ms"]:
+                row["graph_pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_graph_ms"] * 1e-3)
+        graph = (f"graph-replayed {row['fused_graph_ms']:.1f} ms ({row.get('graph_pct_of_matmul_rate', 0):.0f}%)"
+                 if row["fused_graph_ms"] else f"graph capture failed ({row['graph_error']})")
+        log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms (device {row['fused_device_ms']:.1f}; "
+            f"{graph})  torch MoE {_ms(row['torch_ms'], 1)}  "
+            f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained bf16 matmul rate (eager)")
         row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
         out["prefill"] = row
     return out
