@@ -116,6 +116,7 @@ def test_fp8_block_model_section_on_cpu(monkeypatch):
 
     monkeypatch.setattr(mb, "cuda_time_ms", _wall_ms)
     monkeypatch.setattr(mb, "device_time_ms", _wall_ms)
+    monkeypatch.setattr(mb, "graph_time_ms", lambda fn, **kw: _wall_ms(fn))
     cfg = tiny_deepseek_v32_config(moe_intermediate_size=128, hidden_size=128)
     bf16, fp8 = mb.build_random(cfg, "cpu"), mb.build_random(cfg, "cpu", "fp8-block")
     (b_bytes, b_n), (f_bytes, f_n) = mb.active_weights(bf16, [2, 2]), mb.active_weights(fp8, [2, 2])
@@ -123,4 +124,8 @@ def test_fp8_block_model_section_on_cpu(monkeypatch):
     rep = mb.model_rows(fp8, torch.device("cpu"), batches=(1, 2), ctx=8, prefill=8, log=lambda *_: None,
                         torch_moe=False)
     assert [r["torch_ms"] for r in rep["decode"]] == [None, None] and rep["prefill"]["torch_ms"] is None
-    assert rep["prefill"]["flops_weights"] == 2 * 8 * mb.active_weights(fp8, [cfg.num_experts_per_tok] * 2)[1]
+    # every weight GEMM for all 8 tokens but the LM head, which the prefill applies to the last token only
+    head = cfg.vocab_size * cfg.hidden_size
+    active = mb.active_weights(fp8, [cfg.num_experts_per_tok] * 2)[1]
+    assert fp8.lm_head is not None and rep["prefill"]["flops_weights"] == 2 * (8 * (active - head) + head)
+    assert rep["prefill"]["fused_graph_ms"] > 0 and "graph_error" not in rep["prefill"]
