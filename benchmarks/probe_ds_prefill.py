@@ -2,8 +2,8 @@
 59.9 ms wall for 19.7 ms of kernels), and what split count the MLA absorbed decode wants at batch 1 (run 43: 0.50 ms
 of a 2.05 ms batch-1 step in ``_decode_stage1``, one program per layer at context 128).
 
-``python benchmarks/probe_ds_prefill.py OUT.json [sections]`` on one CUDA device; sections: prefill, mla, decode
-(default all), run in the order given. Prints one line per finding; the JSON keeps the tables.
+``python benchmarks/probe_ds_prefill.py OUT.json [sections [decode variants]]`` on one CUDA device; sections: prefill,
+mla, decode (default all), run in the order given; decode variants: labels of :data:`DECODE_VARIANTS` (default all). Prints one line per finding; the JSON keeps the tables.
 
 * prefill: wall vs device time of ``model(ids, pos, caches, meta)`` at 2048 tokens; host milliseconds per module
   (forward pre/post hooks, no sync: the Python + launch time spent inside each module, or a hidden host sync's
@@ -182,7 +182,7 @@ DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/de
     ("step_router_2x2048", {}, "mla", 128, ROUTER_2X2048))
 
 
-def decode_section(model, contexts=(128, 1024)) -> dict:
+def decode_section(model, contexts=(128, 1024), labels: list[str] | None = None) -> dict:
     """The batch-1 decode step replayed from a CUDA graph (as the engine runs it) per :data:`DECODE_VARIANTS`: the
     module path vs the decode-GEMV step, the MLA split floor (``kernels.mla_decode.MLA_MIN_SPLIT_ROWS``) and the GQA
     kernel baseline; same caches and tokens for all (argmaxes compare), wall and device time."""
@@ -212,6 +212,8 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
         bound_ms = out[f"bound_ms_ctx{ctx}"] = nbytes / bw * 1e3
         log(f"decode bound ctx={ctx}: {nbytes / 1e9:.3f} GB at {bw / 1e9:.0f} GB/s copy = {bound_ms:.3f} ms")
         for label, options, kernel, split_rows, router_tiles in DECODE_VARIANTS:
+            if labels and label not in labels:
+                continue
             md.DECODE_KERNEL, md.MLA_MIN_SPLIT_ROWS = kernel, split_rows
             moe_routing.ROUTER_TILES.clear()
             moe_routing.ROUTER_TILES.update(router_tiles or router)
@@ -241,6 +243,10 @@ def decode_section(model, contexts=(128, 1024)) -> dict:
 def main() -> None:
     path = sys.argv[1]
     sections = sys.argv[2].split(",") if len(sys.argv) > 2 else ["prefill", "mla", "decode"]
+    labels = sys.argv[3].split(",") if len(sys.argv) > 3 else None  # decode variants to run (default: all)
+    unknown = set(labels or ()) - {v[0] for v in DECODE_VARIANTS}
+    if unknown:
+        sys.exit(f"unknown decode variants {sorted(unknown)}; valid: {', '.join(v[0] for v in DECODE_VARIANTS)}")
     rep: dict = {"device": torch.cuda.get_device_name(DEV), "torch": torch.__version__}
     model = None
     for sec in sections:  # in the order given (a capped run keeps the first ones' results)
@@ -249,7 +255,7 @@ def main() -> None:
         elif sec in ("prefill", "decode"):
             if model is None:
                 model = build_v2_lite(DEV)
-            rep[sec] = prefill_section(model) if sec == "prefill" else decode_section(model)
+            rep[sec] = prefill_section(model) if sec == "prefill" else decode_section(model, labels=labels)
         json.dump(rep, open(path, "w"), indent=1, default=str)
 
 

@@ -89,6 +89,11 @@ def test_tune_grid_bounds():
     assert {c["BLOCK_M"] for c in grid(6 / 64)} == {16}
     assert max(c["BLOCK_M"] for c in grid(192)) == 128
     assert all(c["num_warps"] in (4, 8) for c in grid(24))
+    # prefill-sized row blocks add deeper pipelines; 256-wide N tiles only where asked (not gate_up's two accumulators)
+    assert max(c["num_stages"] for c in grid(64)) == 4 and max(c["num_stages"] for c in grid(192)) == 5
+    assert max(c["BLOCK_N"] for c in grid(192)) == 256 and max(c["BLOCK_N"] for c in grid(192, wide_n=False)) == 128
+    assert len(grid(192)) == len({tuple(sorted(c.items())) for c in grid(192)}) <= 30
+    assert min(c["BLOCK_M"] for c in grid(192)) == 64
 
 
 def test_model_section_times_the_module_path_beside_a_lean_step(monkeypatch):
