@@ -154,6 +154,18 @@ class LayerOffloader:
         self.events.clear()
 
 
+def _to_device(model: nn.Module, device, keep_layers: bool = False) -> nn.Module:
+    """``model`` on ``device`` (its decoder layers left where they are with ``keep_layers``), rope tables rebuilt."""
+    for name, mod in model.named_children():
+        if name != "model":
+            mod.to(device)
+    for name, mod in model.model.named_children():
+        if name != "layers" or not keep_layers:
+            mod.to(device)
+    model.init_buffers() if hasattr(model, "init_buffers") else None
+    return model
+
+
 def _tensors(module: nn.Module):
     yield from module.named_parameters()
     yield from module.named_buffers()
@@ -220,15 +232,12 @@ def profile_offload(out_dir, run_cfg, ocfg: OffloadConfig) -> dict:
     prompts = make_prompts(run_cfg, model.config.vocab_size)
     out.json("input_ids.json", {"input_ids": prompts, "seed": run_cfg.seed}, "prompt token ids, one row per sequence")
     weights = model_bytes(model)
-    resident_tokens = generate_tokens(build_model(run_cfg), prompts, run_cfg)  # the reference, fully resident
-    for name, mod in model.named_children():  # everything but the decoder layers is resident on the device
-        if name != "model":
-            mod.to(device)
-    stack = model.model
-    for name, mod in stack.named_children():
-        if name != "layers":
-            mod.to(device)
-    model.init_buffers() if hasattr(model, "init_buffers") else None
+    # The reference, fully resident: the same host build moved whole to the device. (Built on the device instead, a
+    # random model draws other weights from the device's generator: session 22's CUDA run compared two models.)
+    resident = _to_device(build_model(host_cfg), device)
+    resident_tokens = generate_tokens(resident, prompts, run_cfg)
+    del resident
+    _to_device(model, device, keep_layers=True)  # everything but the decoder layers is resident on the device
     off = LayerOffloader(model, device, ocfg.activation_offload)
     for _ in range(ocfg.warmup):
         generate_tokens(model, prompts, run_cfg)
@@ -262,14 +271,7 @@ def rerun_offload(run_config: dict, expected: list, activation_offload: bool = F
     from torchinferno.workbench.run_config import RunConfig, build_model, generate_tokens, make_prompts
 
     cfg = RunConfig.from_dict(run_config)
-    model = build_model(RunConfig.from_dict({**run_config, "device": "cpu"}))
-    for name, mod in model.named_children():
-        if name != "model":
-            mod.to(cfg.device)
-    for name, mod in model.model.named_children():
-        if name != "layers":
-            mod.to(cfg.device)
-    model.init_buffers()
+    model = _to_device(build_model(RunConfig.from_dict({**run_config, "device": "cpu"})), cfg.device, keep_layers=True)
     LayerOffloader(model, cfg.device, activation_offload)
     tokens = generate_tokens(model, make_prompts(cfg, model.config.vocab_size), cfg)
     return {"ok": tokens == expected, "match": tokens == expected}
