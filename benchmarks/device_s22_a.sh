@@ -24,7 +24,7 @@ echo "bench v2l rc=$?" >> "$R/bench_v2l.log"
 grep -E "ceilings|module path|model decode|model prefill|kernels [0-9.]+ ms|top:|rc=|Error" "$R/bench_v2l.log" | cut -c1-600
 if [[ ${SKIP_PROBE:-0} == 0 ]]; then
   timeout ${T_PROBE:-150} python3 benchmarks/probe_ds_prefill.py "$R/probe.json" decode \
-    ${PROBE_VARIANTS:-module,step,step_absorb_bmm,step_moe_ends_apart,step_split64,step_router_2x2048} > "$R/probe.log" 2>&1
+    ${PROBE_VARIANTS:-module,step,step_absorb_bmm,step_moe_ends_apart,step_split64,step_router_4x512} > "$R/probe.log" 2>&1
   echo "probe rc=$?" >> "$R/probe.log"; grep -E "^decode|rc=|Error" "$R/probe.log" | cut -c1-260
 fi
 tar -C "$OUT" -czf "$OUT/s22_a.tgz" s22_a && rm -rf "$R"

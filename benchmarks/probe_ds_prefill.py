@@ -171,7 +171,7 @@ def mla_section() -> dict:
     return {"rows": rows}
 
 
-ROUTER_2X2048 = {"block_e": 2, "block_k": 2048}  # 32 programs of one load each (default: 16 of four)
+ROUTER_4X512 = {"block_e": 4, "block_k": 512}  # the router tiles before session 22 (16 programs of four loads)
 DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/deepseek_v32/cuda_decode.py; None: the
     # module path), MLA kernel (kernels.mla_decode.DECODE_KERNEL), MLA split floor in rows, router tiles
     ("module", None, "mla", 128, None), ("step", {}, "mla", 128, None),
@@ -179,7 +179,7 @@ DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/de
     ("step_absorb_bmm", {"absorb_gemv": False}, "mla", 128, None),
     ("step_moe_ends_apart", {"fuse_moe_ends": False}, "mla", 128, None),
     ("step_split64", {}, "mla", 64, None), ("step_split32", {}, "mla", 32, None), ("step_gqa", {}, "gqa", 128, None),
-    ("step_router_2x2048", {}, "mla", 128, ROUTER_2X2048))
+    ("step_router_4x512", {}, "mla", 128, ROUTER_4X512))
 
 
 def decode_section(model, contexts=(128, 1024), labels: list[str] | None = None) -> dict:
