@@ -80,7 +80,6 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             t.normal_()
     out = {"decode": [], "prefill": None}
     set_moe_backend(model, "auto")
-    out["launches_b1"] = step_launches(model, log)  # the module path's, per layer
     lean = step_model(model, dev)  # the family's batch-1 decode-GEMV step where it has one, as the engine runs it
     out["lean_step"] = type(getattr(lean, "step", None)).__name__ if lean is not model else None
     if lean is not model and 1 in batches:  # the A/B: batch 1 through the module path, graph-replayed too
@@ -175,10 +174,11 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained bf16 matmul rate (eager)")
         row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
         out["prefill"] = row
-    # Kernel tables last, after every timing: session 22's H100 call replayed the same batch-1 graph at 2.05 ms wall in
+    # Kernel tables and launch counts last, after every timing: session 22's H100 call replayed the same batch-1 graph at 2.05 ms wall in
     # this bench, which had profiled first, and at 1.82 ms in probe_ds_prefill, which had not (device 1.78 ms both):
     # launches after a torch.profiler session look slower (the profiler's CUPTI hooks staying attached).
     out["kernels_b1"] = _kernel_table(_eager_decode_step(lean, caches, bs, blocks_per, ctx), "batch-1 eager step", log)
+    out["launches_b1"] = step_launches(model, log)  # the module path's, per layer (torch.profiler too)
     return out
 
 
