@@ -2,12 +2,12 @@
 # Device call (session 22's third; run tool: timeout_s 450, carry [".whl"]):
 # 1. profile-offload on CUDA again (benchmarks/device_s19_offload.sh) after its resident-reference fix (the first GPU
 #    run compared a CUDA-built random model with the CPU-built one it offloaded).
-# 2. bench-moe on the V2-Lite-like model with the transformers peer, batch 1 and 64 plus the 2048-token prefill, with the
+# 2. bench-moe on the V2-Lite-like model (transformers peer with HF_FLAG=" "), batch 1 and 64 plus the 2048-token prefill, with the
 #    session's defaults (router tiles 2 x 2048, the tuned prefill tiles) and the kernel tables moved after the timings.
 source benchmarks/device_env.sh
 R="$OUT/s22_b"; mkdir -p "$R"
 T_TESTS=${T_TESTS:-90} T_RUN=${T_RUN:-90} bash benchmarks/device_s19_offload.sh
-timeout ${T_BENCH:-300} python3 -m torchinferno.cli.main bench-moe --sections model --model-shape v2-lite \
+timeout ${T_BENCH:-300} python3 -m torchinferno.cli.main bench-moe --sections model --model-shape v2-lite ${HF_FLAG:---no-hf} \
   --batches 1 64 --prefill-tokens 2048 --json-output "$R/bench_v2l.json" > "$R/bench_v2l.log" 2>&1
 echo "bench v2l rc=$?" >> "$R/bench_v2l.log"
 grep -E "ceilings|module path|model decode|model prefill|transformers|kernels [0-9.]+ ms|top:|rc=|Error" "$R/bench_v2l.log" | cut -c1-600
