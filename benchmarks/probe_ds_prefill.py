@@ -180,12 +180,22 @@ DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/de
     ("step_moe_ends_apart", {"fuse_moe_ends": False}, "mla", 128, None),
     ("step_split64", {}, "mla", 64, None), ("step_split32", {}, "mla", 32, None), ("step_gqa", {}, "gqa", 128, None),
     ("step_router_4x512", {}, "mla", 128, ROUTER_4X512))
+# The per-token expert down kernel's tiles (kernels/triton/moe_small.py; the default BLOCK_N 4 x BLOCK_K 2048, 8 warps,
+# read at 65% of its bytes' time in run 55): label -> policy small_m_tiles["down"], the rest as the step
+DOWN_VARIANTS = {
+    "step_down_8x2048": {"BLOCK_N": 8, "BLOCK_K": 2048, "num_warps": 8, "num_stages": 1},
+    "step_down_2x2048": {"BLOCK_N": 2, "BLOCK_K": 2048, "num_warps": 4, "num_stages": 1},
+    "step_down_4x512": {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3},
+    "step_down_8x512": {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3},
+}
+DECODE_VARIANTS += tuple((label, {}, "mla", 128, None) for label in DOWN_VARIANTS)
 
 
 def decode_section(model, contexts=(128, 1024), labels: list[str] | None = None) -> dict:
     """The batch-1 decode step replayed from a CUDA graph (as the engine runs it) per :data:`DECODE_VARIANTS`: the
     module path vs the decode-GEMV step, the MLA split floor (``kernels.mla_decode.MLA_MIN_SPLIT_ROWS``) and the GQA
     kernel baseline; same caches and tokens for all (argmaxes compare), wall and device time."""
+    from torchinferno.kernels import fused_moe
     from torchinferno.kernels import mla_decode as md
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
     from torchinferno.kernels.triton import moe_routing
@@ -219,7 +229,10 @@ def decode_section(model, contexts=(128, 1024), labels: list[str] | None = None)
             moe_routing.ROUTER_TILES.update(router_tiles or router)
             run_model = model if options is None else step_model(model, DEV, **options)
             runner = CudaGraphDecodeRunner(run_model, caches, bs, blocks_per, batch_sizes=(1,))
-            runner.capture()
+            tiles = dict(fused_moe.policy().small_m_tiles)
+            tiles["down"] = DOWN_VARIANTS.get(label, tiles["down"])
+            with fused_moe.override_policy(small_m_tiles=tiles):  # the graph keeps the tiles it was captured with
+                runner.capture()
 
             def replay(runner=runner):
                 with torch.no_grad():
