@@ -182,13 +182,25 @@ DECODE_VARIANTS = (  # label, options of the batch-1 decode-GEMV step (models/de
     ("step_router_4x512", {}, "mla", 128, ROUTER_4X512))
 # The per-token expert down kernel's tiles (kernels/triton/moe_small.py; the default BLOCK_N 4 x BLOCK_K 2048, 8 warps,
 # read at 65% of its bytes' time in run 55): label -> policy small_m_tiles["down"], the rest as the step
-DOWN_VARIANTS = {
+DOWN_VARIANTS = {  # session 22: BLOCK_N 8 won on the H200 (run 57) and is now the default
+    "step_down_4x2048": {"BLOCK_N": 4, "BLOCK_K": 2048, "num_warps": 8, "num_stages": 1},
     "step_down_8x2048": {"BLOCK_N": 8, "BLOCK_K": 2048, "num_warps": 8, "num_stages": 1},
+    "step_down_16x2048": {"BLOCK_N": 16, "BLOCK_K": 2048, "num_warps": 8, "num_stages": 1},
+    "step_down_8x1024": {"BLOCK_N": 8, "BLOCK_K": 1024, "num_warps": 8, "num_stages": 2},
     "step_down_2x2048": {"BLOCK_N": 2, "BLOCK_K": 2048, "num_warps": 4, "num_stages": 1},
     "step_down_4x512": {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3},
     "step_down_8x512": {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3},
 }
 DECODE_VARIANTS += tuple((label, {}, "mla", 128, None) for label in DOWN_VARIANTS)
+# The step's GEMV tiles (models/deepseek_v32/cuda_decode.DEFAULT_CONFIGS: llama3's H200 sweep; run 58 read the dense
+# weights at 71% of the H200's copy bandwidth) and a lower MLA split floor (one program a layer at context 128)
+DECODE_VARIANTS += (
+    ("step_split16", {}, "mla", 16, None),
+    ("step_proj_8x1024", {"configs": {"proj": {"block_n": 8, "block_k": 1024, "num_stages": 2}}}, "mla", 128, None),
+    ("step_proj_2x2048", {"configs": {"proj": {"block_n": 2, "block_k": 2048}}}, "mla", 128, None),
+    ("step_head_8x1024", {"configs": {"head": {"block_n": 8, "block_k": 1024, "num_stages": 2}}}, "mla", 128, None),
+    ("step_head_2x2048", {"configs": {"head": {"block_n": 2, "block_k": 2048}}}, "mla", 128, None),
+)
 
 
 def decode_section(model, contexts=(128, 1024), labels: list[str] | None = None) -> dict:
