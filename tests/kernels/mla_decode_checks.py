@@ -245,9 +245,10 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
 
     fused_moe_calls = []
 
-    def counted_moe(*args):  # did the MoE layers take the fused ends (norm in, residual add out)?
-        out = real_moe(*args)
+    def counted_moe(*args, **kwargs):  # did the MoE layers take the fused ends (norm in, residual add out)?
+        out = real_moe(*args, **kwargs)
         fused_moe_calls.append(out is not None)
+        assert kwargs.get("pdl") == pdl, "the MoE's launches follow the step's PDL setting"
         return out
 
     real_moe, cuda_decode.fused_decode_moe = cuda_decode.fused_decode_moe, counted_moe

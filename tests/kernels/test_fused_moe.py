@@ -200,7 +200,8 @@ def test_routing_kernel_compiles_for_sm90(E, k, G, TG, ssp):
 @pytest.mark.parametrize("fused_ends", [False, True])
 def test_per_token_moe_and_router_route_kernels_compile_for_sm90(fused_ends):
     """The batch-1 MoE kernels at the stored policy's tiles, with and without a decode step's layer ends fused in
-    (the RMSNorm in the router GEMV and the gate/up kernel, the residual add in the down kernel)."""
+    (the RMSNorm in the router GEMV and the gate/up kernel, the residual add in the down kernel); the step's form
+    under PDL."""
     pytest.importorskip("triton")
     sys.path.insert(0, str(HERE))
     from test_triton_compile import compile_sm90
@@ -213,15 +214,16 @@ def test_per_token_moe_and_router_route_kernels_compile_for_sm90(fused_ends):
     bf = {p: "*bf16" for p in ("B", "S", "ACT")}
     c1, c2 = tiles["gate_up"], tiles["down"]
     compile_sm90(ms._pair_gate_up_kernel, {**bf, "X": "*bf16", "NW": "*bf16", "IDS": "*i64"}, dict(
-        BLOCK_N=c1["BLOCK_N"], BLOCK_K=c1["BLOCK_K"], CLAMP=False, HAS_SHARED=True, MAY_DROP=False, RMS=fused_ends),
+        BLOCK_N=c1["BLOCK_N"], BLOCK_K=c1["BLOCK_K"], CLAMP=False, HAS_SHARED=True, MAY_DROP=False, RMS=fused_ends,
+        PDL=fused_ends),
         floats=("limit", "eps"), num_warps=c1["num_warps"], num_stages=c1["num_stages"])
     compile_sm90(ms._token_down_kernel, {**bf, "OUT": "*bf16", "RES": "*bf16", "IDS": "*i64", "W": "*fp32"}, dict(
         TOP_K=8, BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"], ONE_K=True, HAS_SHARED=True, MAY_DROP=False,
-        ADD=fused_ends), num_warps=c2["num_warps"], num_stages=c2["num_stages"])
+        ADD=fused_ends, PDL=fused_ends), num_warps=c2["num_warps"], num_stages=c2["num_stages"])
     ptrs = {"X": "*bf16", "WR": "*fp32", "LOGITS": "*fp32", "CNT": "*i32", "CNT_ALL": "*i32", "BIAS": "*fp32",
             "W_OUT": "*fp32", "IDS_OUT": "*i64", "SORTED": "*i32", "BLOCK_EXPERT": "*i32", "NUM_PADDED": "*i32",
             "NW": "*bf16"}
     compile_sm90(mr._router_route_kernel, ptrs, dict(
         BLOCK_E=mr.ROUTER_TILES["block_e"], BLOCK_K=mr.ROUTER_TILES["block_k"], E=64, TOP_K=6, K_PAD=8, N_GROUP=1,
         PER=64, TOPK_GROUP=1, HAS_BIAS=False, NORM=True, SQRT_SOFTPLUS=False, N_SHARED=2, S_PAD=2, ALIGN=False, BM=16,
-        E_PAD=128, CHUNK=128, RMS=fused_ends), floats=("scaling", "eps"))
+        E_PAD=128, CHUNK=128, RMS=fused_ends, PDL=fused_ends), floats=("scaling", "eps"))

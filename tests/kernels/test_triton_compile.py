@@ -66,14 +66,14 @@ def test_decode_attention_mla_layout_and_stage2_compile():
                  dict(DV=128, DV_PAD=128, NUM_SPLITS=8, PDL=True))
 
 
-@pytest.mark.parametrize("cache,q,block_n,warps,merge,splits", [
-    ("*bf16", "*bf16", 64, 8, True, 16),     # batch 1, long context: one wave of programs
-    ("*bf16", "*bf16", 32, 4, True, 4),      # batch 64: past a wave
-    ("*bf16", "*bf16", 64, 8, False, 1),     # one split: direct output
-    ("*fp8e4nv", "*bf16", 64, 8, True, 16),  # FP8 latent cache (fp16 dots)
-    ("*fp32", "*fp32", 16, 4, False, 8),     # fp32 (ieee dots), stage-2 merge
+@pytest.mark.parametrize("cache,q,block_n,warps,merge,splits,pdl", [
+    ("*bf16", "*bf16", 64, 8, True, 16, True),     # batch 1, long context: one wave of programs (the step: PDL)
+    ("*bf16", "*bf16", 32, 4, True, 4, False),     # batch 64: past a wave
+    ("*bf16", "*bf16", 64, 8, False, 1, True),     # one split: direct output (the step at short contexts)
+    ("*fp8e4nv", "*bf16", 64, 8, True, 16, True),  # FP8 latent cache (fp16 dots)
+    ("*fp32", "*fp32", 16, 4, False, 8, False),    # fp32 (ieee dots), stage-2 merge
 ])
-def test_mla_decode_attention_compiles(cache, q, block_n, warps, merge, splits):
+def test_mla_decode_attention_compiles(cache, q, block_n, warps, merge, splits, pdl):
     from torchinferno.kernels.triton import mla_decode_attention as mda
 
     assert mda.default_config(132 if warps == 8 else 133, 132, q == "*fp32") == {
@@ -81,8 +81,19 @@ def test_mla_decode_attention_compiles(cache, q, block_n, warps, merge, splits):
     compile_sm90(mda._mla_decode_stage1, {"Q": q, "C": cache, "BT": "*i32", "SEQ": "*i32", "OUT": q, "OP": "*fp32",
                                            "LSE": "*fp32", "CNT": "*i32"},
                  dict(R=512, R_PAD=512, RP=64, RP_PAD=64, BLOCK_H=16, PAGE=16, BLOCK_N=block_n, NUM_SPLITS=splits,
-                      IEEE=q == "*fp32", F16_DOT=cache == "*fp8e4nv", MERGE=merge), floats=("qk_scale",),
+                      IEEE=q == "*fp32", F16_DOT=cache == "*fp8e4nv", MERGE=merge, PDL=pdl), floats=("qk_scale",),
                  num_warps=warps)
+
+
+@pytest.mark.parametrize("cache,pdl", [("*bf16", True), ("*fp8e4nv", True), ("*bf16", False)])
+def test_mla_prologue_compiles(cache, pdl):
+    """The MLA prologue (latent norm, both ropes, the cache append) as the deepseek step launches it: under PDL."""
+    from torchinferno.kernels.triton import mla_prologue as mp
+
+    compile_sm90(mp._mla_prologue_kernel, {"KV": "*bf16", "Q": "*bf16", "COS": "*fp32", "SIN": "*fp32", "NW": "*bf16",
+                                           "LAT": "*bf16", "QPE": "*bf16", "CACHE": cache, "SLOTS": "*i64"},
+                 dict(R=512, R_PAD=512, RD=64, HALF_PAD=32, BLOCK_H=16, INTERLEAVED=True, WRITE_CACHE=True,
+                      SAT=448.0 if cache == "*fp8e4nv" else 0.0, PDL=pdl), floats=("eps",))
 
 
 def _gemv_pointers(kv: str = "*bf16") -> dict[str, str]:

@@ -92,11 +92,12 @@ def _query_buffer_of(q_pe: torch.Tensor, R: int) -> torch.Tensor | None:
 
 
 def latent_attention(q: torch.Tensor, latent_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                     scale: float, r: int) -> torch.Tensor:
+                     scale: float, r: int, pdl: bool = False) -> torch.Tensor:
     """The attention of absorbed MLA decode: q [B, H, R + r] (absorbed queries, any strides with the last dim
     contiguous), latent_cache [N, bs, R + r] -> o_lat [B, H, R] in q.dtype, stored head-major (``[H, B, R]``
     contiguous, so ``o_lat.transpose(0, 1)`` is the ``W_UV`` bmm's operand). Keys are the latent rows, values their
-    first R dims; one launch of ``DECODE_KERNEL`` (plus its split merge)."""
+    first R dims; one launch of ``DECODE_KERNEL`` (plus its split merge). ``pdl``: the MLA kernel's launch with
+    programmatic dependent launch (the GQA baseline ignores it)."""
     B, H = q.shape[0], q.shape[1]
     R = latent_cache.shape[-1] - r
     lens = seq_lens.to(torch.int32)
@@ -109,7 +110,7 @@ def latent_attention(q: torch.Tensor, latent_cache: torch.Tensor, block_tables: 
         counters = merge_counters(q.device, B * hblocks)
         mla_paged_decode_attention(q, latent_cache, block_tables, lens, scale, r,
                                    mla_num_splits(B * hblocks, table_rows, q.device), out=o_lat,
-                                   merge_counters=counters)
+                                   merge_counters=counters, pdl=pdl)
     else:  # the GQA kernel with one 576-wide key head (the A/B baseline of benchmarks/probe_ds_prefill.py)
         from torchinferno.kernels.triton.decode_attention import batched_paged_decode_attention
 

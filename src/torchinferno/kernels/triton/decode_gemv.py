@@ -57,6 +57,14 @@ def _wait_for_previous_kernel(PDL: tl.constexpr, EARLY_LAUNCH: tl.constexpr):
         gdc_wait()
 
 
+def pdl_kwargs(pdl: bool) -> dict:
+    """Launch kwargs of a kernel with a ``PDL`` constexpr: programmatic dependent launch on, the kernel told so. A
+    kernel launched this way must call :func:`_wait_for_previous_kernel` before it touches anything an earlier kernel
+    writes or reads, and on every path (a program that returns without waiting could let the kernel finish before its
+    predecessor, and the next kernel's wait would no longer cover the one before)."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
+
+
 @triton.jit
 def _input_tile(X, NW, k, km, NORM: tl.constexpr):
     """fp32 [BK]: the GEMV input at columns k before the 1/rms factor, and x there (for the sum of squares)."""

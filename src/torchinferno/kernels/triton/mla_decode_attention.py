@@ -26,6 +26,7 @@ import triton.language as tl
 from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import device_sms, next_pow2
 from torchinferno.kernels.triton.decode_attention import LOG2E, _decode_stage2, finish_split, online_softmax_step
+from torchinferno.kernels.triton.decode_gemv import _wait_for_previous_kernel, pdl_kwargs
 
 BLOCK_H = 16  # heads per program (V2-Lite: all 16; V3's 128: 8 programs per sequence and split)
 
@@ -49,7 +50,10 @@ def _mla_decode_stage1(Q, C, BT, SEQ, OUT, OP, LSE, CNT, qk_scale, H,
                        stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                        R: tl.constexpr, R_PAD: tl.constexpr, RP: tl.constexpr, RP_PAD: tl.constexpr,
                        BLOCK_H: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-                       IEEE: tl.constexpr, F16_DOT: tl.constexpr, MERGE: tl.constexpr):
+                       IEEE: tl.constexpr, F16_DOT: tl.constexpr, MERGE: tl.constexpr, PDL: tl.constexpr = False):
+    # PDL: wait before any access (the query comes from the previous kernel); a few programs at batch 1, so the
+    # next kernel (the W_UV head GEMV) may launch now and prefetch its weights
+    _wait_for_previous_kernel(PDL, True)
     b = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     split = tl.program_id(2)
@@ -98,14 +102,15 @@ def _mla_decode_stage1(Q, C, BT, SEQ, OUT, OP, LSE, CNT, qk_scale, H,
 def mla_paged_decode_attention(q: torch.Tensor, cache: torch.Tensor, block_tables: torch.Tensor,
                                seq_lens: torch.Tensor, scale: float, rope_dims: int, num_splits: int,
                                out: torch.Tensor | None = None, merge_counters: torch.Tensor | None = None,
-                               config: dict | None = None) -> torch.Tensor:
+                               config: dict | None = None, pdl: bool = False) -> torch.Tensor:
     """q [B, H, R + r] -> out [B, H, R]: softmax(q . row * scale) over the first ``seq_lens[b]`` latent rows of
     sequence ``b`` (``cache [N, page, R + r]``, ``r = rope_dims``), weighting each row's ``c_kv`` (its first R).
 
     ``num_splits``: splits of each sequence's rows (a launch constant; shapes only). ``merge_counters``: int32
     zeros, at least ``B * cdiv(H, BLOCK_H)``, reused across calls (left zero): the last split program merges, no
     second kernel. ``config`` overrides :func:`default_config`'s tiles (``block_n``, ``num_warps``,
-    ``num_stages``)."""
+    ``num_stages``). ``pdl``: the attention launch with programmatic dependent launch (Hopper; CUDA only; a
+    second-stage merge, without ``merge_counters``, launches plainly)."""
     B, H, W = q.shape
     _, page, Wc = cache.shape
     R = W - rope_dims
@@ -135,7 +140,7 @@ def mla_paged_decode_attention(q: torch.Tensor, cache: torch.Tensor, block_table
         out.stride(1), s_pb, s_ph, s_ps, s_lb, s_lh,
         R=R, R_PAD=r_pad, RP=rope_dims, RP_PAD=max(16, next_pow2(rope_dims)), BLOCK_H=BLOCK_H, PAGE=page,
         BLOCK_N=cfg["block_n"], NUM_SPLITS=num_splits, IEEE=ieee, F16_DOT=f16_dot, MERGE=merge,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_kwargs(pdl))
     if num_splits > 1 and not merge:
         _decode_stage2[(B, H)](op, lse, out, s_pb, s_ph, s_ps, s_lb, s_lh, out.stride(0), out.stride(1),
                                DV=R, DV_PAD=r_pad, NUM_SPLITS=num_splits, num_warps=4)

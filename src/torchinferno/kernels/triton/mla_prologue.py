@@ -24,13 +24,16 @@ import triton.language as tl
 
 from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import next_pow2
+from torchinferno.kernels.triton.decode_gemv import _wait_for_previous_kernel, pdl_kwargs
 
 
 @triton.jit
 def _mla_prologue_kernel(KV, Q, COS, SIN, NW, LAT, QPE, CACHE, SLOTS, eps, H, Q_OFF, stride_kv, stride_qt, stride_qh,
                          stride_ct, stride_st, stride_lat, stride_pt, stride_ph, R: tl.constexpr,
                          R_PAD: tl.constexpr, RD: tl.constexpr, HALF_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
-                         INTERLEAVED: tl.constexpr, WRITE_CACHE: tl.constexpr, SAT: tl.constexpr):
+                         INTERLEAVED: tl.constexpr, WRITE_CACHE: tl.constexpr, SAT: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    _wait_for_previous_kernel(PDL, True)  # PDL: before any access; one program a token: the next may launch now
     t = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, R_PAD)
     cm = cols < R
@@ -82,11 +85,13 @@ def _mla_prologue_kernel(KV, Q, COS, SIN, NW, LAT, QPE, CACHE, SLOTS, eps, H, Q_
 
 def mla_prologue(kv: torch.Tensor, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, norm_weight: torch.Tensor,
                  eps: float, rope_dim: int, interleaved: bool, q_pe_out: torch.Tensor,
-                 cache: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None) -> torch.Tensor:
+                 cache: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None,
+                 pdl: bool = False) -> torch.Tensor:
     """kv [T, R + r], q [T, H, dn + r], cos/sin [T, r/2], norm_weight [R] -> latent [T, R + r] (kv.dtype; new).
 
     Writes ``q_pe_out [T, H, r]`` (any strides, last dim contiguous) with the rotated query rope dims and, with
     ``cache [N, bs, R + r]`` (contiguous) and ``slot_mapping [T]``, the latent rows into the cache (slot -1 skips).
+    ``pdl``: launched with programmatic dependent launch (Hopper; CUDA only).
     """
     T, H, qd = q.shape
     R = kv.shape[1] - rope_dim
@@ -105,5 +110,5 @@ def mla_prologue(kv: torch.Tensor, q: torch.Tensor, cos: torch.Tensor, sin: torc
             cos.stride(0), sin.stride(0), latent.stride(0), q_pe_out.stride(0), q_pe_out.stride(1), R=R,
             R_PAD=next_pow2(R), RD=rope_dim, HALF_PAD=next_pow2(rope_dim // 2), BLOCK_H=min(16, next_pow2(H)),
             INTERLEAVED=interleaved, WRITE_CACHE=write,
-            SAT=torch.finfo(cache.dtype).max if write and is_fp8(cache.dtype) else 0.0, num_warps=4)
+            SAT=torch.finfo(cache.dtype).max if write and is_fp8(cache.dtype) else 0.0, num_warps=4, **pdl_kwargs(pdl))
     return latent

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.triton.decode_gemv import _input_tile, _inv_rms
+from torchinferno.kernels.triton.decode_gemv import _input_tile, _inv_rms, _wait_for_previous_kernel, pdl_kwargs
 from torchinferno.kernels.triton.fused_moe import _align_body
 
 
@@ -116,10 +116,11 @@ def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORT
                          N_GROUP: tl.constexpr, PER: tl.constexpr, TOPK_GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
                          NORM: tl.constexpr, SQRT_SOFTPLUS: tl.constexpr, N_SHARED: tl.constexpr, S_PAD: tl.constexpr,
                          ALIGN: tl.constexpr, BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                         RMS: tl.constexpr):
+                         RMS: tl.constexpr, PDL: tl.constexpr = False):
     # grid (T, E / BLOCK_E): each program writes BLOCK_E fp32 logits of token t (the router GEMV); the last of the
     # token's programs to finish (counted by an atomic on CNT[t], left zero again) routes the token; with ALIGN the
     # last token to be routed (CNT_ALL) runs the fused MoE's sort/pad over every token's ids.
+    _wait_for_previous_kernel(PDL, True)  # PDL: before any load or store (a few programs: let the next one launch)
     t = tl.program_id(0).to(tl.int64)
     re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
     tl.store(LOGITS + t * E + re, _logits_tile(X, WR, t, re, re < E, D, stride_xt, stride_w, NW, eps, BLOCK_E, BLOCK_K,
@@ -168,7 +169,8 @@ def route_counters(device: torch.device, n: int) -> torch.Tensor | None:
 def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, top_k: int, n_group: int,
                  topk_group: int, norm: bool, scaling: float, sqrt_softplus: bool = False, n_shared: int = 0,
                  block_e: int | None = None, block_k: int | None = None,
-                 align: tuple[int, int, int] | None = None, rms: tuple[torch.Tensor, float] | None = None) -> tuple | None:
+                 align: tuple[int, int, int] | None = None, rms: tuple[torch.Tensor, float] | None = None,
+                 pdl: bool = False) -> tuple | None:
     """:func:`router_logits` then :func:`route` in ONE launch: x [T, D] (any float dtype), weight [E, D] fp32 ->
     (weights [T, top_k + n_shared] fp32, ids int64), the same numbers (same GEMV tiles, same routing code). None
     when the counters are unavailable (:func:`route_counters`); the caller then takes the two launches.
@@ -178,7 +180,8 @@ def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     sorted_pairs, block_expert, num_padded).
 
     ``rms = (norm_weight [D], eps)``: route ``rms_norm(x) * norm_weight`` instead of ``x``, the norm fused into the
-    GEMV (its output never rounded: a batch-1 step's pre-MoE norm without its own launch)."""
+    GEMV (its output never rounded: a batch-1 step's pre-MoE norm without its own launch). ``pdl``: launched with
+    programmatic dependent launch (Hopper; CUDA only), waiting for the previous kernel before its first access."""
     from torchinferno.kernels.triton.fused_moe import align_outputs
 
     T, D = x.shape
@@ -206,7 +209,7 @@ def router_route(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
             BLOCK_E=block_e, BLOCK_K=block_k, E=E, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), N_GROUP=n_group,
             PER=E // n_group, TOPK_GROUP=topk_group, HAS_BIAS=bias is not None, NORM=norm,
             SQRT_SOFTPLUS=sqrt_softplus, N_SHARED=n_shared, S_PAD=triton.next_power_of_2(max(1, n_shared)),
-            ALIGN=align is not None, BM=bm, E_PAD=e_pad, CHUNK=chunk, RMS=rms is not None, num_warps=4)
+            ALIGN=align is not None, BM=bm, E_PAD=e_pad, CHUNK=chunk, RMS=rms is not None, num_warps=4, **pdl_kwargs(pdl))
     return (w, ids) if align is None else (w, ids, *aligned)
 
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.triton.decode_gemv import _input_tile, _inv_rms
+from torchinferno.kernels.triton.decode_gemv import _input_tile, _inv_rms, _wait_for_previous_kernel, pdl_kwargs
 
 
 @triton.jit
@@ -50,7 +50,10 @@ def _expert_rows(B, S, e, num_routed, stride_be, stride_bn, up_offset, shared_st
 def _pair_gate_up_kernel(X, B, S, IDS, ACT, NW, D, INTER, top_k, num_routed, num_valid, stride_xt, stride_be,
                          stride_bn, up_offset, shared_step, stride_sn, shared_up, stride_at, limit, eps,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, CLAMP: tl.constexpr, HAS_SHARED: tl.constexpr,
-                         MAY_DROP: tl.constexpr, RMS: tl.constexpr):
+                         MAY_DROP: tl.constexpr, RMS: tl.constexpr, PDL: tl.constexpr = False):
+    # PDL: wait first (the expert ids come from the routing launch); no early launch of the down kernel, whose
+    # waiting programs would hold SM slots this launch's later waves need
+    _wait_for_previous_kernel(PDL, False)
     pair = tl.program_id(0).to(tl.int64)
     e = tl.load(IDS + pair).to(tl.int64)
     if MAY_DROP:
@@ -92,7 +95,8 @@ def _pair_gate_up_kernel(X, B, S, IDS, ACT, NW, D, INTER, top_k, num_routed, num
 def _token_down_kernel(ACT, B, S, IDS, W, OUT, RES, D, INTER, num_routed, num_valid, stride_be, stride_bn, shared_step,
                        stride_sn, stride_at, stride_ot, stride_rt, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, ONE_K: tl.constexpr, HAS_SHARED: tl.constexpr, MAY_DROP: tl.constexpr,
-                       ADD: tl.constexpr):
+                       ADD: tl.constexpr, PDL: tl.constexpr = False):
+    _wait_for_previous_kernel(PDL, False)  # PDL: before any access (ids, act, the residual)
     t = tl.program_id(0).to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_n = rn < D
@@ -138,14 +142,15 @@ def small_m_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, g
                     down: torch.Tensor, cfg_gate_up: dict, cfg_down: dict, limit: float | None = None,
                     may_drop: bool = False, shared: tuple[torch.Tensor, torch.Tensor] | None = None,
                     rms: tuple[torch.Tensor, float] | None = None, residual: torch.Tensor | None = None,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """x [T, D], ids [T, k], weights [T, k] fp32, gate_up [E, 2I, D], down [E, D, I] -> [T, D] in x.dtype.
 
     ``kernels.fused_moe.fused_experts``'s contract (``shared = (shared_gate_up [2 ns I, D], shared_down [D, ns I])``,
     ids ``E + j``); two launches. Inputs contiguous (the caller's job). A decoder layer's ends fused in (a batch-1
     step): ``rms = (norm_weight [D], eps)`` runs the experts on ``rms_norm(x) * norm_weight`` (never rounded);
     ``residual [T, D]`` is added to the output (``round(residual + round(moe))``); ``out`` [T, D] receives it (must
-    not alias ``residual``: another program may still read the row)."""
+    not alias ``residual``: another program may still read the row). ``pdl``: both launches with programmatic
+    dependent launch (Hopper; CUDA only)."""
     T, top_k = ids.shape
     E, two_i, D = gate_up.shape
     inter = two_i // 2
@@ -170,11 +175,12 @@ def small_m_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, g
         gate_up.stride(0), gate_up.stride(1), inter * gate_up.stride(1), inter * row, row, s_gu.shape[0] // 2 * row,
         act.stride(0), 0.0 if limit is None else float(limit), 0.0 if rms is None else float(rms[1]),
         BLOCK_N=c1["BLOCK_N"], BLOCK_K=c1["BLOCK_K"], CLAMP=limit is not None, HAS_SHARED=shared is not None,
-        MAY_DROP=may_drop, RMS=rms is not None, num_warps=c1["num_warps"], num_stages=c1["num_stages"])
+        MAY_DROP=may_drop, RMS=rms is not None, num_warps=c1["num_warps"], num_stages=c1["num_stages"],
+        **pdl_kwargs(pdl))
     _token_down_kernel[(T, triton.cdiv(D, c2["BLOCK_N"]))](
         act, down, s_dn, ids, weights, out, out if residual is None else residual, D, inter, E, n_valid,
         down.stride(0), down.stride(1), inter, s_dn.stride(0), act.stride(0), out.stride(0),
         0 if residual is None else residual.stride(0), TOP_K=top_k, BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"],
         ONE_K=c2["BLOCK_K"] >= inter, HAS_SHARED=shared is not None, MAY_DROP=may_drop, ADD=residual is not None,
-        num_warps=c2["num_warps"], num_stages=c2["num_stages"])
+        num_warps=c2["num_warps"], num_stages=c2["num_stages"], **pdl_kwargs(pdl))
     return out

@@ -134,7 +134,7 @@ class SigmoidRouter(KeepFP32, nn.Module):
                 and moe_routing.route_counters(x.device, x.shape[0]) is not None)
 
     def fused_route(self, x, n_shared: int = 0, align: tuple[int, int, int] | None = None,
-                    rms: tuple[torch.Tensor, float] | None = None) -> tuple | None:
+                    rms: tuple[torch.Tensor, float] | None = None, pdl: bool = False) -> tuple | None:
         """:meth:`forward`'s one-launch logits + routing (``kernels.triton.moe_routing.router_route``; with ``align``
         also the fused MoE's sort/pad; with ``rms = (norm_weight, eps)`` of ``rms_norm(x) * norm_weight``), or None
         where it does not apply (:meth:`fused_route_applies`)."""
@@ -144,7 +144,7 @@ class SigmoidRouter(KeepFP32, nn.Module):
             return None
         return moe_routing.router_route(x, self.weight, self.e_score_correction_bias, self.top_k, self.n_group,
                                         self.topk_group, self.norm_topk_prob, self.scaling, n_shared=n_shared,
-                                        align=align, rms=rms)
+                                        align=align, rms=rms, pdl=pdl)
 
 
 class RoutedExperts(nn.Module):

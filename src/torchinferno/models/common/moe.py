@@ -195,7 +195,7 @@ def fused_with_shared(moe_block: torch.nn.Module, x: torch.Tensor, ids: torch.Te
 
 
 def fused_decode_moe(moe_block: torch.nn.Module, h: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                     out: torch.Tensor) -> torch.Tensor | None:
+                     out: torch.Tensor, pdl: bool = False) -> torch.Tensor | None:
     """A batch-1 step's whole MoE sublayer in three launches: ``out = h + moe_block(rms_norm(h) * norm_weight)``
     (h, out [1, D], distinct) with the norm fused into the routing GEMV and the gate/up kernel (the normalized input
     never rounded, as the decode GEMVs' prologue) and the residual add into the down kernel (the MoE output rounded,
@@ -203,7 +203,8 @@ def fused_decode_moe(moe_block: torch.nn.Module, h: torch.Tensor, norm_weight: t
     runs the norm, the module and the add): one token on the per-token kernels
     (``kernels.fused_moe.policy().small_m_max_tokens``), the plain ``RoutedExperts`` on the fused path, the one-launch
     routing, the shared experts (if any) served inside the fused MoE (:func:`fused_shared_count`), and no hooks on
-    the block or its router (they would not see this call)."""
+    the block or its router (they would not see this call). ``pdl``: all three launches with programmatic dependent
+    launch (a Hopper step's chain)."""
     from torchinferno.kernels import fused_moe
 
     ex, gate, sh = moe_block.experts, moe_block.gate, moe_block.shared_experts
@@ -214,7 +215,7 @@ def fused_decode_moe(moe_block: torch.nn.Module, h: torch.Tensor, norm_weight: t
     ns = fused_shared_count(moe_block, h)
     if sh is not None and not ns:
         return None
-    routed = gate.fused_route(h, ns, rms=(norm_weight, eps))
+    routed = gate.fused_route(h, ns, rms=(norm_weight, eps), pdl=pdl)
     if routed is None:
         return None
     from torchinferno.kernels.triton import moe_small
@@ -223,7 +224,7 @@ def fused_decode_moe(moe_block: torch.nn.Module, h: torch.Tensor, norm_weight: t
     tiles = fused_moe.policy().small_m_tiles
     return moe_small.small_m_experts(h, ids, weights, ex.gate_up_proj, ex.down_proj, tiles["gate_up"], tiles["down"],
                                      shared=(sh.gate_up_proj.weight, sh.down_proj.weight) if ns else None,
-                                     rms=(norm_weight, eps), residual=h, out=out)
+                                     rms=(norm_weight, eps), residual=h, out=out, pdl=pdl)
 
 
 def fused_routed_aligned(moe_block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:  # [T, D] or None

@@ -19,7 +19,9 @@ GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). It runs the s
                   kernel; where that does not apply: RMSNorm, the module as is, residual add
 
 Every GEMV is ``kernels/triton/decode_gemv.py`` (the kernels of llama3's ``cuda_decode``), launched with
-programmatic dependent launch on Hopper so it streams its first weight tile while the previous kernel drains.
+programmatic dependent launch on Hopper so it streams its first weight tile while the previous kernel drains; the
+MLA prologue, the attention kernel and the MoE's three kernels are launched the same way (waiting before their first
+access: they hide the launch gap, and let the next GEMV prefetch).
 Roundings are the module path's (GEMV outputs, residual sums, the latent and rope outputs) except, as in llama3's
 step, the normalized GEMV inputs, consumed in fp32 instead of rounded first (tested against the module path).
 
@@ -188,11 +190,11 @@ class MlaCudaDecodeStep:
             qbuf = mla_decode.query_buffer(1, H, R, r, q.dtype, q.device)  # [H, 1, R + r]
             q_pe = qbuf[:, :, R:].transpose(0, 1)  # [1, H, r]: the rope dims of the absorbed query
             mla_prologue(kv.view(1, R + r), q, cos, sin, layer.kv_norm, layer.attn.kv_a_layernorm.eps, r,
-                         self.rope_interleave, q_pe, cache[0], meta.slot_mapping)  # latent row -> cache
+                         self.rope_interleave, q_pe, cache[0], meta.slot_mapping, pdl=pdl)  # latent row -> cache
             if self.absorb_gemv:  # W_UK and W_UV as PDL head GEMVs around the attention kernel
                 head_gemv(q[0, :, :dn], layer.w_uk_t, qbuf[:, 0, :R], pdl=pdl, config=cfg["absorb_q"])  # [H, R]
                 o_lat = mla_decode.latent_attention(qbuf.transpose(0, 1), cache[0], meta.block_tables, meta.seq_lens,
-                                                    self.scale, r)  # [1, H, R], head-major
+                                                    self.scale, r, pdl=pdl)  # [1, H, R], head-major
                 o = head_gemv(o_lat[0], layer.w_uv, o_buf, pdl=pdl, config=cfg["absorb_o"])  # [H, dv]
             else:  # the module path's two bmms
                 o = mla_decode.paged_absorbed_decode(q[:, :, :dn], q_pe, cache[0], layer.attn.kv_b_proj.weight,
@@ -204,7 +206,7 @@ class MlaCudaDecodeStep:
                 res, other = kapi.decode_gemv(act, layer.down, res, residual=h, pdl=pdl, config=cfg["down"]), h
             else:  # res <- h + moe(norm(h)): three launches (norm and add fused), else five
                 fused = self.fuse_moe_ends and fused_decode_moe(layer.moe, h.view(1, D), layer.post_norm, eps,
-                                                                res.view(1, D)) is not None
+                                                                res.view(1, D), pdl=pdl) is not None
                 if not fused:
                     m = layer.moe(kapi.rms_norm(h.view(1, D), layer.post_norm, eps))  # [1, D]
                     torch.add(h, m.view(D), out=res)  # h + mlp (rounded once, as the module path)
