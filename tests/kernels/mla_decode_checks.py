@@ -248,7 +248,7 @@ def check_step(device, dtype=torch.float32, pdl: bool = False, steps: int = 5) -
     def counted_moe(*args, **kwargs):  # did the MoE layers take the fused ends (norm in, residual add out)?
         out = real_moe(*args, **kwargs)
         fused_moe_calls.append(out is not None)
-        assert kwargs.get("pdl") == pdl, "the MoE's launches follow the step's PDL setting"
+        assert kwargs.get("pdl") == pdl, "the MoE's launches follow the step's PDL chain setting"
         return out
 
     real_moe, cuda_decode.fused_decode_moe = cuda_decode.fused_decode_moe, counted_moe
@@ -273,7 +273,8 @@ def _check_step(device, dtype, pdl, steps, fused_moe_calls) -> None:
         prompt = [5, 17, 99, 3, 42, 7, 8]
         want_caches = spec.allocate(8, 4, dtype, device)
         want = _decode_hidden(model, want_caches, prompt, steps)
-        step = MlaCudaDecodeStep(model, pdl=pdl, fuse_q_kv=fuse, absorb_gemv=absorb, fuse_moe_ends=absorb)
+        step = MlaCudaDecodeStep(model, pdl=pdl, fuse_q_kv=fuse, absorb_gemv=absorb, fuse_moe_ends=absorb,
+                                 pdl_chain=absorb)  # with pdl: every kernel of the fused cases under PDL
         assert step.layers[0].q is None if model.config.q_lora_rank else step.layers[0].q is not None
         assert step.fuse_q_kv == fuse  # q and kv_a in one launch (the tiny configs' q rows divide its tile)
         handled = []

@@ -19,9 +19,10 @@ GEMVs read them at 76% (run 54: 0.43 of a 1.87 ms step's kernels). It runs the s
                   kernel; where that does not apply: RMSNorm, the module as is, residual add
 
 Every GEMV is ``kernels/triton/decode_gemv.py`` (the kernels of llama3's ``cuda_decode``), launched with
-programmatic dependent launch on Hopper so it streams its first weight tile while the previous kernel drains; the
-MLA prologue, the attention kernel and the MoE's three kernels are launched the same way (waiting before their first
-access: they hide the launch gap, and let the next GEMV prefetch).
+programmatic dependent launch on Hopper so it streams its first weight tile while the previous kernel drains. With
+``pdl_chain`` the MLA prologue, the attention kernel and the MoE's three kernels are launched the same way (each waits
+before its first access: they hide their launch gaps and let the next GEMV prefetch); off by default until timed and
+checked on a GPU.
 Roundings are the module path's (GEMV outputs, residual sums, the latent and rope outputs) except, as in llama3's
 step, the normalized GEMV inputs, consumed in fp32 instead of rounded first (tested against the module path).
 
@@ -102,7 +103,8 @@ class MlaCudaDecodeStep:
     needs the proj tile's ``block_n`` to divide the q rows), else two (the A/B of benchmarks/probe_ds_prefill.py).
     ``absorb_gemv``: MLA's W_UK / W_UV products as PDL head GEMVs (``absorb_q`` / ``absorb_o`` tiles), else the
     module path's bmms. ``fuse_moe_ends``: a MoE layer's norm and residual add inside its routing / expert kernels
-    (``models.common.moe.fused_decode_moe``), else their own launches around the module.
+    (``models.common.moe.fused_decode_moe``), else their own launches around the module. ``pdl_chain`` (with
+    ``pdl``): the MLA prologue, the attention and the MoE's kernels under PDL as well.
     Invariant: one call at a time, stream-ordered (the attention's split-merge counters are shared by every layer, as
     in the module path).
     """
@@ -110,7 +112,8 @@ class MlaCudaDecodeStep:
     device_type = "cuda"
 
     def __init__(self, model: nn.Module, pdl: bool | None = None, configs: dict[str, dict] | None = None,
-                 fuse_q_kv: bool = True, absorb_gemv: bool = True, fuse_moe_ends: bool = True):
+                 fuse_q_kv: bool = True, absorb_gemv: bool = True, fuse_moe_ends: bool = True,
+                 pdl_chain: bool = False):
         cfg = model.config
         self.hidden, self.eps = cfg.hidden_size, cfg.rms_norm_eps
         a0 = model.model.layers[0].self_attn
@@ -122,6 +125,7 @@ class MlaCudaDecodeStep:
         self.layers = [_Layer(layer) for layer in model.model.layers]
         self.head = model.head_weight()  # [V, D]
         self.pdl = torch.cuda.get_device_capability(self.embed.device)[0] >= 9 if pdl is None else pdl
+        self.pdl_chain = self.pdl and pdl_chain  # the non-GEMV kernels under PDL too (module docstring)
         self.configs = {k: {**v, **((configs or {}).get(k) or {})} for k, v in DEFAULT_CONFIGS.items()}
         first = self.layers[0].q if self.layers[0].q is not None else self.layers[0].q_a
         self.fuse_q_kv = fuse_q_kv and first.shape[0] % self.configs["proj"]["block_n"] == 0
@@ -165,7 +169,7 @@ class MlaCudaDecodeStep:
         from torchinferno.kernels.triton.mla_prologue import mla_prologue
 
         H, dn, r, R, D, eps = self.num_heads, self.nope_dim, self.rope_dim, self.kv_lora_rank, self.hidden, self.eps
-        pdl, cfg = self.pdl, self.configs
+        pdl, chain, cfg = self.pdl, self.pdl_chain, self.configs
         proj = cfg["proj"]
         # The residual stream alternates between two vectors (llama3's step): the o and down GEMVs (and the MoE
         # layers' add) read one and write the other.
@@ -190,11 +194,11 @@ class MlaCudaDecodeStep:
             qbuf = mla_decode.query_buffer(1, H, R, r, q.dtype, q.device)  # [H, 1, R + r]
             q_pe = qbuf[:, :, R:].transpose(0, 1)  # [1, H, r]: the rope dims of the absorbed query
             mla_prologue(kv.view(1, R + r), q, cos, sin, layer.kv_norm, layer.attn.kv_a_layernorm.eps, r,
-                         self.rope_interleave, q_pe, cache[0], meta.slot_mapping, pdl=pdl)  # latent row -> cache
+                         self.rope_interleave, q_pe, cache[0], meta.slot_mapping, pdl=chain)  # latent row -> cache
             if self.absorb_gemv:  # W_UK and W_UV as PDL head GEMVs around the attention kernel
                 head_gemv(q[0, :, :dn], layer.w_uk_t, qbuf[:, 0, :R], pdl=pdl, config=cfg["absorb_q"])  # [H, R]
                 o_lat = mla_decode.latent_attention(qbuf.transpose(0, 1), cache[0], meta.block_tables, meta.seq_lens,
-                                                    self.scale, r, pdl=pdl)  # [1, H, R], head-major
+                                                    self.scale, r, pdl=chain)  # [1, H, R], head-major
                 o = head_gemv(o_lat[0], layer.w_uv, o_buf, pdl=pdl, config=cfg["absorb_o"])  # [H, dv]
             else:  # the module path's two bmms
                 o = mla_decode.paged_absorbed_decode(q[:, :, :dn], q_pe, cache[0], layer.attn.kv_b_proj.weight,
@@ -206,7 +210,7 @@ class MlaCudaDecodeStep:
                 res, other = kapi.decode_gemv(act, layer.down, res, residual=h, pdl=pdl, config=cfg["down"]), h
             else:  # res <- h + moe(norm(h)): three launches (norm and add fused), else five
                 fused = self.fuse_moe_ends and fused_decode_moe(layer.moe, h.view(1, D), layer.post_norm, eps,
-                                                                res.view(1, D), pdl=pdl) is not None
+                                                                res.view(1, D), pdl=chain) is not None
                 if not fused:
                     m = layer.moe(kapi.rms_norm(h.view(1, D), layer.post_norm, eps))  # [1, D]
                     torch.add(h, m.view(D), out=res)  # h + mlp (rounded once, as the module path)
