@@ -174,9 +174,9 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained bf16 matmul rate (eager)")
         row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
         out["prefill"] = row
-    # Kernel tables and launch counts last, after every timing: session 22's H100 call replayed the same batch-1 graph
-    # at 2.05 ms wall in this bench, which had profiled the step first, and at 1.82 ms in probe_ds_prefill, which ran
-    # no profiler (device 1.78 ms both). A profile must not be suspected of skewing the figures it sits beside.
+    # Kernel tables and launch counts last, after every timing: with them first, session 22's run 55 read the batch-1
+    # graph replay at 2.05 ms wall for 1.78 ms of device time (probe_ds_prefill, no profiler, same call: 1.82 ms);
+    # with them last, run 62's wall sat 0.03 ms above the device time.
     out["kernels_b1"] = _kernel_table(_eager_decode_step(lean, caches, bs, blocks_per, ctx), "batch-1 eager step", log)
     out["launches_b1"] = step_launches(model, log)  # the module path's, per layer (torch.profiler too)
     return out

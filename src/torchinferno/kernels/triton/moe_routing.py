@@ -144,9 +144,9 @@ def _router_route_kernel(X, WR, LOGITS, CNT, CNT_ALL, BIAS, W_OUT, IDS_OUT, SORT
 # The router GEMV's tiles (router_route and router_logits read them at call time, so both compute the same logits):
 # BLOCK_E experts a program, BLOCK_K hidden columns a load. A batch-1 launch is latency-bound (8 us a layer at the
 # V2-Lite-like shape on an H100, run 54: 16 programs of 4 loads each); benchmarks/probe_ds_prefill.py A/Bs others.
-# Router GEMV tiles: 2 experts a program, 2048 of K per load (V2-Lite: 32 programs of one load each). Session 22, H100,
-# the V2-Lite-like batch-1 step from a graph: 1.723 / 1.815 ms device at context 128 / 1024 against 1.777 / 1.866 with
-# the earlier 4 x 512 (probe_ds_prefill.py decode, step_router_2x2048).
+# Router GEMV tiles: 2 experts a program, 2048 of K per load (V2-Lite: 32 programs of one load each). Session 22, the
+# V2-Lite-like batch-1 step from a graph, device time at context 128: 1.723 ms against 1.777 with the earlier 4 x 512
+# on an H100 (run 55), 1.418 against 1.470 on an H200 (run 59; probe_ds_prefill.py decode, step_router_4x512).
 ROUTER_TILES = {"block_e": 2, "block_k": 2048}
 ROUTER_GEMV_MAX_TOKENS = 64  # decode-sized steps: one GEMV launch; larger ones cast x and run cuBLAS's fp32 GEMM
 ROUTE_COUNTERS = 4096  # per device: int32 zeros, one per token of a router_route launch (left zero by every launch)
