@@ -204,7 +204,7 @@ def test_per_token_moe_and_router_route_kernels_compile_for_sm90(fused_ends):
     under PDL."""
     pytest.importorskip("triton")
     sys.path.insert(0, str(HERE))
-    from test_triton_compile import compile_sm90
+    from test_triton_compile import assert_waits_before_memory, compile_sm90
 
     from torchinferno.kernels import fused_moe
     from torchinferno.kernels.triton import moe_routing as mr
@@ -213,17 +213,19 @@ def test_per_token_moe_and_router_route_kernels_compile_for_sm90(fused_ends):
     tiles = fused_moe.policy().small_m_tiles
     bf = {p: "*bf16" for p in ("B", "S", "ACT")}
     c1, c2 = tiles["gate_up"], tiles["down"]
-    compile_sm90(ms._pair_gate_up_kernel, {**bf, "X": "*bf16", "NW": "*bf16", "IDS": "*i64"}, dict(
+    compiled = [compile_sm90(ms._pair_gate_up_kernel, {**bf, "X": "*bf16", "NW": "*bf16", "IDS": "*i64"}, dict(
         BLOCK_N=c1["BLOCK_N"], BLOCK_K=c1["BLOCK_K"], CLAMP=False, HAS_SHARED=True, MAY_DROP=False, RMS=fused_ends,
         PDL=fused_ends),
-        floats=("limit", "eps"), num_warps=c1["num_warps"], num_stages=c1["num_stages"])
-    compile_sm90(ms._token_down_kernel, {**bf, "OUT": "*bf16", "RES": "*bf16", "IDS": "*i64", "W": "*fp32"}, dict(
+        floats=("limit", "eps"), num_warps=c1["num_warps"], num_stages=c1["num_stages"])]
+    compiled.append(compile_sm90(ms._token_down_kernel, {**bf, "OUT": "*bf16", "RES": "*bf16", "IDS": "*i64", "W": "*fp32"}, dict(
         TOP_K=8, BLOCK_N=c2["BLOCK_N"], BLOCK_K=c2["BLOCK_K"], ONE_K=True, HAS_SHARED=True, MAY_DROP=False,
-        ADD=fused_ends, PDL=fused_ends), num_warps=c2["num_warps"], num_stages=c2["num_stages"])
+        ADD=fused_ends, PDL=fused_ends), num_warps=c2["num_warps"], num_stages=c2["num_stages"]))
     ptrs = {"X": "*bf16", "WR": "*fp32", "LOGITS": "*fp32", "CNT": "*i32", "CNT_ALL": "*i32", "BIAS": "*fp32",
             "W_OUT": "*fp32", "IDS_OUT": "*i64", "SORTED": "*i32", "BLOCK_EXPERT": "*i32", "NUM_PADDED": "*i32",
             "NW": "*bf16"}
-    compile_sm90(mr._router_route_kernel, ptrs, dict(
+    compiled.append(compile_sm90(mr._router_route_kernel, ptrs, dict(
         BLOCK_E=mr.ROUTER_TILES["block_e"], BLOCK_K=mr.ROUTER_TILES["block_k"], E=64, TOP_K=6, K_PAD=8, N_GROUP=1,
         PER=64, TOPK_GROUP=1, HAS_BIAS=False, NORM=True, SQRT_SOFTPLUS=False, N_SHARED=2, S_PAD=2, ALIGN=False, BM=16,
-        E_PAD=128, CHUNK=128, RMS=fused_ends, PDL=fused_ends), floats=("scaling", "eps"))
+        E_PAD=128, CHUNK=128, RMS=fused_ends, PDL=fused_ends), floats=("scaling", "eps")))
+    for k in compiled:  # the step's PDL form waits before any global access
+        assert_waits_before_memory(k, pdl=fused_ends)

@@ -34,6 +34,21 @@ def compile_sm90(fn, pointers: dict[str, str], constexprs: dict, floats: tuple[s
                                                                            "num_stages": num_stages})
 
 
+def assert_waits_before_memory(compiled, pdl: bool) -> None:
+    """A kernel launched with PDL may start before the previous kernel ends: the rule of ``decode_gemv.pdl_kwargs`` for
+    kernels that wait first is that no global load, store or atomic comes before ``griddepcontrol.wait`` in the PTX
+    (and without PDL there is no wait at all)."""
+    import re
+
+    ptx = compiled.asm["ptx"]
+    wait = ptx.find("griddepcontrol.wait")
+    if not pdl:
+        assert wait < 0, "griddepcontrol.wait in a kernel compiled without PDL"
+        return
+    first = re.search(r"\b(ld|st|atom|red)\.global", ptx)
+    assert wait >= 0 and first is not None and wait < first.start(), "global memory touched before the PDL wait"
+
+
 def _attention_pointers(kv: str, q: str) -> dict[str, str]:
     return {"Q": q, "KC": kv, "VC": kv, "BT": "*i32", "SEQ": "*i32", "OUT": q, "OP": "*fp32", "LSE": "*fp32",
             "CNT": "*i32"}
@@ -78,11 +93,12 @@ def test_mla_decode_attention_compiles(cache, q, block_n, warps, merge, splits, 
 
     assert mda.default_config(132 if warps == 8 else 133, 132, q == "*fp32") == {
         "block_n": block_n, "num_warps": warps, "num_stages": 2}
-    compile_sm90(mda._mla_decode_stage1, {"Q": q, "C": cache, "BT": "*i32", "SEQ": "*i32", "OUT": q, "OP": "*fp32",
-                                           "LSE": "*fp32", "CNT": "*i32"},
-                 dict(R=512, R_PAD=512, RP=64, RP_PAD=64, BLOCK_H=16, PAGE=16, BLOCK_N=block_n, NUM_SPLITS=splits,
-                      IEEE=q == "*fp32", F16_DOT=cache == "*fp8e4nv", MERGE=merge, PDL=pdl), floats=("qk_scale",),
-                 num_warps=warps)
+    k = compile_sm90(mda._mla_decode_stage1, {"Q": q, "C": cache, "BT": "*i32", "SEQ": "*i32", "OUT": q, "OP": "*fp32",
+                                               "LSE": "*fp32", "CNT": "*i32"},
+                     dict(R=512, R_PAD=512, RP=64, RP_PAD=64, BLOCK_H=16, PAGE=16, BLOCK_N=block_n, NUM_SPLITS=splits,
+                          IEEE=q == "*fp32", F16_DOT=cache == "*fp8e4nv", MERGE=merge, PDL=pdl), floats=("qk_scale",),
+                     num_warps=warps)
+    assert_waits_before_memory(k, pdl)
 
 
 @pytest.mark.parametrize("cache,pdl", [("*bf16", True), ("*fp8e4nv", True), ("*bf16", False)])
@@ -90,10 +106,12 @@ def test_mla_prologue_compiles(cache, pdl):
     """The MLA prologue (latent norm, both ropes, the cache append) as the deepseek step launches it: under PDL."""
     from torchinferno.kernels.triton import mla_prologue as mp
 
-    compile_sm90(mp._mla_prologue_kernel, {"KV": "*bf16", "Q": "*bf16", "COS": "*fp32", "SIN": "*fp32", "NW": "*bf16",
-                                           "LAT": "*bf16", "QPE": "*bf16", "CACHE": cache, "SLOTS": "*i64"},
-                 dict(R=512, R_PAD=512, RD=64, HALF_PAD=32, BLOCK_H=16, INTERLEAVED=True, WRITE_CACHE=True,
-                      SAT=448.0 if cache == "*fp8e4nv" else 0.0, PDL=pdl), floats=("eps",))
+    k = compile_sm90(mp._mla_prologue_kernel, {"KV": "*bf16", "Q": "*bf16", "COS": "*fp32", "SIN": "*fp32",
+                                               "NW": "*bf16", "LAT": "*bf16", "QPE": "*bf16", "CACHE": cache,
+                                               "SLOTS": "*i64"},
+                     dict(R=512, R_PAD=512, RD=64, HALF_PAD=32, BLOCK_H=16, INTERLEAVED=True, WRITE_CACHE=True,
+                          SAT=448.0 if cache == "*fp8e4nv" else 0.0, PDL=pdl), floats=("eps",))
+    assert_waits_before_memory(k, pdl)
 
 
 def _gemv_pointers(kv: str = "*bf16") -> dict[str, str]:
