@@ -53,18 +53,26 @@ def _exit_code(server: LocalServer, timeout_s: float = 30) -> int:
 
 
 # The drained request needs only to be in flight at SIGTERM (sent after its 2nd event): 40 tokens, not LONG's 240
-# (each streamed token costs the tiny server ~35 ms on 2 cores); the aborted one keeps LONG's margin.
+# (each streamed token costs the tiny server ~35 ms on 2 cores); the aborted one keeps LONG's margin. As in the
+# engine-kill test below, a loaded host can deschedule the client until all 240 tokens are done (CI, session 22:
+# "length" where "abort" was due); such an attempt proves nothing about the abort and a fresh server tries again.
 @pytest.mark.parametrize("grace,reason,max_tokens", [(0.0, "abort", 240), (60.0, "length", 40)])
 def test_sigterm_drains_then_exits_zero(grace, reason, max_tokens):
-    s = _server(grace).start()
-    try:
-        events = _stream_then(s, lambda: os.kill(s.proc.pid, signal.SIGTERM), {**LONG, "max_tokens": max_tokens})
-        assert events[-1] == "[DONE]"
-        last = json.loads(events[-2])
-        assert last["choices"][0]["finish_reason"] == reason
-        assert _exit_code(s) == 0
-    finally:
-        s.stop()
+    for _attempt in range(3):
+        s = _server(grace).start()
+        try:
+            events = _stream_then(s, lambda: os.kill(s.proc.pid, signal.SIGTERM), {**LONG, "max_tokens": max_tokens})
+            assert events[-1] == "[DONE]"
+            last = json.loads(events[-2])
+            got = last["choices"][0]["finish_reason"]
+            if reason == "abort" and got == "length":
+                continue  # all max_tokens were out before the SIGTERM landed: not in flight
+            assert got == reason
+            assert _exit_code(s) == 0
+            return
+        finally:
+            s.stop()
+    pytest.fail(f"the {max_tokens}-token request finished before SIGTERM in all 3 attempts")
 
 
 def test_killed_engine_core_ends_streams_and_exits_one():
