@@ -2,8 +2,11 @@
 
 import os
 import signal
+import socket
 
 import pytest
+
+import torchinferno.ports as ports_mod
 
 from torchinferno.checkpoint.auto import save_pretrained
 from torchinferno.core.sampling_params import SamplingParams
@@ -17,13 +20,25 @@ PARAMS = [SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
           SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)]
 
 
-def test_llm_tp2_equals_tp1_and_a_dead_worker_fails_cleanly(tmp_path):
+def test_llm_tp2_equals_tp1_and_a_dead_worker_fails_cleanly(tmp_path, monkeypatch):
     ckpt = save_pretrained(tiny_model("llama3"), tmp_path / "ckpt")
     def run(llm):
         return llm.generate(PROMPTS[:2], PARAMS[:2], use_tqdm=False) + llm.generate(PROMPTS[2:], PARAMS[2:], use_tqdm=False)
 
     ref = [o.token_ids for o in run(LLM(str(ckpt), block_size=4, num_gpu_blocks=64))]
-    llm = LLM(str(ckpt), block_size=4, num_gpu_blocks=64, tensor_parallel_size=2)
+    # the first rendezvous port is taken before rank 0 binds it (CI, session 22: another test's server got it): the
+    # workers fail with "address already in use" and the executor starts them once more on a fresh port
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real = ports_mod.free_port
+    monkeypatch.setattr(ports_mod, "free_port", lambda: ports.pop() if ports else real())
+    try:
+        llm = LLM(str(ckpt), block_size=4, num_gpu_blocks=64, tensor_parallel_size=2)
+    finally:
+        taken.close()
+    assert not ports  # the taken port was handed out first
     try:
         got = run(llm)
         assert [o.token_ids for o in got] == ref

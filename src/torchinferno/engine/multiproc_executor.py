@@ -146,24 +146,27 @@ class MultiprocExecutor(Executor):
         self.backend = "nccl" if spec.device.startswith("cuda") else "gloo"
         self.step_timeout_s = timeout_s
         ctx = mp.get_context("spawn")
-        port = free_port()
-        self._procs, self._conns = [], []
-        for rank in range(world):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker_main, args=(rank, world, port, self.backend, spec, config, child, self.mode),
-                            name=f"torchinferno-tp-worker-{rank}", daemon=False)
-            p.start()
-            child.close()
-            self._procs.append(p)
-            self._conns.append(parent)
-        self._finalizer = weakref.finalize(self, _shutdown_procs, self._procs, self._conns)
         self._pending: deque[_Handle] = deque()
         self._forward_calls = 0
-        try:
-            infos = [self._recv(rank, timeout_s, "starting") for rank in range(world)]
-        except BaseException:
-            self.shutdown()
-            raise
+        for attempt in range(2):  # the rendezvous port can be taken between free_port() and rank 0's bind: once more
+            self._procs, self._conns = [], []
+            port = free_port()
+            for rank in range(world):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=worker_main, args=(rank, world, port, self.backend, spec, config, child,
+                                                          self.mode), name=f"torchinferno-tp-worker-{rank}", daemon=False)
+                p.start()
+                child.close()
+                self._procs.append(p)
+                self._conns.append(parent)
+            self._finalizer = weakref.finalize(self, _shutdown_procs, self._procs, self._conns)
+            try:
+                infos = [self._recv(rank, timeout_s, "starting") for rank in range(world)]
+                break
+            except BaseException as e:
+                self.shutdown()
+                if attempt or "address already in use" not in str(e).lower():
+                    raise
         self.config = infos[0]["config"]
         self.model_config = infos[0]["model_config"]
         self.num_blocks = min(i["num_blocks"] for i in infos)
