@@ -136,7 +136,7 @@ class MultiprocExecutor(Executor):
         import torch.multiprocessing as mp
 
         from torchinferno.parallel.checks import check_spec, parallel_world
-        from torchinferno.ports import free_port
+        from torchinferno.ports import address_in_use, free_port
 
         ranks, self.mode = parallel_world(config)
         world = world or ranks
@@ -165,7 +165,7 @@ class MultiprocExecutor(Executor):
                 break
             except BaseException as e:
                 self.shutdown()
-                if attempt or "address already in use" not in str(e).lower():
+                if attempt or not address_in_use(e):
                     raise
         self.config = infos[0]["config"]
         self.model_config = infos[0]["model_config"]

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 from torchinferno.errors import TorchInfernoError
 from torchinferno.parallel.comm import Comm
 from torchinferno.parallel.config import ParallelConfig
-from torchinferno.ports import free_port
+from torchinferno.ports import address_in_use, free_port
 
 
 def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 120.0,
@@ -55,7 +55,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str = "gloo", 
     try:
         return _run_ranks(fn, world, args, backend, timeout_s, mode)
     except TorchInfernoError as e:
-        if "address already in use" not in str(e).lower():
+        if not address_in_use(e):
             raise
         return _run_ranks(fn, world, args, backend, timeout_s, mode)
 

@@ -162,7 +162,8 @@ def _to_device(model: nn.Module, device, keep_layers: bool = False) -> nn.Module
     for name, mod in model.model.named_children():
         if name != "layers" or not keep_layers:
             mod.to(device)
-    model.init_buffers() if hasattr(model, "init_buffers") else None
+    if hasattr(model, "init_buffers"):
+        model.init_buffers()
     return model
 
 

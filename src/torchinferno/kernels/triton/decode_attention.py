@@ -35,6 +35,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import device_sms, next_pow2
+from torchinferno.kernels.triton.decode_gemv import pdl_kwargs
 
 LOG2E = 1.4426950408889634
 
@@ -304,7 +305,7 @@ def batched_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cac
         op = lse = out  # unused
     s_pb, s_ph, s_ps = (op.stride(0), op.stride(1), op.stride(2)) if num_splits > 1 else (0, 0, 0)
     s_lb, s_lh = (lse.stride(0), lse.stride(1)) if num_splits > 1 else (0, 0)
-    pdl_kw = {"PDL": True, "launch_pdl": True} if pdl else {}
+    pdl_kw = pdl_kwargs(pdl)
     merge = merge_counters is not None and num_splits > 1
     if merge:
         assert merge_counters.dtype == torch.int32 and merge_counters.numel() >= B * Hkv
