@@ -201,7 +201,19 @@ def _v4_model(device):
     for a in model.modules():
         if isinstance(a, V4Attention):
             a.sparse_kernel = device.type == "cuda"  # the interpreter runs only the indexer kernel (speed)
+    if device.type == "cpu":  # ... and not the grouped MoE GEMMs nor the cache appends (~80% of its time; their own
+        _torch_moe_and_appends()  # interpreter checks: fused_moe_checks.py, test_triton_interpreter.py)
     return model, [m for m in model.modules() if isinstance(m, Indexer)]
+
+
+def _torch_moe_and_appends() -> None:
+    """In this (interpreter) process: the V4 experts and the decode's cache-row appends take their torch paths."""
+    from torchinferno.kernels import fused_moe
+    from torchinferno.models.common.attention import write_kv
+    from torchinferno.models.deepseek_v4 import decode
+
+    fused_moe.usable = lambda x, gate_up: False
+    decode.write_rows = lambda cache, rows, slots, has_padding=True: write_kv(cache, rows, slots, has_padding)
 
 
 def _record_selections(indexers):

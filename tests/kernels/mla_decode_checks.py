@@ -189,6 +189,17 @@ MODEL_CASES = [  # family, size, overrides, modes on CPU (CUDA: module + runner 
 ]
 
 
+def _torch_moe(model) -> None:
+    """``model``'s experts (``moe_backend``) and its routers' logits + top-k take their torch paths."""
+    from torchinferno.models.common.layers import SigmoidRouter
+    from torchinferno.models.common.moe import set_moe_backend
+
+    set_moe_backend(model, "torch")
+    for m in model.modules():
+        if isinstance(m, SigmoidRouter):
+            m._gemv_applies = lambda x: False  # this instance only: no router GEMV / one-launch routing
+
+
 def check_models(device, dtype=torch.float32) -> None:
     """Fused variants (paged MLA decode or DSA's sparse decode, fused MoE and routing) == the v0 reference with the
     same weights, through the modes of :func:`_decode_logits`."""
@@ -197,6 +208,8 @@ def check_models(device, dtype=torch.float32) -> None:
     ids = torch.randint(0, 320, (2, 11), generator=torch.Generator().manual_seed(2)).to(device)
     for family, size, overrides, cpu_modes in MODEL_CASES:
         fused, ref = _pair(family, size, device, dtype, **overrides)
+        if device.type == "cpu":  # the interpreter: experts and routing by torch (~80% of the check's time; they
+            _torch_moe(fused)  # are interpreted in fused_moe_checks.py's model check and moe_routing_checks.py)
         graphs = True  # DSA too: its sparse decode (or, top-k >= the table width, a dense read of <= top-k rows)
         assert backend_supports_graphs(fused) == graphs and not backend_supports_graphs(ref), family
         want, _ = _decode_logits(ref, device, dtype, ids)

@@ -4,10 +4,11 @@ on CUDA.
 
 Not a pytest module (the interpreter must be switched on before Triton compiles anything, so it gets its own
 process). The interpreter has no bf16 (numpy rounds it by truncation), so the checks run in fp32 and fp16.
-Three things are patched here, in this process only: the Triton dispatch accepts CPU tensors
+Four things are patched here, in this process only: the Triton dispatch accepts CPU tensors
 (``kernels.triton.usable``), the interpreter reads one-element loop bounds with numpy 2 (it calls
-``int()`` on a 1-d array, which numpy 2 refuses), and it lists each language module's builtins once instead of on
-every launch (``inspect.getmembers`` per launch was ~20% of a model check's time: a decode runs thousands of launches).
+``int()`` on a 1-d array, which numpy 2 refuses), it lists each language module's builtins once instead of on
+every launch (``inspect.getmembers`` per launch was ~20% of a model check's time: a decode runs thousands of launches),
+and a device-function call inside a launch does not patch the language again (:func:`_patch_lang`).
 """
 
 from __future__ import annotations
@@ -49,8 +50,39 @@ def _patch_builtin(pkg, builder, scope):
         interp._patch_attr(pkg, name, member, builder, scope)
 
 
-if hasattr(interp, "_patch_attr") and hasattr(interp, "_patch_builtin"):  # the Triton versions this was written for
-    interp._patch_builtin = _patch_builtin
+_real_patch_lang = interp._patch_lang
+_PATCHED: set[int] = set()  # ids of the language modules a running launch has patched
+
+
+class _Scope:
+    """A launch's patch scope: restoring it also forgets its modules in ``_PATCHED``."""
+
+    def __init__(self, scope, ids: set[int]):
+        self.scope, self.ids = scope, ids
+
+    def restore(self) -> None:
+        self.scope.restore()
+        _PATCHED.difference_update(self.ids)
+
+
+def _patch_lang(fn):
+    """Triton's ``_patch_lang``, skipped for a device-function call inside a launch whose language modules that
+    launch has patched already (Triton re-patches every builtin at each such call and never restores it: a kernel
+    calling helpers in a loop spent ~30% of its interpreted time there)."""
+    import inspect
+
+    langs = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (interp.tl, interp.tl.core)}
+    if langs and langs <= _PATCHED:
+        return interp._LangPatchScope()  # nothing to restore
+    scope = _real_patch_lang(fn)
+    new = langs - _PATCHED
+    _PATCHED.update(new)
+    return _Scope(scope, new)
+
+
+if all(hasattr(interp, n) for n in ("_patch_attr", "_patch_builtin", "_patch_lang", "_LangPatchScope")):
+    interp._patch_builtin = _patch_builtin  # the Triton versions this was written for (3.5-3.6)
+    interp._patch_lang = _patch_lang
 
 import torchinferno.kernels.triton as tri  # noqa: E402
 
