@@ -184,6 +184,10 @@ def test_norm_activation_rotary_kv_append_compile(residual):
     compile_sm90(norm._rms_norm_kernel, {p: "*bf16" for p in ("X", "R", "W", "Y", "H")},
                  dict(HAS_RESIDUAL=residual, BLOCK_D=4096), floats=("eps",), num_warps=8)
     compile_sm90(activation._swiglu_kernel, {"GU": "*bf16", "OUT": "*bf16"}, dict(BLOCK=1024))
+    from torchinferno.kernels.triton import moe_combine  # the grouped-GEMM MoE's combine; extra row with residual
+
+    compile_sm90(moe_combine._weighted_gather_sum_kernel, {"Y": "*bf16", "RANK": "*i64", "W": "*fp32", "EXTRA": "*bf16",
+                                                           "OUT": "*bf16"}, dict(HAS_EXTRA=residual, BLOCK=1024))
     compile_sm90(rotary._rotary_neox_kernel, {p: "*bf16" for p in ("X", "COS", "SIN", "OUT")},
                  dict(BLOCK_H=16, BLOCK_HALF=64))
     cache = "*fp8e4nv" if residual else "*bf16"  # both cache kinds, one per parameter

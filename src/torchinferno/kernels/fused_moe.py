@@ -20,7 +20,8 @@ Tile configs are data: :data:`CONFIG_FILE` maps ``"E,N,K,dtype"`` to ``{M-bucket
 the request path. The same file's ``"policy"`` entry (:class:`MoEPolicy`, :func:`policy`) holds the token thresholds
 that pick a path: shared experts inside the fused MoE only up to ``shared_fuse_max_tokens`` tokens (measured on the
 H200: a win at one token, a loss from 8 on, 0.95 vs 0.66 ms at 256), and the per-token kernels
-(``kernels.triton.moe_small``: no sort/pad, the top-k sum in the down kernel) up to ``small_m_max_tokens``.
+(``kernels.triton.moe_small``: no sort/pad, the top-k sum in the down kernel) up to ``small_m_max_tokens``, and
+torch's grouped GEMM (``kernels.grouped_mm_moe``) from ``grouped_mm_min_tokens`` on (0: off).
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ class MoEPolicy:
     ``small_m_max_tokens``: :func:`fused_experts` takes the per-token kernels for at most this many tokens (every
     pair reads its expert's weights itself, so past a few tokens the grouped GEMMs read less).
     ``small_m_tiles``: ``{"gate_up": cfg, "down": cfg}`` tiles of those kernels (``BLOCK_N``, ``BLOCK_K``,
-    ``num_warps``, ``num_stages``; a down ``BLOCK_K`` of at least ``I`` reads a slot's rows as one tile)."""
+    ``num_warps``, ``num_stages``; a down ``BLOCK_K`` of at least ``I`` reads a slot's rows as one tile).
+    ``grouped_mm_min_tokens``: from this many tokens on (0: never), :func:`fused_experts` runs torch's grouped GEMM
+    over expert-sorted rows (``kernels.grouped_mm_moe``) where it applies, instead of the Triton grouped GEMMs."""
 
     shared_fuse_max_tokens: int = 4
     small_m_max_tokens: int = 1
@@ -149,6 +152,7 @@ class MoEPolicy:
         "gate_up": {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
         "down": {"BLOCK_N": 8, "BLOCK_K": 2048, "num_warps": 8, "num_stages": 1}})  # H200 run 57: the V2-Lite-like
     # batch-1 step 1.418 ms device against 1.501 with BLOCK_N 4 (probe_ds_prefill.py decode, step_down_8x2048)
+    grouped_mm_min_tokens: int = 0
 
 
 _POLICY_OVERRIDE: list[MoEPolicy] = []
@@ -220,6 +224,9 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
     ``small``: the per-token kernels (``kernels.triton.moe_small``: two launches, no sort/pad, the sum over the
     top-k and the cast inside the down kernel); None: for ``0 < T <= policy().small_m_max_tokens`` when no
     ``configs`` are given.
+
+    From ``policy().grouped_mm_min_tokens`` tokens on (when set, and no ``configs`` / ``aligned`` are given), torch's
+    grouped GEMM over expert-sorted rows (``kernels.grouped_mm_moe``) where it applies.
     """
     from torchinferno.kernels.triton import fused_moe as tk
 
@@ -236,6 +243,11 @@ def fused_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, gat
         tiles = policy().small_m_tiles
         return moe_small.small_m_experts(x.contiguous(), ids.contiguous(), weights.float().contiguous(), gate_up,
                                          down, tiles["gate_up"], tiles["down"], limit, may_drop, shared)
+    if configs is None and aligned is None and 0 < policy().grouped_mm_min_tokens <= T:
+        from torchinferno.kernels import grouped_mm_moe
+
+        if grouped_mm_moe.applies(x, gate_up, limit, may_drop, shared):
+            return grouped_mm_moe.grouped_mm_experts(x, ids, weights, gate_up, down)
     if configs is None:
         configs = grouped_configs(T, top_k, gate_up, x.dtype)
     x = x.contiguous()
