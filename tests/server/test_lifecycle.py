@@ -52,45 +52,46 @@ def _exit_code(server: LocalServer, timeout_s: float = 30) -> int:
     return server.proc.poll()
 
 
-# The drained request needs only to be in flight at SIGTERM (sent after its 2nd event): 40 tokens, not LONG's 240
-# (each streamed token costs the tiny server ~35 ms on 2 cores); the aborted one keeps LONG's margin. As in the
-# engine-kill test below, a loaded host can deschedule the client until all 240 tokens are done (CI, session 22:
-# "length" where "abort" was due); such an attempt proves nothing about the abort and a fresh server tries again.
-@pytest.mark.parametrize("grace,reason,max_tokens", [(0.0, "abort", 240), (60.0, "length", 40)])
-def test_sigterm_drains_then_exits_zero(grace, reason, max_tokens):
-    for _attempt in range(3):
+def _while_in_flight(grace: float, act, check, body=LONG, length_retries: bool = True, attempts: int = 3) -> None:
+    """On a fresh server, stream ``body`` and call ``act(server)()`` after its second event, then ``check(server,
+    last_payload)``. The act follows the 2nd event, but a loaded host can deschedule the client until every token is
+    out (CI, session 22: "length" where "abort" was due): with ``length_retries`` such an attempt proves nothing about
+    the act, and a fresh server tries again (at most ``attempts``). Whenever the request was in flight, the outcome
+    is asserted as is."""
+    for _attempt in range(attempts):
         s = _server(grace).start()
         try:
-            events = _stream_then(s, lambda: os.kill(s.proc.pid, signal.SIGTERM), {**LONG, "max_tokens": max_tokens})
+            events = _stream_then(s, act(s), body)
             assert events[-1] == "[DONE]"
             last = json.loads(events[-2])
-            got = last["choices"][0]["finish_reason"]
-            if reason == "abort" and got == "length":
-                continue  # all max_tokens were out before the SIGTERM landed: not in flight
-            assert got == reason
-            assert _exit_code(s) == 0
+            if length_retries and "error" not in last and last["choices"][0]["finish_reason"] == "length":
+                continue  # all max_tokens were out before the act landed: not in flight
+            check(s, last)
             return
         finally:
             s.stop()
-    pytest.fail(f"the {max_tokens}-token request finished before SIGTERM in all 3 attempts")
+    pytest.fail(f"the {body['max_tokens']}-token request finished before the act in all {attempts} attempts")
+
+
+# The drained request needs only to be in flight at SIGTERM (sent after its 2nd event): 40 tokens, not LONG's 240
+# (each streamed token costs the tiny server ~35 ms on 2 cores); the aborted one keeps LONG's margin.
+@pytest.mark.parametrize("grace,reason,max_tokens", [(0.0, "abort", 240), (60.0, "length", 40)])
+def test_sigterm_drains_then_exits_zero(grace, reason, max_tokens):
+    def check(s, last):
+        assert last["choices"][0]["finish_reason"] == reason
+        assert _exit_code(s) == 0
+
+    _while_in_flight(grace, lambda s: lambda: os.kill(s.proc.pid, signal.SIGTERM), check,
+                     {**LONG, "max_tokens": max_tokens}, length_retries=reason == "abort")
 
 
 def test_killed_engine_core_ends_streams_and_exits_one():
-    # The kill follows the 2nd event; on a loaded host the client can be descheduled long enough for all 240 tokens
-    # to finish first, and then the request was not in flight: that attempt proves nothing and a fresh server tries
-    # again (at most 3). Whenever the request was in flight, the outcome is asserted as is.
-    for _attempt in range(3):
-        s = _server(30).start()
-        try:
-            core_pid = _engine_core_pid(s.proc.pid)
-            events = _stream_then(s, lambda: os.kill(core_pid, signal.SIGKILL))
-            assert events[-1] == "[DONE]"
-            last = json.loads(events[-2])
-            if "error" not in last and last["choices"][0]["finish_reason"] == "length":
-                continue  # finished before the kill
-            assert last["error"]["code"] == "engine_not_running"
-            assert _exit_code(s) == 1
-            return
-        finally:
-            s.stop()
-    pytest.fail("the 240-token request finished before the engine core was killed in all 3 attempts")
+    def kill_core(s):
+        core_pid = _engine_core_pid(s.proc.pid)
+        return lambda: os.kill(core_pid, signal.SIGKILL)
+
+    def check(s, last):
+        assert last["error"]["code"] == "engine_not_running"
+        assert _exit_code(s) == 1
+
+    _while_in_flight(30, kill_core, check)
