@@ -11,8 +11,10 @@ default all, in that order). One line per finding; the JSON keeps the figures.
 * attn: the MLA prefill attention at 2048 tokens, 16 heads, qk 192 (128 + 64 rope) / v 128: today's
   ``kernels.mla_prefill.expanded_attention`` (values padded to 192, flash) and SDPA alone with each backend that
   accepts the unpadded 128-wide values.
-* model: the V2-Lite-like model's prefill (``bench.moe_bench.model_rows``, graph-replayed) with
-  ``grouped_mm_min_tokens`` 0 (Triton) and 256 (grouped GEMM).
+* attn also: ``expanded_attention`` with ``PREFILL_KERNEL = "triton"`` (kernels/triton/mla_prefill_attention.py:
+  read in place, no copies, no padding) over a few tiles.
+* model: the V2-Lite-like model's prefill (``bench.moe_bench.prefill_row``: eager, device, graph-replayed, % of
+  the matmul rate) with each MoE path (``grouped_mm_min_tokens`` 0 / 256) and each attention kernel.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from torchinferno.bench.ceilings import matmul_rate
+from torchinferno.bench.ceilings import sustained_matmul_rate
 from torchinferno.bench.gpu_timing import graph_time_ms
 
 DEV = torch.device("cuda")
@@ -88,9 +90,32 @@ def attn_section(T: int = 2048, H: int = 16, dn: int = 128, r: int = 64, dv: int
     scale = (dn + r) ** -0.5
     flops = 2 * H * (dn + r + dv) * T * T // 2  # causal: half the score matrix
     out = {"tokens": T, "heads": H, "flops_causal": flops}
+    from torchinferno.kernels import mla_prefill
+    from torchinferno.kernels.triton import mla_prefill_attention as mpa
+
+    want = expanded_attention(q_nope, q_pe, latent, w_kv_b, scale, None).float()
     ms = graph_time_ms(lambda: expanded_attention(q_nope, q_pe, latent, w_kv_b, scale, None), calls=5, iters=10)
     out["expanded_attention_ms"] = ms
     log(f"attn expanded_attention (kv_b GEMM + padded flash + copies): {ms * 1e3:.1f} us per layer")
+    real = mpa.default_config
+    mla_prefill.PREFILL_KERNEL = "triton"
+    try:
+        for bm, bn, w, st in ((128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3)):
+            mpa.default_config = lambda fp32, c={"block_m": bm, "block_n": bn, "num_warps": w, "num_stages": st}: c
+            label = f"triton_in_place_{bm}x{bn}_w{w}_s{st}"
+            try:
+                got = expanded_attention(q_nope, q_pe, latent, w_kv_b, scale, None).float()
+                ms = graph_time_ms(lambda: expanded_attention(q_nope, q_pe, latent, w_kv_b, scale, None), calls=5,
+                                   iters=10, fallback=False)
+            except Exception as e:  # noqa: BLE001 - a tile that does not fit is reported
+                out[label] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                log(f"attn {label}: FAILED {out[label]['error']}")
+                continue
+            err = float((got - want).abs().max() / want.abs().max())
+            out[label] = {"ms": ms, "rel_err_vs_sdpa": err}
+            log(f"attn expanded_attention with {label}: {ms * 1e3:.1f} us per layer, rel err vs sdpa {err:.1e}")
+    finally:
+        mpa.default_config, mla_prefill.PREFILL_KERNEL = real, "sdpa"
     q = torch.randn(1, H, T, dn + r, device=DEV, generator=g).to(bf)
     k = torch.randn(1, H, T, dn + r, device=DEV, generator=g).to(bf)
     v = torch.randn(1, H, T, dv, device=DEV, generator=g).to(bf)
@@ -117,29 +142,26 @@ def attn_section(T: int = 2048, H: int = 16, dn: int = 128, r: int = 64, dv: int
 
 
 def model_section(mm: float) -> dict:
-    from torchinferno.bench.ceilings import copy_bandwidth
-    from torchinferno.bench.moe_bench import model_rows
+    from torchinferno.bench.moe_bench import prefill_row
     from torchinferno.bench.moe_models import build_v2_lite
-    from torchinferno.kernels import fused_moe
+    from torchinferno.kernels import fused_moe, mla_prefill
 
     model = build_v2_lite(DEV)
-    bw = copy_bandwidth(DEV)
     out = {}
-    for label, threshold in (("triton", 0), ("grouped_mm", 256)):
+    for label, threshold, attn in (("triton_moe_sdpa_attn", 0, "sdpa"), ("grouped_mm_moe", 256, "sdpa"),
+                                   ("triton_attn", 0, "triton"), ("both", 256, "triton")):
+        mla_prefill.PREFILL_KERNEL = attn
         with fused_moe.override_policy(grouped_mm_min_tokens=threshold):
-            log(f"model prefill, grouped_mm_min_tokens={threshold}:")
-            rows = model_rows(model, DEV, batches=(1,), bw=bw, mm=mm, log=log, torch_moe=False)
-        p = rows["prefill"]
-        out[label] = {k: p.get(k) for k in ("fused_ms", "fused_device_ms", "fused_graph_ms", "pct_of_matmul_rate",
-                                             "graph_pct_of_matmul_rate", "graph_error")}
-        out[label]["kernels"] = p.get("kernels")
+            log(f"model prefill {label} (grouped_mm_min_tokens={threshold}, PREFILL_KERNEL={attn}):")
+            out[label] = prefill_row(model, DEV, 2048, mm, log, torch_moe=False, kernels=label == "both")
+    mla_prefill.PREFILL_KERNEL = "sdpa"
     return out
 
 
 def main() -> None:
     path = sys.argv[1]
     sections = sys.argv[2].split(",") if len(sys.argv) > 2 else ["moe", "attn", "model"]
-    mm = matmul_rate(DEV)
+    mm = sustained_matmul_rate(DEV)
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "matmul_rate": mm}
     log(f"{res['device']}, torch {res['torch']}: bf16 matmul {mm / 1e12:.0f} TFLOP/s")
     for s in sections:

@@ -2,7 +2,9 @@
 causal SDPA (no mask tensor) == the reference ``mla_expanded_attention``; a chunk over a cached context
 (``context_len``: lower-right causal, no mask tensor) == the masked reference, and the model takes that form for its
 second prefill chunk; masked calls are the reference itself. On
-CUDA (skipped without) the padded form runs under the flash backend alone (it is eligible) at DeepSeek's head dims."""
+CUDA (skipped without) the padded form runs under the flash backend alone (it is eligible) at DeepSeek's head dims.
+The in-place Triton kernel (``PREFILL_KERNEL = "triton"``; checks in mla_prefill_checks.py) == the reference on
+Triton's interpreter and, at DeepSeek's head dims, on CUDA."""
 
 from __future__ import annotations
 
@@ -45,8 +47,12 @@ def test_masked_calls_are_the_reference():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_prefill_runs_the_flash_backend_cuda():
+def test_prefill_runs_the_flash_backend_cuda(monkeypatch):
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from torchinferno.kernels import mla_prefill
+
+    monkeypatch.setattr(mla_prefill, "PREFILL_KERNEL", "sdpa")
 
     q_nope, q_pe, latent, w = _inputs(1000, 1000, 16, 128, 128, 512, 64, torch.bfloat16, "cuda")
     scale = 192**-0.5
@@ -110,10 +116,14 @@ def test_model_chunked_prefill_takes_the_context_form_and_matches_raw_ops():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_context_chunk_runs_the_flash_backend_cuda():
+def test_context_chunk_runs_the_flash_backend_cuda(monkeypatch):
     """A 512-query chunk after 1536 cached keys at DeepSeek's head dims: lower-right causal under the flash backend
     alone (no mask tensor) == the masked fp32 reference."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from torchinferno.kernels import mla_prefill
+
+    monkeypatch.setattr(mla_prefill, "PREFILL_KERNEL", "sdpa")
 
     q_nope, q_pe, latent, w = _inputs(512, 2048, 16, 128, 128, 512, 64, torch.bfloat16, "cuda", seed=3)
     scale = 192**-0.5
@@ -122,3 +132,21 @@ def test_context_chunk_runs_the_flash_backend_cuda():
     mask = torch.arange(2048, device="cuda")[None, :] <= (1536 + torch.arange(512, device="cuda"))[:, None]
     want = mla_expanded_attention(q_nope.float(), q_pe.float(), latent.float(), w.float(), scale, mask)
     assert _rel(got, want) <= 2e-2
+
+
+def test_triton_prefill_kernel_on_the_interpreter(interpreter_check):
+    interpreter_check("mla_prefill_checks.py", "kernel")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("Q,ctx", [(2048, 0), (512, 1536), (1000, 0)])
+def test_triton_prefill_kernel_cuda(Q, ctx):
+    """DeepSeek's head dims (16 heads, dn 128, dv 128, rope 64, latent 512), bf16: a fresh prompt and a chunk over a
+    cached context == the fp32 reference (and its sabotage control fails)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import mla_prefill_checks as C
+
+    C.run_case(torch.device("cuda"), torch.bfloat16, Q, ctx, 16, 128, 128, 64, 512, seed=Q)

@@ -283,3 +283,15 @@ def test_compile_harness_rejects_what_does_not_compile():
     compile_sm90(_bad, {"X": "*fp32"}, {"BLOCK": 64})
     with pytest.raises(Exception):
         compile_sm90(_bad, {"X": "*fp32"}, {"BLOCK": 48})
+
+
+def test_mla_prefill_kernel_compiles():
+    """The in-place MLA prefill attention at DeepSeek's head dims with its default bf16 tiles (shared memory for
+    3 stages of 64-key tiles fits sm_90)."""
+    from torchinferno.kernels.triton import mla_prefill_attention as m
+
+    cfg = m.default_config(False)
+    compile_sm90(m._mla_prefill_kernel, {p: "*bf16" for p in ("QN", "QP", "KV", "KP", "OUT")},
+                 dict(DN=128, DN_PAD=128, R=64, R_PAD=64, DV=128, DV_PAD=128, BLOCK_M=cfg["block_m"],
+                      BLOCK_N=cfg["block_n"], IEEE=False), floats=("qk_scale",), num_warps=cfg["num_warps"],
+                 num_stages=cfg["num_stages"])

@@ -62,10 +62,7 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
     """Decode steps (graph-replayed, eager, eager with the torch MoE unless ``torch_moe`` is False: ``torch_ms`` None)
     at each batch and one prefill, beside the bytes/FLOPs bounds (module docstring)."""
     from torchinferno.kernels.cuda_graphs import CudaGraphDecodeRunner
-    from torchinferno.models.common.attention_metadata import (
-        build_attention_metadata,
-        positions_for,
-    )
+    from torchinferno.models.common.attention_metadata import build_attention_metadata
     from torchinferno.models.common.moe import set_moe_backend
     from torchinferno.models.common.step_model import step_model
 
@@ -133,53 +130,67 @@ def model_rows(model, dev, batches=(1, 8, 64, 256), ctx: int = 128, prefill: int
             f"bound {row.get('bound_ms', 0):.2f} ms ({row.get('pct_of_bound', 0):.1f}%)  hit {row['experts_hit_mean']:.0f}")
         out["decode"].append(row)
     if prefill:
-        ids = torch.randint(0, cfg.vocab_size, (prefill,), device=dev)
-        pos = positions_for([prefill], [0]).to(dev)
-        pcaches = spec.allocate(-(-prefill // bs) + 1, bs, torch.bfloat16, dev)
-        meta = build_attention_metadata([prefill], [0], [list(range(1, 1 + -(-prefill // bs)))], bs, device=dev)
-
-        def run():  # a serving prefill: every token through the layers, logits of the last one only
-            with torch.no_grad():
-                return model.compute_logits(model(ids, pos, pcaches, meta)[-1:])
-
-        row = {"tokens": prefill}
-        row["torch_ms"] = None
-        for backend in ("auto", "torch") if torch_moe else ("auto",):
-            set_moe_backend(model, backend)
-            row[f"{'fused' if backend == 'auto' else 'torch'}_ms"] = cuda_time_ms(run, iters=3, warmup=1)
-        set_moe_backend(model, "auto")
-        # the same forward queued behind a 40 ms spin: its device time without the host's issue time (an eager
-        # 2048-token forward issues for ~20-30 ms on the H100 hosts), so wall vs device says which one bounds it
-        row["fused_device_ms"] = device_time_ms(run, iters=3, warmup=0, hold_us=40_000.0)
-        # the same forward replayed from a CUDA graph (no issue time at all); a failed capture means the prefill
-        # syncs with the host somewhere, and is reported as such
-        try:
-            row["fused_graph_ms"] = graph_time_ms(run, calls=2, iters=3, fallback=False)
-        except Exception as e:  # noqa: BLE001 - reported beside the eager figures
-            row["fused_graph_ms"], row["graph_error"] = None, f"{type(e).__name__}: {str(e)[:200]}"
-        active_params = active_weights(model, [cfg.num_experts_per_tok] * _n_moe(model))[1]
-        # the weight GEMMs (attention's score FLOPs left out); the LM head (in active_params when untied) for the
-        # last token only, as run() applies it (counting it for all 2048 tokens overstated runs <= 54 by ~16%)
-        head = cfg.vocab_size * cfg.hidden_size
-        flops = 2 * (prefill * (active_params - (head if model.lm_head is not None else 0)) + head)
-        row["flops_weights"] = flops
-        if mm:
-            row["pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_ms"] * 1e-3)
-            if row["fused_graph_ms"]:
-                row["graph_pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_graph_ms"] * 1e-3)
-        graph = (f"graph-replayed {row['fused_graph_ms']:.1f} ms ({row.get('graph_pct_of_matmul_rate', 0):.0f}%)"
-                 if row["fused_graph_ms"] else f"graph capture failed ({row['graph_error']})")
-        log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms (device {row['fused_device_ms']:.1f}; "
-            f"{graph})  torch MoE {_ms(row['torch_ms'], 1)}  "
-            f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained bf16 matmul rate (eager)")
-        row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
-        out["prefill"] = row
+        out["prefill"] = prefill_row(model, dev, prefill, mm, log, torch_moe)
     # Kernel tables and launch counts last, after every timing: with them first, session 22's run 55 read the batch-1
     # graph replay at 2.05 ms wall for 1.78 ms of device time (probe_ds_prefill, no profiler, same call: 1.82 ms);
     # with them last, run 62's wall sat 0.03 ms above the device time.
     out["kernels_b1"] = _kernel_table(_eager_decode_step(lean, caches, bs, blocks_per, ctx), "batch-1 eager step", log)
     out["launches_b1"] = step_launches(model, log)  # the module path's, per layer (torch.profiler too)
     return out
+
+
+def prefill_row(model, dev, prefill: int = 2048, mm=None, log=print, torch_moe: bool = True,
+                kernels: bool = True) -> dict:
+    """One ``prefill``-token serving prefill (every token through the layers, the last token's logits): eager wall
+    (and with the torch MoE unless ``torch_moe`` is False), device time behind a spin, graph-replayed, the weight
+    GEMMs' FLOPs as % of the matmul rate ``mm``; ``kernels``: its torch.profiler kernel table too."""
+    from torchinferno.models.common.attention_metadata import build_attention_metadata, positions_for
+    from torchinferno.models.common.moe import set_moe_backend
+
+    cfg, bs = model.config, 16
+    spec = model.family.kv_spec(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (prefill,), device=dev)
+    pos = positions_for([prefill], [0]).to(dev)
+    pcaches = spec.allocate(-(-prefill // bs) + 1, bs, torch.bfloat16, dev)
+    meta = build_attention_metadata([prefill], [0], [list(range(1, 1 + -(-prefill // bs)))], bs, device=dev)
+
+    def run():  # a serving prefill: every token through the layers, logits of the last one only
+        with torch.no_grad():
+            return model.compute_logits(model(ids, pos, pcaches, meta)[-1:])
+
+    row = {"tokens": prefill}
+    row["torch_ms"] = None
+    for backend in ("auto", "torch") if torch_moe else ("auto",):
+        set_moe_backend(model, backend)
+        row[f"{'fused' if backend == 'auto' else 'torch'}_ms"] = cuda_time_ms(run, iters=3, warmup=1)
+    set_moe_backend(model, "auto")
+    # the same forward queued behind a 40 ms spin: its device time without the host's issue time (an eager
+    # 2048-token forward issues for ~20-30 ms on the H100 hosts), so wall vs device says which one bounds it
+    row["fused_device_ms"] = device_time_ms(run, iters=3, warmup=0, hold_us=40_000.0)
+    # the same forward replayed from a CUDA graph (no issue time at all); a failed capture means the prefill
+    # syncs with the host somewhere, and is reported as such
+    try:
+        row["fused_graph_ms"] = graph_time_ms(run, calls=2, iters=3, fallback=False)
+    except Exception as e:  # noqa: BLE001 - reported beside the eager figures
+        row["fused_graph_ms"], row["graph_error"] = None, f"{type(e).__name__}: {str(e)[:200]}"
+    active_params = active_weights(model, [cfg.num_experts_per_tok] * _n_moe(model))[1]
+    # the weight GEMMs (attention's score FLOPs left out); the LM head (in active_params when untied) for the
+    # last token only, as run() applies it (counting it for all 2048 tokens overstated runs <= 54 by ~16%)
+    head = cfg.vocab_size * cfg.hidden_size
+    flops = 2 * (prefill * (active_params - (head if model.lm_head is not None else 0)) + head)
+    row["flops_weights"] = flops
+    if mm:
+        row["pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_ms"] * 1e-3)
+        if row["fused_graph_ms"]:
+            row["graph_pct_of_matmul_rate"] = 100 * flops / mm / (row["fused_graph_ms"] * 1e-3)
+    graph = (f"graph-replayed {row['fused_graph_ms']:.1f} ms ({row.get('graph_pct_of_matmul_rate', 0):.0f}%)"
+             if row["fused_graph_ms"] else f"graph capture failed ({row['graph_error']})")
+    log(f"  model prefill {prefill}: fused MoE {row['fused_ms']:.1f} ms (device {row['fused_device_ms']:.1f}; "
+        f"{graph})  torch MoE {_ms(row['torch_ms'], 1)}  "
+        f"weight-GEMM FLOPs at {row.get('pct_of_matmul_rate', 0):.0f}% of the sustained bf16 matmul rate (eager)")
+    if kernels:
+        row["kernels"] = _kernel_table(run, f"prefill {prefill}", log)
+    return row
 
 
 def _ms(v: float | None, digits: int = 2) -> str:
