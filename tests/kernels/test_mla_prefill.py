@@ -11,17 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchinferno.kernels.mla_prefill import expanded_attention
-from torchinferno.models.common.mla import mla_expanded_attention
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def _inputs(Q, S, H, dn, dv, R, r, dtype, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q_nope = torch.randn(Q, H, dn, generator=g)
-    q_pe = torch.randn(Q, H, r, generator=g)
-    latent = torch.randn(S, R + r, generator=g)
-    w = torch.randn(H * (dn + dv), R, generator=g) * R**-0.5
-    return [t.to(device=device, dtype=dtype) for t in (q_nope, q_pe, latent, w)]
+from mla_prefill_checks import _inputs  # noqa: E402
+
+from torchinferno.kernels.mla_prefill import expanded_attention  # noqa: E402
+from torchinferno.models.common.mla import mla_expanded_attention  # noqa: E402
 
 
 def _rel(a, b):
@@ -143,10 +141,6 @@ def test_triton_prefill_kernel_on_the_interpreter(interpreter_check):
 def test_triton_prefill_kernel_cuda(Q, ctx):
     """DeepSeek's head dims (16 heads, dn 128, dv 128, rope 64, latent 512), bf16: a fresh prompt and a chunk over a
     cached context == the fp32 reference (and its sabotage control fails)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import mla_prefill_checks as C
 
     C.run_case(torch.device("cuda"), torch.bfloat16, Q, ctx, 16, 128, 128, 64, 512, seed=Q)

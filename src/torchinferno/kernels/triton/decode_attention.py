@@ -93,6 +93,19 @@ def _attend_tile(q, k, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
 
 
 @triton.jit
+def split_key_scores(q_a, k_a, q_b, k_b, IEEE: tl.constexpr):
+    """``q_a @ k_a^T + q_b @ k_b^T`` (fp32 accumulate; ieee dots with ``IEEE``): scores of keys stored in two parts
+    (MLA: the latent / per-head dims and the rope dims). Shared by the MLA decode and prefill kernels."""
+    if IEEE:
+        s = tl.dot(q_a, tl.trans(k_a), input_precision="ieee")
+        s += tl.dot(q_b, tl.trans(k_b), input_precision="ieee")
+    else:
+        s = tl.dot(q_a, tl.trans(k_a))
+        s += tl.dot(q_b, tl.trans(k_b))
+    return s
+
+
+@triton.jit
 def online_softmax_step(s, v, tm, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
     """Scores ``s [ROWS, BLOCK_N]`` (fp32 dot products; tokens off ``tm`` masked) of a value tile ``v [BLOCK_N, DV]``
     folded into the running max ``m_i``, sum ``l_i`` and output ``acc`` (base 2): the updated triple. An all-masked

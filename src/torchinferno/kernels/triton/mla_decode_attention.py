@@ -25,7 +25,13 @@ import triton.language as tl
 
 from torchinferno.kernels.kv_dtype import is_fp8
 from torchinferno.kernels.triton import device_sms, next_pow2
-from torchinferno.kernels.triton.decode_attention import LOG2E, _decode_stage2, finish_split, online_softmax_step
+from torchinferno.kernels.triton.decode_attention import (
+    LOG2E,
+    _decode_stage2,
+    finish_split,
+    online_softmax_step,
+    split_key_scores,
+)
 from torchinferno.kernels.triton.decode_gemv import _wait_for_previous_kernel, pdl_kwargs
 
 BLOCK_H = 16  # heads per program (V2-Lite: all 16; V3's 128: 8 programs per sequence and split)
@@ -87,12 +93,7 @@ def _mla_decode_stage1(Q, C, BT, SEQ, OUT, OP, LSE, CNT, qk_scale, H,
             row = C + page * stride_cb + (toks % PAGE) * stride_ct  # [BLOCK_N] row starts
             ckv = tl.load(row[:, None] + dr[None, :], mask=tm[:, None] & drm[None, :], other=0.0).to(dot_ty)
             kpe = tl.load(row[:, None] + R + dp[None, :], mask=tm[:, None] & dpm[None, :], other=0.0).to(dot_ty)
-            if IEEE:
-                s = tl.dot(q_lat, tl.trans(ckv), input_precision="ieee")
-                s += tl.dot(q_pe, tl.trans(kpe), input_precision="ieee")
-            else:
-                s = tl.dot(q_lat, tl.trans(ckv))
-                s += tl.dot(q_pe, tl.trans(kpe))
+            s = split_key_scores(q_lat, ckv, q_pe, kpe, IEEE)
             m_i, l_i, acc = online_softmax_step(s, ckv, tm, m_i, l_i, acc, qk_scale, IEEE)  # c_kv: the values
         finish_split(acc, m_i, l_i, OUT, OP, LSE, CNT + b * tl.num_programs(1) + hb, b, heads, hm, dr, drm, split,
                      n_active, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,

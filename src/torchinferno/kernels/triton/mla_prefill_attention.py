@@ -23,8 +23,7 @@ import triton
 import triton.language as tl
 
 from torchinferno.kernels.triton import next_pow2
-
-LOG2E = 1.4426950408889634
+from torchinferno.kernels.triton.decode_attention import LOG2E, split_key_scores
 
 
 def default_config(fp32: bool) -> dict:
@@ -69,13 +68,7 @@ def _mla_prefill_kernel(QN, QP, KV, KP, OUT, Q_LEN, context_len, qk_scale,
                       other=0.0)  # [BLOCK_N, DN_PAD]
         k_p = tl.load(KP + row[:, None] * stride_kpt + dr[None, :], mask=km[:, None] & (dr[None, :] < R),
                       other=0.0).to(k_n.dtype)  # [BLOCK_N, R_PAD]
-        if IEEE:
-            s = tl.dot(q_n, tl.trans(k_n), input_precision="ieee")
-            s += tl.dot(q_p, tl.trans(k_p), input_precision="ieee")
-        else:
-            s = tl.dot(q_n, tl.trans(k_n))
-            s += tl.dot(q_p, tl.trans(k_p))
-        s = s * qk_scale  # log2 domain
+        s = split_key_scores(q_n, k_n, q_p, k_p, IEEE) * qk_scale  # log2 domain
         if n0 + BLOCK_N > diag:  # a tile crossing the diagonal (or the end): mask by position
             s = tl.where((kn[None, :] <= qpos[:, None]) & km[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
