@@ -1,6 +1,6 @@
 """Probe (issue 24, session 23): the V2-Lite-like 2048-token prefill's two largest costs, each beside an alternative.
 
-``python benchmarks/probe_prefill_moe.py OUT.json [sections]`` on one CUDA device (sections: moe, attn, model;
+``python benchmarks/probe_prefill_moe.py OUT.json [sections [model variants]]`` on one CUDA device (sections: moe, attn, model;
 default all, in that order). One line per finding; the JSON keeps the figures.
 
 * moe: one MoE layer's routed experts at 2048 tokens x top-6 of 64 (hidden 2048, expert width 1408, bf16): the
@@ -14,7 +14,8 @@ default all, in that order). One line per finding; the JSON keeps the figures.
 * attn also: ``expanded_attention`` with ``PREFILL_KERNEL = "triton"`` (kernels/triton/mla_prefill_attention.py:
   read in place, no copies, no padding) over a few tiles.
 * model: the V2-Lite-like model's prefill (``bench.moe_bench.prefill_row``: eager, device, graph-replayed, % of
-  the matmul rate) with each MoE path (``grouped_mm_min_tokens`` 0 / 256) and each attention kernel.
+  the matmul rate): today's paths ("base") and both alternatives ("both"; argv[3] picks from base, grouped_mm_moe,
+  triton_attn, both).
 """
 
 from __future__ import annotations
@@ -141,15 +142,17 @@ def attn_section(T: int = 2048, H: int = 16, dn: int = 128, r: int = 64, dv: int
     return out
 
 
-def model_section(mm: float) -> dict:
+def model_section(mm: float, labels=("base", "both")) -> dict:
     from torchinferno.bench.moe_bench import prefill_row
     from torchinferno.bench.moe_models import build_v2_lite
     from torchinferno.kernels import fused_moe, mla_prefill
 
     model = build_v2_lite(DEV)
     out = {}
-    for label, threshold, attn in (("triton_moe_sdpa_attn", 0, "sdpa"), ("grouped_mm_moe", 256, "sdpa"),
-                                   ("triton_attn", 0, "triton"), ("both", 256, "triton")):
+    variants = {"base": (0, "sdpa"), "grouped_mm_moe": (256, "sdpa"), "triton_attn": (0, "triton"),
+                "both": (256, "triton")}
+    for label in labels:
+        threshold, attn = variants[label]
         mla_prefill.PREFILL_KERNEL = attn
         with fused_moe.override_policy(grouped_mm_min_tokens=threshold):
             log(f"model prefill {label} (grouped_mm_min_tokens={threshold}, PREFILL_KERNEL={attn}):")
@@ -165,7 +168,9 @@ def main() -> None:
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "matmul_rate": mm}
     log(f"{res['device']}, torch {res['torch']}: bf16 matmul {mm / 1e12:.0f} TFLOP/s")
     for s in sections:
-        res[s] = {"moe": lambda: moe_section(mm), "attn": attn_section, "model": lambda: model_section(mm)}[s]()
+        labels = sys.argv[3].split(",") if len(sys.argv) > 3 else ("base", "both")
+        res[s] = {"moe": lambda: moe_section(mm), "attn": attn_section,
+                  "model": lambda: model_section(mm, labels)}[s]()
         with open(path, "w") as f:
             json.dump(res, f, indent=1, default=str)
 
