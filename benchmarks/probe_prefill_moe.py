@@ -7,7 +7,7 @@ default all, in that order). One line per finding; the JSON keeps the figures.
   Triton grouped path (``kernels.fused_moe.fused_experts``) against torch's grouped GEMM over expert-sorted rows
   (``kernels.grouped_mm_moe``), the two grouped GEMMs alone on pre-sorted rows, and one dense cuBLAS GEMM of the
   same FLOPs; device times (CUDA graph of 5 calls), each as % of the bf16 matmul rate measured in the same run; the
-  two paths' outputs compared.
+  two paths' outputs compared; both paths again at 128-1024 tokens (where the policy's threshold goes).
 * attn: the MLA prefill attention at 2048 tokens, 16 heads, qk 192 (128 + 64 rope) / v 128: today's
   ``kernels.mla_prefill.expanded_attention`` (values padded to 192, flash) and SDPA alone with each backend that
   accepts the unpadded 128-wide values.
@@ -74,6 +74,16 @@ def moe_section(mm: float, T: int = 2048, k: int = 6, E: int = 64, D: int = 2048
         got = grouped_mm_moe.grouped_mm_experts(x, ids, w, gate_up, down).float()
     out["grouped_vs_triton_rel_err"] = float((got - ref).abs().max() / ref.abs().max())
     log(f"moe grouped_mm vs Triton: max rel err {out['grouped_vs_triton_rel_err']:.2e}")
+    out["by_tokens"] = {}  # where the threshold goes: both paths at fewer tokens
+    for t in (128, 256, 512, 1024):
+        row = {}
+        for name, fn in (("triton_grouped", lambda: fused_moe.fused_experts(x[:t], ids[:t], w[:t], gate_up, down)),
+                         ("grouped_mm_path", lambda: grouped_mm_moe.grouped_mm_experts(x[:t], ids[:t], w[:t], gate_up,
+                                                                                       down))):
+            with fused_moe.override_policy(grouped_mm_min_tokens=0):
+                row[name] = graph_time_ms(fn, calls=5, iters=10)
+        out["by_tokens"][t] = row
+        log(f"moe {t} tokens: Triton {row['triton_grouped'] * 1e3:.1f} us, grouped_mm {row['grouped_mm_path'] * 1e3:.1f} us")
     return out
 
 
