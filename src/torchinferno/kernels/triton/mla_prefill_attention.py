@@ -11,8 +11,9 @@ copy of the output slice. Here a program reads the pieces where they are:
 Layout: ``q_nope [Q, H, dn]``, ``q_pe [Q, H, r]``, ``kv [S, H, dn + dv]`` (``kv_b_proj``'s output: per head
 ``dn`` key dims then ``dv`` value dims), ``k_pe [S, r]`` (any row stride), unit stride in the last dim of each ->
 ``out [Q, H, dv]``. Query ``i`` sits at position ``context_len + i`` and sees keys ``0 .. context_len + i``
-(``S = context_len + Q``: causal, lower right). Grid ``(cdiv(Q, BLOCK_M), H)``; the key loop stops at the tile's
-last visible key, and only tiles that cross the diagonal are masked. fp32 inputs take ieee dots (tests).
+(``S = context_len + Q``: causal, lower right). Grid ``(cdiv(Q, BLOCK_M), H)``: a program's keys in two loops, the
+tiles every row of it sees (no mask), then those from the diagonal to its last visible key (masked). fp32 inputs
+take ieee dots (tests).
 Reference: ``models.common.mla.mla_expanded_attention`` (tests/kernels/test_mla_prefill.py).
 """
 
@@ -32,6 +33,39 @@ def default_config(fp32: bool) -> dict:
     if fp32:
         return {"block_m": 16, "block_n": 16, "num_warps": 4, "num_stages": 1}
     return {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3}
+
+
+@triton.jit
+def _key_tile(q_n, q_p, kv_h, KP, n0, last, qpos, m_i, l_i, acc, qk_scale, stride_kvt, stride_kpt,
+              DN: tl.constexpr, DN_PAD: tl.constexpr, R: tl.constexpr, R_PAD: tl.constexpr, DV: tl.constexpr,
+              DV_PAD: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, IEEE: tl.constexpr):
+    """Keys ``n0 .. n0 + BLOCK_N`` of one head folded into the running max / sum / output (base 2). ``MASK``: the
+    tile crosses the diagonal or the end (``last``): key ``j`` counts for a query at ``qpos`` iff ``j <= qpos`` and
+    ``j < last``; without it every key of the tile is visible to every row."""
+    dn = tl.arange(0, DN_PAD)
+    dr = tl.arange(0, R_PAD)
+    dv = tl.arange(0, DV_PAD)
+    kn = n0 + tl.arange(0, BLOCK_N)
+    km = kn < last
+    row = kn.to(tl.int64)
+    k_n = tl.load(kv_h + row[:, None] * stride_kvt + dn[None, :], mask=km[:, None] & (dn[None, :] < DN),
+                  other=0.0)  # [BLOCK_N, DN_PAD]
+    k_p = tl.load(KP + row[:, None] * stride_kpt + dr[None, :], mask=km[:, None] & (dr[None, :] < R),
+                  other=0.0).to(k_n.dtype)  # [BLOCK_N, R_PAD]
+    s = split_key_scores(q_n, k_n, q_p, k_p, IEEE) * qk_scale  # [BLOCK_M, BLOCK_N], log2 domain
+    if MASK:
+        s = tl.where((kn[None, :] <= qpos[:, None]) & km[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every row sees key 0, in the first tile
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(kv_h + row[:, None] * stride_kvt + DN + dv[None, :], mask=km[:, None] & (dv[None, :] < DV),
+                other=0.0)  # [BLOCK_N, DV_PAD]
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=["context_len"])
@@ -58,32 +92,15 @@ def _mla_prefill_kernel(QN, QP, KV, KP, OUT, Q_LEN, context_len, qk_scale,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
     last = tl.minimum(context_len + (pid_m + 1) * BLOCK_M, context_len + Q_LEN)  # keys [0, last) can be visible
-    diag = context_len + pid_m * BLOCK_M  # keys from here on need the causal mask
+    lo = (context_len + pid_m * BLOCK_M) // BLOCK_N * BLOCK_N  # keys below: visible to every row of the tile
     kv_h = KV + h * stride_kvh
-    for n0 in range(0, last, BLOCK_N):
-        kn = n0 + tl.arange(0, BLOCK_N)
-        km = kn < last
-        row = kn.to(tl.int64)
-        k_n = tl.load(kv_h + row[:, None] * stride_kvt + dn[None, :], mask=km[:, None] & (dn[None, :] < DN),
-                      other=0.0)  # [BLOCK_N, DN_PAD]
-        k_p = tl.load(KP + row[:, None] * stride_kpt + dr[None, :], mask=km[:, None] & (dr[None, :] < R),
-                      other=0.0).to(k_n.dtype)  # [BLOCK_N, R_PAD]
-        s = split_key_scores(q_n, k_n, q_p, k_p, IEEE) * qk_scale  # log2 domain
-        if n0 + BLOCK_N > diag:  # a tile crossing the diagonal (or the end): mask by position
-            s = tl.where((kn[None, :] <= qpos[:, None]) & km[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past Q_LEN see nothing in the last tiles
-        p = tl.exp2(s - m_ref[:, None])
-        alpha = tl.exp2(m_i - m_ref)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(kv_h + row[:, None] * stride_kvt + DN + dv[None, :], mask=km[:, None] & (dv[None, :] < DV),
-                    other=0.0)  # [BLOCK_N, DV_PAD]
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    for n0 in range(0, lo, BLOCK_N):  # no mask
+        m_i, l_i, acc = _key_tile(q_n, q_p, kv_h, KP, n0, last, qpos, m_i, l_i, acc, qk_scale, stride_kvt,
+                                  stride_kpt, DN, DN_PAD, R, R_PAD, DV, DV_PAD, BLOCK_N, False, IEEE)
+    for n0 in range(lo, last, BLOCK_N):  # the diagonal and the end
+        m_i, l_i, acc = _key_tile(q_n, q_p, kv_h, KP, n0, last, qpos, m_i, l_i, acc, qk_scale, stride_kvt,
+                                  stride_kpt, DN, DN_PAD, R, R_PAD, DV, DV_PAD, BLOCK_N, True, IEEE)
+    acc = acc / l_i[:, None]
     tl.store(OUT + tok[:, None] * stride_ot + h * stride_oh + dv[None, :], acc.to(OUT.dtype.element_ty),
              mask=qm[:, None] & (dv[None, :] < DV))
 
