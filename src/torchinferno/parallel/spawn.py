@@ -7,7 +7,10 @@ down (no process outlives :func:`run_ranks`).
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +22,8 @@ from torchinferno.errors import TorchInfernoError
 from torchinferno.parallel.comm import Comm
 from torchinferno.parallel.config import ParallelConfig
 from torchinferno.ports import address_in_use, free_port
+
+log = logging.getLogger(__name__)
 
 
 def init_rank(rank: int, world: int, port: int, backend: str = "gloo", timeout_s: float = 120.0,
@@ -45,6 +50,11 @@ def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, args: t
         dist.barrier()  # no rank tears the group down while another is still in a collective with it
     finally:
         dist.destroy_process_group()
+    # Done and delivered: leave without interpreter finalization, where gloo's worker threads are at times
+    # destroyed while joinable ("terminate called without an active exception", SIGABRT after a clean run).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
@@ -82,6 +92,11 @@ def _run_ranks(fn: Callable[..., Any], world: int, args: tuple, backend: str, ti
                 raise TorchInfernoError(f"tensor-parallel world of {world} did not finish within {timeout_s:.0f} s")
     except mp.ProcessRaisedException as e:
         raise TorchInfernoError(f"a tensor-parallel rank failed: {str(e).strip().splitlines()[-1]}") from None
+    except mp.ProcessExitedException as e:  # killed by a signal or a nonzero exit without a Python exception
+        drain()
+        if len(out) < world:  # a rank died before delivering its result: the run failed
+            raise TorchInfernoError(f"a tensor-parallel rank died: {e}") from None
+        log.warning("every rank delivered its result, then %s (ignored: teardown after the work)", e)
     finally:
         for p in procs.processes:
             if p.is_alive():
