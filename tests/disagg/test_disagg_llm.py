@@ -4,6 +4,7 @@ prefix hits), and aborts at every phase leave no block held on either side."""
 
 import asyncio
 import dataclasses
+import socket
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from torchinferno.disagg.client import DisaggConfig, DisaggLLM
 from torchinferno.engine.assembly import ModelSpec, build_model
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.llm_engine import LLMEngine
+from torchinferno import ports as ports_mod
 from torchinferno.testing import wide_byte_tokenizer
 
 SPEC = ModelSpec(model_kind="deepseek-v4", dtype="float32")
@@ -34,9 +36,22 @@ PARAMS = [SamplingParams(max_tokens=7, ignore_eos=True, **({"temperature": 0.0} 
 
 @pytest.fixture(scope="module")
 def pair():
+    # the first store port is taken before the prefill role binds it (the race of any auto-picked port): the pair
+    # starts once more on fresh ports
     model = build_model(SPEC)
-    llm = DisaggLLM(SPEC, dataclasses.replace(CFG), wide_byte_tokenizer(model.config.vocab_size),
-                    DisaggConfig(timeout_s=20))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real = ports_mod.free_port
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ports_mod, "free_port", lambda: ports.pop() if ports else real())
+        try:
+            llm = DisaggLLM(SPEC, dataclasses.replace(CFG), wide_byte_tokenizer(model.config.vocab_size),
+                            DisaggConfig(timeout_s=20))
+        finally:
+            taken.close()
+    assert not ports  # the taken port was handed out first
     yield llm
     llm.shutdown()
 

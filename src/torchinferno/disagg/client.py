@@ -71,6 +71,7 @@ from torchinferno.engine.core_types import (
 )
 from torchinferno.engine.output_processor import OutputProcessor
 from torchinferno.errors import ConfigError, EngineDeadError
+from torchinferno.ports import address_in_use
 
 __all__ = ["DisaggConfig", "DisaggLLM", "KVTransferTotals"]
 
@@ -117,31 +118,17 @@ class DisaggLLM(CoreStreams):
         self.backends = backends  # per KV pair
         self.backend = backends[0] if len(set(backends)) == 1 else ",".join(backends)
         self.cfg = disagg
-        ports = distinct_ports(tp + (1 if tp > 1 else 0), disagg.port)
-        fanout = FanoutConfig(0, tp, disagg.host, ports[tp], disagg.timeout_s) if tp > 1 else None
-        eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.cores: dict[str, EngineCoreProcess] = {}
-        utilization = {"prefill": engine_config.gpu_memory_utilization, "decode": engine_config.gpu_memory_utilization}
-        if (set(pdevs) & set(ddevs) and pdevs[0].startswith("cuda")
-                and engine_config.kv_cache_memory is None and engine_config.num_gpu_blocks is None):
-            # Shared GPUs, two roles, started in order: the prefill role sizes its pool to half the share; the decode
-            # role's sizing counts the prefill process as used memory, so it takes the rest of the share.
-            utilization["prefill"] /= 2
-        try:
-            for rank, role in enumerate(("prefill", "decode")):
-                pairs = tuple(TransportConfig(rank, disagg.host, port, b, disagg.timeout_s, disagg.profile)
-                              for port, b in zip(ports[:tp], backends))
-                ecfg = dataclasses.replace(engine_config, gpu_memory_utilization=utilization[role])
-                devices = self.devices[role]
-                device = devices[0] if tp == 1 or devices[0] == "cpu" else ",".join(devices)
-                role_cfg = RoleConfig(role, pairs[0], pairs if tp > 1 else (), fanout if role == "decode" else None)
-                cfg = CoreProcessConfig(dataclasses.replace(model, device=device), ecfg,
-                                        eos, warmup, f"{step_log}.{role}" if step_log else None, disagg=role_cfg)
-                self.cores[role] = EngineCoreProcess(cfg, start_timeout_s)
-        except BaseException:
-            for c in self.cores.values():
-                c.shutdown(timeout_s=5)
-            raise
+        for attempt in range(2):  # an auto-picked store port can be taken before its server binds it: once more
+            try:
+                self._start_roles(model, engine_config, tokenizer, warmup, start_timeout_s, step_log)
+                break
+            except BaseException as e:
+                for c in self.cores.values():
+                    c.shutdown(timeout_s=5)
+                self.cores = {}
+                if attempt or disagg.port or not address_in_use(e):
+                    raise
         self.prefill, self.decode = self.cores["prefill"], self.cores.get("decode")
         pi, di = self.prefill.info, self.decode.info
         self.info = pi
@@ -163,6 +150,30 @@ class DisaggLLM(CoreStreams):
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
+
+    def _start_roles(self, model, engine_config, tokenizer, warmup, start_timeout_s, step_log) -> None:
+        """Start the prefill then the decode engine core on fresh store ports (``self.cores`` as they come up)."""
+        tp, disagg, backends = self.tp, self.cfg, self.backends
+        pdevs, ddevs = self.devices["prefill"], self.devices["decode"]
+        ports = distinct_ports(tp + (1 if tp > 1 else 0), disagg.port)
+        fanout = FanoutConfig(0, tp, disagg.host, ports[tp], disagg.timeout_s) if tp > 1 else None
+        eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
+        utilization = {"prefill": engine_config.gpu_memory_utilization, "decode": engine_config.gpu_memory_utilization}
+        if (set(pdevs) & set(ddevs) and pdevs[0].startswith("cuda")
+                and engine_config.kv_cache_memory is None and engine_config.num_gpu_blocks is None):
+            # Shared GPUs, two roles, started in order: the prefill role sizes its pool to half the share; the decode
+            # role's sizing counts the prefill process as used memory, so it takes the rest of the share.
+            utilization["prefill"] /= 2
+        for rank, role in enumerate(("prefill", "decode")):
+            pairs = tuple(TransportConfig(rank, disagg.host, port, b, disagg.timeout_s, disagg.profile)
+                          for port, b in zip(ports[:tp], backends))
+            ecfg = dataclasses.replace(engine_config, gpu_memory_utilization=utilization[role])
+            devices = self.devices[role]
+            device = devices[0] if tp == 1 or devices[0] == "cpu" else ",".join(devices)
+            role_cfg = RoleConfig(role, pairs[0], pairs if tp > 1 else (), fanout if role == "decode" else None)
+            cfg = CoreProcessConfig(dataclasses.replace(model, device=device), ecfg,
+                                    eos, warmup, f"{step_log}.{role}" if step_log else None, disagg=role_cfg)
+            self.cores[role] = EngineCoreProcess(cfg, start_timeout_s)
 
     # ------------------------------------------------------------------ state
     @property

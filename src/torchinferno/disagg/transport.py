@@ -111,6 +111,14 @@ class _Job:
     sliding_block_ids: list[int] | None = None  # hybrid KV caches: the sliding group's blocks (kv_io)
 
 
+def _server_store(host: str, port: int, world: int, timeout_s: float):
+    """The TCPStore this process hosts, bound before returning (its clients join later)."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, port, world, True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
 class KVTransport:
     """One side of the pair (module docstring). ``kv`` is this role's ``PagedKVCache`` (or its TP rank's, with
     ``part``: what this pair moves; default every tensor)."""
@@ -130,6 +138,13 @@ class KVTransport:
         self._store = None
         self._fan_store = None
         self._staging: torch.Tensor | None = None  # cuda-ipc: the shared buffer (owned by rank 0, mapped by rank 1)
+        # the stores this side hosts bind now, so a port taken since it was picked fails the role's startup (the API
+        # process then starts the pair on fresh ports); joining the groups waits for the peers on the thread
+        if cfg.rank == 0:
+            self._store = _server_store(cfg.host, cfg.port, 2, cfg.timeout_s)
+        if self.fanout is not None and self.fanout.rank == 0:
+            self._fan_store = _server_store(self.fanout.host, self.fanout.port, self.fanout.world,
+                                            self.fanout.timeout_s)
         self._thread = threading.Thread(target=self._run, name=f"kv-transport-{cfg.rank}", daemon=True)
         self._thread.start()
 
@@ -166,7 +181,8 @@ class KVTransport:
 
         cfg = self.cfg
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
-        self._store = dist.TCPStore(cfg.host, cfg.port, 2, cfg.rank == 0, timeout=timeout, wait_for_workers=False)
+        if self._store is None:
+            self._store = dist.TCPStore(cfg.host, cfg.port, 2, False, timeout=timeout)
         if cfg.backend == "nccl":
             self._pg = dist.ProcessGroupNCCL(self._store, cfg.rank, 2)
         else:
@@ -176,8 +192,9 @@ class KVTransport:
         if self.fanout is not None:
             f = self.fanout
             t = datetime.timedelta(seconds=f.timeout_s)
-            store = dist.TCPStore(f.host, f.port, f.world, f.rank == 0, timeout=t, wait_for_workers=False)
-            self._fan_store = store
+            if self._fan_store is None:
+                self._fan_store = dist.TCPStore(f.host, f.port, f.world, False, timeout=t)
+            store = self._fan_store
             self._fan_pg = (dist.ProcessGroupNCCL(store, f.rank, f.world) if self.kv.device.type == "cuda"
                             else dist.ProcessGroupGloo(store, f.rank, f.world, t))
 
