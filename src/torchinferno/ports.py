@@ -2,7 +2,7 @@
 
 The port is free when returned; another process can still take it before the caller binds it (callers that start a
 rendezvous retry once when :func:`address_in_use` says their error was that: ``parallel.spawn.run_ranks``,
-``engine.multiproc_executor.MultiprocExecutor``, ``disagg.client.DisaggLLM``: the KV stores bind at role startup).
+``engine.multiproc_executor.MultiprocExecutor``, ``disagg.launch.start_role_cores``: the KV stores bind at role startup).
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from torchinferno.disagg.accounting import (
     RequestTransfer,
     TransferLedger,
 )
+from torchinferno.disagg.launch import DisaggConfig, plan_pair, start_role_cores
 from torchinferno.disagg.messages import (
     FROM_DECODE,
     FROM_PREFILL,
@@ -54,12 +55,7 @@ from torchinferno.disagg.messages import (
     KVSend,
     KVSent,
 )
-from torchinferno.disagg.roles import RoleConfig
-from torchinferno.disagg.topology import distinct_ports, role_devices
-from torchinferno.disagg.transport import BACKENDS, FanoutConfig, TransportConfig, pick_backend
 from torchinferno.engine.core import EngineStats, RequestLimits, validate_request
-from torchinferno.engine.core_client import EngineCoreProcess
-from torchinferno.engine.core_proc import CoreProcessConfig
 from torchinferno.engine.core_streams import CoreStreams
 from torchinferno.engine.core_types import (
     EngineCoreOutput,
@@ -71,21 +67,8 @@ from torchinferno.engine.core_types import (
 )
 from torchinferno.engine.output_processor import OutputProcessor
 from torchinferno.errors import ConfigError, EngineDeadError
-from torchinferno.ports import address_in_use
 
 __all__ = ["DisaggConfig", "DisaggLLM", "KVTransferTotals"]
-
-
-@dataclass(frozen=True)
-class DisaggConfig:
-    prefill_device: str = "cpu"
-    decode_device: str = "cpu"
-    host: str = "127.0.0.1"
-    port: int = 0  # the transport's store (TP: pair i on port + i, the decode fan-out on port + N); 0 = free ports
-    backend: str = "auto"  # auto | gloo | nccl | cuda-ipc
-    timeout_s: float = 60.0
-    profile: bool = False  # synchronized pack / wire / unpack timings
-    record_path: str | None = None  # JSONL: one disaggregated_runtime_integrity record per completed request
 
 
 @dataclass
@@ -103,32 +86,11 @@ class DisaggLLM(CoreStreams):
 
     def __init__(self, model, engine_config, tokenizer, disagg: DisaggConfig, warmup: bool | None = None,
                  start_timeout_s: float = 1800.0, step_log: str | None = None):
-        if engine_config.pipeline_parallel_size > 1:
-            raise ConfigError("--disaggregation-mode prefill-decode: --pipeline-parallel-size is not supported per "
-                              "role (use --tensor-parallel-size N: N ranks per role)")
-        tp = engine_config.tensor_parallel_size
-        self.tp = tp
-        self.devices = {"prefill": role_devices(disagg.prefill_device, tp, "--prefill-devices"),
-                        "decode": role_devices(disagg.decode_device, tp, "--decode-devices")}
-        pdevs, ddevs = self.devices["prefill"], self.devices["decode"]
-        backends = [pick_backend(p, d) if disagg.backend == "auto" else disagg.backend for p, d in zip(pdevs, ddevs)]
-        for backend in backends:
-            if backend not in BACKENDS:
-                raise ConfigError(f"disaggregation transport {backend!r}: valid are auto, {', '.join(BACKENDS)}")
-        self.backends = backends  # per KV pair
-        self.backend = backends[0] if len(set(backends)) == 1 else ",".join(backends)
+        plan = plan_pair(engine_config, disagg)
+        self.tp, self.devices, self.backends = plan.tp, plan.devices, plan.backends  # backends: per KV pair
+        self.backend = plan.backend
         self.cfg = disagg
-        self.cores: dict[str, EngineCoreProcess] = {}
-        for attempt in range(2):  # an auto-picked store port can be taken before its server binds it: once more
-            try:
-                self._start_roles(model, engine_config, tokenizer, warmup, start_timeout_s, step_log)
-                break
-            except BaseException as e:
-                for c in self.cores.values():
-                    c.shutdown(timeout_s=5)
-                self.cores = {}
-                if attempt or disagg.port or not address_in_use(e):
-                    raise
+        self.cores = start_role_cores(plan, model, engine_config, tokenizer, disagg, warmup, start_timeout_s, step_log)
         self.prefill, self.decode = self.cores["prefill"], self.cores.get("decode")
         pi, di = self.prefill.info, self.decode.info
         self.info = pi
@@ -150,30 +112,6 @@ class DisaggLLM(CoreStreams):
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task] = []
-
-    def _start_roles(self, model, engine_config, tokenizer, warmup, start_timeout_s, step_log) -> None:
-        """Start the prefill then the decode engine core on fresh store ports (``self.cores`` as they come up)."""
-        tp, disagg, backends = self.tp, self.cfg, self.backends
-        pdevs, ddevs = self.devices["prefill"], self.devices["decode"]
-        ports = distinct_ports(tp + (1 if tp > 1 else 0), disagg.port)
-        fanout = FanoutConfig(0, tp, disagg.host, ports[tp], disagg.timeout_s) if tp > 1 else None
-        eos = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
-        utilization = {"prefill": engine_config.gpu_memory_utilization, "decode": engine_config.gpu_memory_utilization}
-        if (set(pdevs) & set(ddevs) and pdevs[0].startswith("cuda")
-                and engine_config.kv_cache_memory is None and engine_config.num_gpu_blocks is None):
-            # Shared GPUs, two roles, started in order: the prefill role sizes its pool to half the share; the decode
-            # role's sizing counts the prefill process as used memory, so it takes the rest of the share.
-            utilization["prefill"] /= 2
-        for rank, role in enumerate(("prefill", "decode")):
-            pairs = tuple(TransportConfig(rank, disagg.host, port, b, disagg.timeout_s, disagg.profile)
-                          for port, b in zip(ports[:tp], backends))
-            ecfg = dataclasses.replace(engine_config, gpu_memory_utilization=utilization[role])
-            devices = self.devices[role]
-            device = devices[0] if tp == 1 or devices[0] == "cpu" else ",".join(devices)
-            role_cfg = RoleConfig(role, pairs[0], pairs if tp > 1 else (), fanout if role == "decode" else None)
-            cfg = CoreProcessConfig(dataclasses.replace(model, device=device), ecfg,
-                                    eos, warmup, f"{step_log}.{role}" if step_log else None, disagg=role_cfg)
-            self.cores[role] = EngineCoreProcess(cfg, start_timeout_s)
 
     # ------------------------------------------------------------------ state
     @property
