@@ -7,6 +7,7 @@ import argparse
 from torchinferno.core.sampling_params import SamplingParams
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_MODEL_KIND = "dsv4"  # the README's default family for the offline workbench commands (tiny random)
 
 
 def add_model_args(p: argparse.ArgumentParser, positional: bool = True) -> None:

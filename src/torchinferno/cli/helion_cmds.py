@@ -100,7 +100,7 @@ def cmd_helion_search_fx(a) -> int:
 
 
 def cmd_helion_search_region(a) -> int:
-    from torchinferno.cli.profile_cmds import DEFAULT_MODEL_KIND
+    from torchinferno.cli.common import DEFAULT_MODEL_KIND
     from torchinferno.workbench.helion import helion_search_region
     from torchinferno.workbench.run_config import RunConfig
 

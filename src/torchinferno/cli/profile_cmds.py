@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-DEFAULT_MODEL_KIND = "dsv4"  # the README's default family for the offline workbench commands
+from torchinferno.cli.common import DEFAULT_MODEL_KIND
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:

@@ -28,12 +28,10 @@ import torch
 from torch import nn
 
 from torchinferno.errors import ConfigError
+from torchinferno.kernels.fp8_rule import E4M3_MAX, EPS, INV_E4M3_MAX  # noqa: F401  (the shared rule, re-exported)
 from torchinferno.kernels.module_swap import replace_linears
 
 GROUP = 128
-E4M3_MAX = 448.0
-INV_E4M3_MAX = 1.0 / E4M3_MAX  # scale = amax times this fp32 constant (kernels.fp8_linear's rule)
-EPS = 1e-12
 FP8_BLOCK_KERNELS = ("auto", "torch", "triton")
 
 __all__ = ["quantize_fp8_groups", "quantize_weight_blocks", "dequantize_weight_blocks", "fp8_block_linear_reference",

@@ -28,11 +28,9 @@ import torch
 from torch import nn
 
 from torchinferno.errors import ConfigError
+from torchinferno.kernels.fp8_rule import E4M3_MAX, EPS, INV_E4M3_MAX  # noqa: F401  (the shared rule, re-exported)
 from torchinferno.kernels.module_swap import replace_linears
 
-E4M3_MAX = 448.0
-INV_E4M3_MAX = 1.0 / E4M3_MAX  # a scale is amax times this fp32 constant (a product rounds the same on every device)
-EPS = 1e-12  # floor of a row's amax, so an all-zero row has a finite scale
 FP8_LINEAR_KERNELS = ("auto", "torch", "scaled_mm")
 QUANTIZATION_METHODS = ("none", "fp8", "fp8-block")  # what this module's quantize_model accepts
 

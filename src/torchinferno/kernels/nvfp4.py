@@ -26,11 +26,11 @@ from typing import Callable
 import torch
 from torch import nn
 
+from torchinferno.kernels.fp8_rule import E4M3_MAX
 from torchinferno.kernels.module_swap import replace_linears
 
 BLOCK = 16
 E2M1_MAX = 6.0
-E4M3_MAX = 448.0
 # code (3 magnitude bits) -> value; bit 3 of a nibble is the sign.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Midpoints between neighbouring magnitudes and whether a tie goes up (to the even code).

@@ -24,12 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+from torchinferno.kernels.fp8_rule import E4M3_MAX, EPS, INV_E4M3_MAX
 from torchinferno.kernels.triton.tiles import grouped_tile, sum_terms
 
 GROUP = 128  # the scale block of both operands along K, and of the weight along N
-E4M3_MAX = 448.0
-INV_E4M3_MAX = 1.0 / E4M3_MAX
-EPS = 1e-12
 _QMAX = tl.constexpr(E4M3_MAX)  # the same three, as the jit functions read them
 _INV_QMAX = tl.constexpr(INV_E4M3_MAX)
 _FLOOR = tl.constexpr(EPS)

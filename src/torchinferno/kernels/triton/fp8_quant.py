@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchinferno.kernels.fp8_linear import E4M3_MAX, EPS, INV_E4M3_MAX
+from torchinferno.kernels.fp8_rule import E4M3_MAX, EPS, INV_E4M3_MAX
 
 
 @triton.jit
