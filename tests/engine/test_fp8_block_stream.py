@@ -45,7 +45,7 @@ def assert_same_state(a: torch.nn.Module, b: torch.nn.Module) -> int:
 def old_path(ckpt: Path, dtype: str):
     """Today's path: the whole model loaded in float, then quantized; (model, float bytes at the peak)."""
     from torchinferno.checkpoint.auto import load_model_auto
-    from torchinferno.kernels.fp8_block import quantize_model_fp8_block
+    from torchinferno.kernels.fp8_block_model import quantize_model_fp8_block
     from torchinferno.kernels.fp8_block_stream import float_bytes
 
     m = load_model_auto(ckpt, dtype=dtype)
@@ -142,7 +142,7 @@ def test_streamed_load_equals_load_then_quantize(which, dtype, fp8_ckpt, bf16_ck
 def test_random_build_equals_build_then_quantize():
     """``bench-moe --quantization fp8-block``'s builder: the same draws, the same FP8 tensors."""
     from torchinferno.bench.moe_bench import build_random
-    from torchinferno.kernels.fp8_block import quantize_model_fp8_block
+    from torchinferno.kernels.fp8_block_model import quantize_model_fp8_block
     from torchinferno.kernels.fp8_block_stream import float_bytes
     from torchinferno.models.deepseek_v32.config import tiny_deepseek_v32_config
 

@@ -230,7 +230,8 @@ def check_model(device, dtype=torch.float32) -> None:
     a paged cache and 3 decode steps: Triton == torch reference."""
     from fused_moe_checks import _cached_logits
 
-    from torchinferno.kernels.fp8_block import Fp8BlockLinear, quantize_model_fp8_block
+    from torchinferno.kernels.fp8_block import Fp8BlockLinear
+    from torchinferno.kernels.fp8_block_model import quantize_model_fp8_block
     from torchinferno.kernels.fp8_block_moe import Fp8BlockExperts
 
     model = tiny_deepseek(device, dtype, num_hidden_layers=2)  # one dense layer, one MoE layer

@@ -13,9 +13,9 @@ Invariant: :func:`fp8_block_linear_reference` (plain torch, any device) is the d
 (``kernels.triton.fp8_block``, CUDA sm89+) quantizes the activation bitwise as :func:`quantize_fp8_groups` does and
 differs only in the summation order inside one group (and Hopper's FP8 MMA accumulation within a group).
 
-``--quantization fp8-block`` (:func:`quantize_model_fp8_block`): every exact ``nn.Linear`` but the logits head and
-the routed experts (``kernels.fp8_block_moe``) become block FP8 — the checkpoint's own FP8 blocks where it has them
-(``kernels.fp8_block_load``: kept bitwise), else the loaded weights quantized to 128x128 blocks.
+``--quantization fp8-block`` (``kernels.fp8_block_model.quantize_model_fp8_block``): every exact ``nn.Linear`` but the
+logits head and the routed experts (``kernels.fp8_block_moe``) become block FP8 — the checkpoint's own FP8 blocks
+where it has them (``kernels.fp8_block_load``: kept bitwise), else the loaded weights quantized to 128x128 blocks.
 ``kernels.fp8_block_stream`` applies the same swaps one decoder layer at a time while a model is built or loaded
 (DeepSeek checkpoints through ``engine.assembly.build_model``): the same tensors, never the whole model in float.
 """
@@ -234,23 +234,3 @@ def swap_linear_for_fp8_block(model: nn.Module, skip: tuple[str, ...] = ("lm_hea
         return Fp8BlockLinear.from_linear(lin, kernel)
 
     return replace_linears(model, make)
-
-
-def quantize_model_fp8_block(model: nn.Module, kernel: str = "auto") -> list[str]:
-    """``--quantization fp8-block``: the linears (:func:`swap_linear_for_fp8_block`, the head kept) and the routed
-    experts (``kernels.fp8_block_moe.swap_experts_for_fp8_block``) of a loaded model become block FP8, from the
-    checkpoint's own FP8 blocks where ``model.checkpoint_dir`` has them (bitwise), else quantized from the loaded
-    weights. Returns the names swapped and sets ``model.fp8_block_kept`` (how many modules took the checkpoint's own
-    blocks); ConfigError when nothing was swapped."""
-    from torchinferno.kernels.fp8_block_load import checkpoint_blocks
-    from torchinferno.kernels.fp8_block_moe import swap_experts_for_fp8_block
-
-    ckpt = getattr(model, "checkpoint_dir", None)
-    kept_linears, kept_experts = checkpoint_blocks(model, ckpt) if ckpt is not None else ({}, {})
-    n_kept = len(kept_linears) + len(kept_experts)
-    linears = swap_linear_for_fp8_block(model, kernel=kernel, kept=kept_linears)
-    experts = swap_experts_for_fp8_block(model, kernel=kernel, kept=kept_experts)
-    if not linears and not experts:
-        raise ConfigError("--quantization fp8-block: the model has no nn.Linear layers or routed experts to quantize")
-    model.fp8_block_kept = n_kept - len(kept_linears) - len(kept_experts)  # the swaps popped what they used
-    return linears + experts

@@ -2,7 +2,7 @@
 
 The load path itself is unchanged: ``load_weights`` streams the checkpoint into the model, dequantizing FP8 pairs
 (``checkpoint.fp8``), so every check of a load still applies. :func:`checkpoint_blocks` then reads, from the
-same files, the raw pairs of exactly the modules ``kernels.fp8_block.quantize_model_fp8_block`` swaps, keyed by
+same files, the raw pairs of exactly the modules ``kernels.fp8_block_model.quantize_model_fp8_block`` swaps, keyed by
 internal module name, and the swap uses them as they are: the weights multiplied are the checkpoint's bits, not a
 re-quantization of their bf16 dequantization. Peak host memory: the loaded model plus the kept FP8 bytes.
 ``kernels.fp8_block_stream`` (the layer-by-layer build) uses :class:`BlockPlan` directly: it keeps each layer's raw

@@ -147,14 +147,14 @@ def swap_linear_for_fp8(model: nn.Module, skip: tuple[str, ...] = ("lm_head",), 
 def quantize_model(model: nn.Module, method: str | None) -> list[str]:
     """Apply ``--quantization METHOD`` to a loaded model (before any CPU pre-packing): ``none`` does
     nothing, ``fp8`` swaps every linear but the head for :class:`Fp8Linear`, ``fp8-block`` every linear but the head
-    and the routed experts for block-scaled FP8 (``kernels.fp8_block.quantize_model_fp8_block``: a checkpoint's
+    and the routed experts for block-scaled FP8 (``kernels.fp8_block_model.quantize_model_fp8_block``: a checkpoint's
     own FP8 blocks kept). Returns the names swapped."""
     if method in (None, "none"):
         return []
     if method not in QUANTIZATION_METHODS:
         raise ConfigError(f"unknown quantization {method!r}; valid: {', '.join(QUANTIZATION_METHODS)}")
     if method == "fp8-block":
-        from torchinferno.kernels.fp8_block import quantize_model_fp8_block
+        from torchinferno.kernels.fp8_block_model import quantize_model_fp8_block
 
         return quantize_model_fp8_block(model)
     names = swap_linear_for_fp8(model)
