@@ -43,14 +43,17 @@ from torchinferno.errors import ConfigError
 from torchinferno.workbench.artifacts import ArtifactDir
 
 PROVIDERS = ("custom-op", "torch-rewrite", "torch-compile", "triton", "helion")
+HELION_MISSING = "Helion is not installed (pip install helion; needs CUDA)"
+
+
+def helion_available() -> bool:
+    return importlib.util.find_spec("helion") is not None
 
 
 def provider_available(name: str, device: str) -> tuple[bool, str]:
     if name not in PROVIDERS:
         raise ConfigError(f"unknown provider '{name}' (valid: {', '.join(PROVIDERS)})")
     if name == "helion":
-        from torchinferno.workbench.helion import HELION_MISSING, helion_available
-
         if not helion_available():
             return False, HELION_MISSING
         if not device.startswith("cuda"):

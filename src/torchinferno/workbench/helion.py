@@ -21,20 +21,13 @@ Helion is imported only inside ``kernels/helion_ops.py`` and only when a candida
 from __future__ import annotations
 
 import copy
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from torchinferno.errors import ConfigError
-
-HELION_MISSING = "Helion is not installed (pip install helion; needs CUDA)"
-
-
-def helion_available() -> bool:
-    return importlib.util.find_spec("helion") is not None
-
+from torchinferno.workbench.candidates import HELION_MISSING, helion_available  # noqa: F401  (re-exported)
 
 def helion_version() -> str | None:
     if not helion_available():

@@ -260,12 +260,8 @@ if __name__ == "__main__":
 '''
 
 
-def timeslice_repro(work_us: list[float], ts, makespan_us: float) -> str:
-    """A standalone script replaying the time-sliced schedule (the replay function's own source is embedded)."""
-    import inspect
-
-    from torchinferno.workbench.timeslice import replay_timeslice
-
+def timeslice_repro(work_us: list[float], ts, makespan_us: float, replay_source: str) -> str:
+    """A standalone script replaying the time-sliced schedule; ``replay_source``: the replay function's own source
+    (``workbench.timeslice.replay_timeslice``), embedded so the script needs nothing of this package."""
     return _TIMESLICE.format(work=repr(list(work_us)), slice_us=repr(ts.time_slice_us),
-                             switch_us=repr(ts.context_switch_us), makespan=repr(makespan_us),
-                             replay=inspect.getsource(replay_timeslice))
+                             switch_us=repr(ts.context_switch_us), makespan=repr(makespan_us), replay=replay_source)

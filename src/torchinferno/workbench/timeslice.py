@@ -94,6 +94,7 @@ def replay_timeslice(work_us: list[float], time_slice_us: float, context_switch_
 def profile_timeslice(out_dir: str | Path, run_cfg, ts: TimesliceConfig, iters: int = 3) -> dict:
     """Measure ``run_cfg``'s generation (median of ``iters`` timed runs, one profiled), replay it across
     ``ts.virtual_gpus`` time-sliced ranks and write the artifacts; returns the manifest."""
+    import inspect
     import statistics
 
     from torchinferno.workbench.artifacts import ArtifactDir
@@ -134,7 +135,8 @@ def profile_timeslice(out_dir: str | Path, run_cfg, ts: TimesliceConfig, iters: 
     out.json("timeslice_timeline.json", {"slices": timeline},
              "every slice: rank, start/end, context-switch overhead, work done, work left (us)")
     out.json("timeslice_summary.json", summary, "makespan, per-rank completion and slowdown, busy and overhead fractions")
-    out.python("timeslice_repro.py", timeslice_repro(work, ts, summary["makespan_us"]),
+    script = timeslice_repro(work, ts, summary["makespan_us"], inspect.getsource(replay_timeslice))
+    out.python("timeslice_repro.py", script,
                "standalone: replays the timeline from the recorded work and checks the makespan")
     return out.finish(virtual_gpus=ts.virtual_gpus, measured_workload_us=round(measured_us, 1),
                       makespan_us=round(summary["makespan_us"], 1),
