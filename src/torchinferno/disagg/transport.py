@@ -9,8 +9,9 @@ side maps with CUDA IPC, ``torch.multiprocessing``'s sharing of CUDA tensors; he
 acknowledgements go over the gloo group; a payload larger than the buffer moves in chunks, each acknowledged before
 the buffer is reused).
 
-Each side has one transfer thread that connects (the rendezvous blocks only that thread) and then runs transfers
-in the order they were queued, so the engine loop never waits on the wire. Protocol per transfer, sender ->
+Each side has one transfer thread that connects (the rendezvous blocks only that thread; the stores a side hosts
+are bound before it starts, so a taken port fails the constructor) and then runs transfers in the order they were
+queued, so the engine loop never waits on the wire. Protocol per transfer, sender ->
 receiver: a header ``int64 [4] = (transfer_id, start, stop, nbytes)`` then, when ``nbytes > 0``, the payload
 (``kv_io.pack_kv``). ``nbytes = -1``: the sender has no KV for that transfer (the receiver drops the request).
 Both sides queue transfers in the same order (the decode side's ``ready`` order, relayed by the API process); a
