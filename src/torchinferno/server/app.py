@@ -28,6 +28,7 @@ from torchinferno.errors import EngineDeadError
 from torchinferno.errors import TorchInfernoError
 from torchinferno.server import completions
 from torchinferno.server.body import MAX_BODY_BYTES, ErrorMiddleware, read_json_body
+from torchinferno.server.generation_defaults import SamplingDefaults
 from torchinferno.server.metrics import ServerMetrics
 from torchinferno.server.protocol import (
     BadRequest,
@@ -48,6 +49,7 @@ class ServerConfig:
     api_key: str | None = None
     max_request_body_bytes: int = MAX_BODY_BYTES
     max_choices_per_request: int = completions.MAX_CHOICES
+    sampling_defaults: SamplingDefaults = SamplingDefaults()  # --generation-config
 
     def public_root(self) -> str:
         """What ``/v1/models`` shows as ``root``: never an absolute local path (the cache layout is private)."""
@@ -99,7 +101,7 @@ def create_app(engine, tokenizer, cfg: ServerConfig) -> FastAPI:
     app.state.engine, app.state.metrics, app.state.config, app.state.tokenizer = engine, metrics, cfg, tokenizer
     app.state.draining = False  # set on SIGTERM (server.launch): new requests get 503
     ctx = completions.Context(engine, tokenizer, cfg.model_name, cfg.max_model_len, metrics,
-                              max_choices=cfg.max_choices_per_request)
+                              max_choices=cfg.max_choices_per_request, defaults=cfg.sampling_defaults)
 
     # Added last = outermost: the key is checked first; a bug anywhere inside becomes a counted JSON 500.
     app.add_middleware(ErrorMiddleware, on_error=lambda e: metrics.bad_requests.labels(cfg.model_name, "500").inc())

@@ -28,6 +28,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
                    help="named size of the --model-kind random model (e.g. llama3-8b: full-size random weights for "
                         "benchmarks without a checkpoint; default debug)")
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="default sampling for fields a request leaves out: auto = the checkpoint's "
+                        "generation_config.json (temperature, top_p, top_k, min_p, max_new_tokens), vllm = the API's "
+                        "own defaults, DIR = that folder's generation_config.json")
     p.add_argument("--tokenizer", default=None, help="byte | PATH (default: the checkpoint's tokenizer.json, else byte)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16", "auto"])

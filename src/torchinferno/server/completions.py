@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from torchinferno.server.generation_defaults import SamplingDefaults
 from torchinferno.server.logprobs import LogprobFormatter, entries_of_output, prompt_entries, shifted
 from torchinferno.server.protocol import (
     BadRequest,
@@ -61,9 +62,11 @@ class _Choice:
 
 
 class Context:
-    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, metrics, max_choices: int = MAX_CHOICES):
+    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, metrics, max_choices: int = MAX_CHOICES,
+                 defaults: SamplingDefaults = SamplingDefaults()):
         self.engine, self.tok, self.model_name, self.max_model_len, self.metrics = engine, tokenizer, model_name, max_model_len, metrics
         self.max_choices = max_choices
+        self.defaults = defaults  # what a request that leaves a sampling field out gets (generation_config.json)
         self.fmt = LogprobFormatter(tokenizer)
 
     # ---- prompt building and limits -------------------------------------------------------
@@ -226,9 +229,11 @@ class Context:
     async def chat(self, req: ChatCompletionRequest, request: Request, rid: str):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        params = sampling_params(req, max_tokens, 16, logprobs)
+        params = sampling_params(req, max_tokens, 16, logprobs, self.defaults)
         ids = self._chat_prompt(req)
         params.max_tokens = self._limits(ids, max_tokens)
+        if max_tokens is None and self.defaults.max_tokens is not None:  # the model's max_new_tokens, within context
+            params.max_tokens = min(params.max_tokens, self.defaults.max_tokens)
         runs = self._start(rid, [ids], params, req.n)
         created = int(time.time())
         if req.stream:
@@ -244,11 +249,12 @@ class Context:
                              "choices": choices, "usage": self._usage(runs)})
 
     async def completion(self, req: CompletionRequest, request: Request, rid: str):
-        params = sampling_params(req, req.max_tokens, 16, req.logprobs)
+        params = sampling_params(req, req.max_tokens, 16, req.logprobs, self.defaults)
         prompts = self._completion_prompts(req)
         limits = [self._limits(p, req.max_tokens) for p in prompts]
-        # OpenAI's completions default is 16 new tokens (clamped to what the context allows).
-        params.max_tokens = req.max_tokens if req.max_tokens is not None else min(16, min(limits))
+        # OpenAI's completions default is 16 new tokens, or the model's max_new_tokens (clamped to the context left).
+        default = self.defaults.max_tokens if self.defaults.max_tokens is not None else 16
+        params.max_tokens = req.max_tokens if req.max_tokens is not None else min(default, min(limits))
         if req.echo and req.logprobs is not None:
             params.prompt_logprobs = req.logprobs
         runs = self._start(rid, prompts, params, req.n)

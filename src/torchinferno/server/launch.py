@@ -50,6 +50,7 @@ def build(args: argparse.Namespace):
     ``--engine-in-process``, an ``AsyncEngine``."""
     from torchinferno.engine.assembly import check_device, tokenizer_spec
     from torchinferno.server.app import ServerConfig, create_app
+    from torchinferno.server.generation_defaults import load_sampling_defaults
     from torchinferno.text.tokenizer import load_tokenizer
 
     check_device(args.device)
@@ -60,6 +61,7 @@ def build(args: argparse.Namespace):
     else:
         tokenizer = load_tokenizer(tokenizer_spec(spec, args.tokenizer, None if spec.model is None else root))
     cfg = engine_config_from_args(args, _model_context_len(spec))
+    defaults = load_sampling_defaults(getattr(args, "generation_config", "auto"), None if spec.model is None else root)
     if getattr(args, "data_parallel_size", 1) < 1:
         raise ConfigError(f"--data-parallel-size must be >= 1 (got {args.data_parallel_size})")
     disagg = disagg_config_from_args(args)
@@ -92,9 +94,11 @@ def build(args: argparse.Namespace):
         engine = AsyncLLM(spec, cfg, tokenizer, step_log=args.step_log)
         max_len = engine.max_model_len
     print(f"engine: {engine.describe()}", file=sys.stderr, flush=True)
+    if defaults.describe():
+        print(defaults.describe(), file=sys.stderr, flush=True)
     scfg = ServerConfig(model_name=served_name(args, spec), root=root, max_model_len=max_len, api_key=args.api_key,
                         max_request_body_bytes=args.max_request_body_bytes,
-                        max_choices_per_request=args.max_choices_per_request)
+                        max_choices_per_request=args.max_choices_per_request, sampling_defaults=defaults)
     return create_app(engine, tokenizer, scfg), scfg, engine
 
 

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from torchinferno.core.sampling_params import SamplingParams
+from torchinferno.server.generation_defaults import SamplingDefaults
 
 MAX_N = 16
 Number = Union[StrictInt, StrictFloat]
@@ -140,9 +141,11 @@ def check_text(value: Any, param: str) -> None:
             check_text(v, param)
 
 
-def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: int, logprobs: int | None,
+                    defaults: SamplingDefaults = SamplingDefaults()) -> SamplingParams:
     """Map and validate OpenAI fields -> SamplingParams (raises BadRequest naming the field). Every float
-    field must be finite (the body decoder rejects NaN/Infinity already; this holds for any caller)."""
+    field must be finite (the body decoder rejects NaN/Infinity already; this holds for any caller). A field the
+    request leaves out takes ``defaults`` (the model's generation_config.json), else the OpenAI default."""
     for name in ("temperature", "top_p", "min_p"):
         v = getattr(req, name)
         if v is not None and not math.isfinite(v):
@@ -169,12 +172,16 @@ def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: in
     check_text(stop, "stop")
     if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):
         raise BadRequest("stop_token_ids must be non-negative", "stop_token_ids")
+    def pick(value, default, api_default):
+        return value if value is not None else default if default is not None else api_default
+
+    top_k = pick(req.top_k, defaults.top_k, -1)
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        temperature=1.0 if req.temperature is None else float(req.temperature),
-        top_p=1.0 if req.top_p is None else float(req.top_p),
-        top_k=-1 if req.top_k in (None, 0) else req.top_k,
-        min_p=0.0 if req.min_p is None else float(req.min_p),
+        temperature=float(pick(req.temperature, defaults.temperature, 1.0)),
+        top_p=float(pick(req.top_p, defaults.top_p, 1.0)),
+        top_k=-1 if top_k == 0 else top_k,
+        min_p=float(pick(req.min_p, defaults.min_p, 0.0)),
         seed=req.seed,
         stop=stop,
         stop_token_ids=list(req.stop_token_ids or []),
