@@ -6,7 +6,7 @@ import json
 import pytest
 
 from torchinferno.errors import ConfigError
-from torchinferno.server.generation_defaults import SamplingDefaults, load_sampling_defaults
+from torchinferno.core.generation_defaults import SamplingDefaults, load_sampling_defaults
 from torchinferno.server.protocol import ChatCompletionRequest, sampling_params
 
 
@@ -81,3 +81,22 @@ def test_served_requests_take_the_files_defaults(tmp_path):
         assert client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2,
                                               extra_body=extra).usage.completion_tokens == 2
         assert client.completions.create(model="tiny", prompt="abc", extra_body=extra).usage.completion_tokens == 4
+
+
+def test_llm_generate_without_params_takes_the_checkpoints_defaults(tmp_path):
+    from torchinferno.checkpoint.auto import save_pretrained
+    from torchinferno.core.sampling_params import SamplingParams
+    from torchinferno.engine.llm import LLM
+    from torchinferno.testing import tiny_model
+
+    ckpt = save_pretrained(tiny_model("llama3"), tmp_path / "ckpt")
+    _write(ckpt, temperature=0.0, top_k=0, max_new_tokens=3)
+    llm = LLM(str(ckpt), num_gpu_blocks=32, block_size=4)
+    d = llm.get_default_sampling_params()
+    assert (d.temperature, d.top_k, d.max_tokens, d.top_p) == (0.0, -1, 3, 1.0)
+    prompt = [[5, 17, 99, 3]]
+    want = llm.generate(prompt, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    got = llm.generate(prompt, use_tqdm=False)
+    assert len(got[0].token_ids) <= 3 and got[0].token_ids == want[0].token_ids[:len(got[0].token_ids)]
+    assert LLM(str(ckpt), num_gpu_blocks=32, block_size=4, generation_config="vllm").get_default_sampling_params() \
+        == SamplingParams()

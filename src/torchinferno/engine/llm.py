@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from torchinferno.core.generation_defaults import load_sampling_defaults
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.llm_engine import LLMEngine
@@ -55,12 +56,13 @@ class LLM:
     ``EngineConfig`` fields; unset ones take the device's defaults (on CUDA the KV pool fills
     ``gpu_memory_utilization`` of the device). ``kernel_artifacts``: a ``prepare-deepseek-v4-kernels`` directory
     for a deepseek-v4 model, only loaded (``kernels/v4_artifacts.py``: one notice line and the torch path when it
-    does not fit).
+    does not fit). ``generation_config``: where ``generate`` without ``sampling_params`` takes its defaults
+    (``core.generation_defaults``: ``"auto"`` the checkpoint's generation_config.json, ``"vllm"`` none, or a folder).
     """
 
     def __init__(self, model: str | nn.Module, tokenizer=None, dtype: str | torch.dtype | None = None,
                  device: str | torch.device | None = None, quantization: str = "none",
-                 kernel_artifacts: str | None = None, **engine_kwargs):
+                 kernel_artifacts: str | None = None, generation_config: str = "auto", **engine_kwargs):
         from dataclasses import replace
 
         from torchinferno.engine.assembly import ModelSpec, build_model
@@ -69,6 +71,7 @@ class LLM:
             model, kernel_artifacts = replace(model, kernel_artifacts=str(kernel_artifacts)), None
         if engine_kwargs.get("tensor_parallel_size", 1) != 1 or engine_kwargs.get("pipeline_parallel_size", 1) != 1:
             self._init_tensor_parallel(model, tokenizer, dtype, device, quantization, engine_kwargs, kernel_artifacts)
+            self._defaults = load_sampling_defaults(generation_config, self._checkpoint)
             return
         if isinstance(model, ModelSpec):
             model = build_model(model)
@@ -90,6 +93,8 @@ class LLM:
 
             v4_artifacts.apply(model, kernel_artifacts)
         self.model = model
+        self._checkpoint = getattr(model, "checkpoint_dir", None)
+        self._defaults = load_sampling_defaults(generation_config, self._checkpoint)
         self.tokenizer = _resolve_tokenizer(model, tokenizer)
         self.engine = LLMEngine(model, self.tokenizer, EngineConfig(**engine_kwargs))
         if self.engine.device.type == "cuda":  # kernel compiles now, not inside the first generate() call
@@ -117,7 +122,7 @@ class LLM:
         config = EngineConfig(**engine_kwargs)
         executor = parallel_executor(spec, config)
         self.model = None
-        ckpt = spec.checkpoint_dir()
+        ckpt = self._checkpoint = spec.checkpoint_dir()
         if tokenizer is None and ckpt is not None and (ckpt / "tokenizer.json").exists():
             tokenizer = str(ckpt)
         self.tokenizer = _resolve_tokenizer(None, tokenizer)
@@ -127,6 +132,11 @@ class LLM:
     def shutdown(self) -> None:
         """End worker processes now (tensor parallel); they also end when the LLM is collected or at exit."""
         self.engine.executor.shutdown()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` uses without ``sampling_params``: ``SamplingParams()`` with the checkpoint's
+        generation_config.json defaults (``generation_config="auto"``; ``"vllm"``: none; a folder: its file)."""
+        return self._defaults.sampling_params()
 
     def _encode(self, prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -142,7 +152,7 @@ class LLM:
         prompts on stderr (like vLLM's; only when more than one prompt runs)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        sampling_params = sampling_params or SamplingParams()
+        sampling_params = sampling_params or self.get_default_sampling_params()
         plist = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(plist) != len(prompts):
             raise ConfigError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")

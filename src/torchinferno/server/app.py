@@ -28,7 +28,7 @@ from torchinferno.errors import EngineDeadError
 from torchinferno.errors import TorchInfernoError
 from torchinferno.server import completions
 from torchinferno.server.body import MAX_BODY_BYTES, ErrorMiddleware, read_json_body
-from torchinferno.server.generation_defaults import SamplingDefaults
+from torchinferno.core.generation_defaults import SamplingDefaults
 from torchinferno.server.metrics import ServerMetrics
 from torchinferno.server.protocol import (
     BadRequest,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from torchinferno.server.generation_defaults import SamplingDefaults
+from torchinferno.core.generation_defaults import SamplingDefaults
 from torchinferno.server.logprobs import LogprobFormatter, entries_of_output, prompt_entries, shifted
 from torchinferno.server.protocol import (
     BadRequest,

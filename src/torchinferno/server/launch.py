@@ -50,7 +50,7 @@ def build(args: argparse.Namespace):
     ``--engine-in-process``, an ``AsyncEngine``."""
     from torchinferno.engine.assembly import check_device, tokenizer_spec
     from torchinferno.server.app import ServerConfig, create_app
-    from torchinferno.server.generation_defaults import load_sampling_defaults
+    from torchinferno.core.generation_defaults import load_sampling_defaults
     from torchinferno.text.tokenizer import load_tokenizer
 
     check_device(args.device)

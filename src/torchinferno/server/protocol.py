@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from torchinferno.core.sampling_params import SamplingParams
-from torchinferno.server.generation_defaults import SamplingDefaults
+from torchinferno.core.generation_defaults import SamplingDefaults
 
 MAX_N = 16
 Number = Union[StrictInt, StrictFloat]

@@ -1,5 +1,6 @@
 """Default sampling for requests that leave fields out: a model's ``generation_config.json`` (``serve
---generation-config``), as vLLM's ``--generation-config auto`` does.
+--generation-config``, ``LLM(generation_config=)`` and ``LLM.get_default_sampling_params()``), as vLLM's
+``--generation-config auto`` does.
 
 Model authors ship their recommended sampling there (Llama-3-Instruct: temperature 0.6, top_p 0.9). A request's own
 fields always win; a field neither the request nor the file sets keeps the OpenAI default (temperature 1, top_p 1,
@@ -22,6 +23,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.errors import ConfigError
 
 __all__ = ["MODES", "SamplingDefaults", "load_sampling_defaults"]
@@ -50,6 +52,13 @@ class SamplingDefaults:
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in ("source", "unsupported") and getattr(self, f.name) is not None}
 
+    def sampling_params(self) -> SamplingParams:
+        """``SamplingParams()`` with these defaults in place of its own (``LLM.get_default_sampling_params``)."""
+        p = SamplingParams(**{k: v for k, v in self.values().items() if k != "top_k"})
+        if self.top_k is not None:
+            p.top_k = -1 if self.top_k == 0 else self.top_k
+        return p
+
     def describe(self) -> str:
         """The startup line ("" when nothing applies)."""
         vals = self.values()
@@ -63,7 +72,7 @@ class SamplingDefaults:
         return line
 
 
-def load_sampling_defaults(setting: str, model_dir: str | None) -> SamplingDefaults:
+def load_sampling_defaults(setting: str, model_dir: str | Path | None) -> SamplingDefaults:
     """``setting``: ``auto`` | ``vllm`` | a folder (module docstring); ``model_dir``: the served checkpoint's folder,
     None for a random model."""
     if setting == "vllm":
