@@ -181,3 +181,18 @@ def test_llama3_rope_recovery_real_shapes(head_dim, factor):
     assert got["original_max_position_embeddings"] == 8192 and got["factor"] == pytest.approx(factor)
     with pytest.raises(CheckpointError, match="rope_freqs.weight"):
         llama3_rope_from_freqs([d * 1.1 for d in divisors], head_dim, 500000.0, "x.gguf")
+
+
+def test_a_ggufs_recommended_sampling_becomes_the_serving_default(tmp_path):
+    from torchinferno.checkpoint.gguf_config import generation_config
+    from torchinferno.core.generation_defaults import load_sampling_defaults
+
+    gen = generation_config({"tokenizer.ggml.eos_token_id": 2, "general.sampling.temp": 0.20000000298023224,
+                             "general.sampling.top_p": 0.9, "general.sampling.top_k": 40,
+                             "general.sampling.penalty_repeat": 1.1})
+    assert {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")} == {
+        "temperature": 0.2, "top_p": 0.9, "top_k": 40, "repetition_penalty": 1.1}
+    (tmp_path / "generation_config.json").write_text(json.dumps(gen))
+    d = load_sampling_defaults("auto", tmp_path)
+    assert d.values() == {"temperature": 0.2, "top_p": 0.9, "top_k": 40} and d.unsupported == ("repetition_penalty",)
+    assert "temperature" not in generation_config({"tokenizer.ggml.eos_token_id": 2})  # none recommended: none set

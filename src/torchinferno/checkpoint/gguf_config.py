@@ -71,8 +71,18 @@ def llama_hf_config(
     return cfg
 
 
+# a GGUF's recommended sampling (``general.sampling.*``, llama.cpp's writer) -> HF generation_config keys
+def _f32(v) -> float:  # GGUF floats are float32: 0.2 is stored as 0.2000000030, written back as 0.2
+    return float(f"{float(v):.7g}")
+
+
+_SAMPLING = (("temp", "temperature", _f32), ("top_k", "top_k", int), ("top_p", "top_p", _f32),
+             ("min_p", "min_p", _f32), ("penalty_repeat", "repetition_penalty", _f32))
+
+
 def generation_config(meta: dict[str, Any]) -> dict[str, Any]:
-    """``generation_config.json``: bos/pad ids and every end-of-generation id (eos, eot, eom)."""
+    """``generation_config.json``: bos/pad ids, every end-of-generation id (eos, eot, eom) and the file's
+    recommended sampling when it has one (``general.sampling.*``: the serving defaults, core.generation_defaults)."""
     eos: list[int] = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
         v = meta.get(f"tokenizer.ggml.{key}")
@@ -85,6 +95,10 @@ def generation_config(meta: dict[str, Any]) -> dict[str, Any]:
         out["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     if meta.get("tokenizer.ggml.padding_token_id") is not None:
         out["pad_token_id"] = int(meta["tokenizer.ggml.padding_token_id"])
+    for gguf_key, hf_key, cast in _SAMPLING:
+        v = meta.get(f"general.sampling.{gguf_key}")
+        if v is not None:
+            out[hf_key] = cast(v)
     return out
 
 
