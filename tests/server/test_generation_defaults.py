@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from torchinferno.errors import ConfigError
+from torchinferno.errors import CheckpointError, ConfigError
 from torchinferno.core.generation_defaults import SamplingDefaults, load_sampling_defaults
 from torchinferno.server.protocol import ChatCompletionRequest, sampling_params
 
@@ -47,6 +47,9 @@ def test_bad_values_name_the_file_and_key(tmp_path, cfg, msg):
 
 def test_a_folder_without_the_file_lists_the_choices(tmp_path):
     with pytest.raises(ConfigError, match=r"no generation_config.json there \(valid: auto, vllm or a folder"):
+        load_sampling_defaults(str(tmp_path), None)
+    (tmp_path / "generation_config.json").write_text("{")
+    with pytest.raises(CheckpointError, match="invalid JSON in .*generation_config.json"):
         load_sampling_defaults(str(tmp_path), None)
 
 

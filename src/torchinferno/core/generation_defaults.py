@@ -18,7 +18,6 @@ applied. A value out of range is a one-line ``ConfigError`` naming the file and 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -86,12 +85,9 @@ def load_sampling_defaults(setting: str, model_dir: str | Path | None) -> Sampli
         if not path.is_file():
             raise ConfigError(f"--generation-config {setting!r}: no {FILE} there (valid: {', '.join(MODES)} or a "
                               f"folder holding {FILE})")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path}: not readable as JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
+    from torchinferno.checkpoint.safetensors_io import read_json_object
+
+    cfg = read_json_object(path, FILE)
     return SamplingDefaults(
         temperature=_number(cfg, "temperature", path, lambda v: v >= 0, ">= 0"),
         top_p=_number(cfg, "top_p", path, lambda v: 0 < v <= 1, "in (0, 1]"),
