@@ -50,6 +50,18 @@ def test_unknown_fields_are_tolerated(tiny_server):
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("field,value", [("presence_penalty", 0.5), ("frequency_penalty", -1), ("repetition_penalty", 1.2),
+                                         ("logit_bias", {"5": 10})])
+def test_unimplemented_sampling_fields_are_400_unless_neutral(tiny_server, field, value):
+    """Penalties and logit_bias are not implemented: a request that sets them gets a 400 naming the field (not a
+    completion that silently ignored them); their neutral values pass."""
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    r = httpx.post(tiny_server.base + "/v1/completions", json={**body, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field and "not supported" in r.json()["error"]["message"]
+    neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "logit_bias": {}}[field]
+    assert httpx.post(tiny_server.base + "/v1/completions", json={**body, field: neutral}).status_code == 200
+
+
 def _pool_idle(tiny_server, timeout=10.0) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:

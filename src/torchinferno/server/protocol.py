@@ -47,6 +47,10 @@ def as_openai_error(e: BaseException) -> BadRequest:
                       code="internal_error")
 
 
+UNSUPPORTED_NEUTRAL: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
+                                       "logit_bias": {}}
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: Optional[StrictBool] = False
@@ -69,6 +73,12 @@ class _Common(BaseModel):
     ignore_eos: StrictBool = False
     user: Optional[str] = None
     priority: StrictInt = 0  # lower first, under serve --scheduling-policy priority (vLLM's field)
+    # OpenAI / vLLM fields this engine does not implement: accepted at their neutral value, else a 400 naming them
+    # (never silently ignored: the caller would believe they applied)
+    presence_penalty: Optional[Number] = None
+    frequency_penalty: Optional[Number] = None
+    repetition_penalty: Optional[Number] = None
+    logit_bias: Optional[dict[str, Any]] = None
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -150,6 +160,10 @@ def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: in
         v = getattr(req, name)
         if v is not None and not math.isfinite(v):
             raise BadRequest(f"{name} must be a finite number, got {v}", name)
+    for name, neutral in UNSUPPORTED_NEUTRAL.items():
+        v = getattr(req, name)
+        if v is not None and v != neutral:
+            raise BadRequest(f"{name} is not supported by this server (only {neutral!r} or leaving it out)", name)
     if req.stream_options is not None and not req.stream:
         raise BadRequest("'stream_options' is only allowed when 'stream' is true", "stream_options")
     if req.n < 1 or req.n > MAX_N:
