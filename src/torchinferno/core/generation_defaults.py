@@ -25,12 +25,13 @@ from pathlib import Path
 from torchinferno.core.sampling_params import SamplingParams
 from torchinferno.errors import ConfigError
 
-__all__ = ["MODES", "SamplingDefaults", "load_sampling_defaults"]
+__all__ = ["MODES", "UNIMPLEMENTED", "SamplingDefaults", "load_sampling_defaults"]
 
 MODES = ("auto", "vllm")  # or a folder
 FILE = "generation_config.json"
-# sampling keys this engine does not implement, with the value that changes nothing (not reported)
-_UNSUPPORTED = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "typical_p": 1.0,
+# sampling keys this engine does not implement, with the value that changes nothing (in a file: not reported; in a
+# request: accepted, server.protocol)
+UNIMPLEMENTED = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "typical_p": 1.0,
                 "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "no_repeat_ngram_size": 0}
 
 
@@ -41,11 +42,15 @@ class SamplingDefaults:
 
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: int | None = None  # -1 = off (a file's 0 too)
     min_p: float | None = None
     max_tokens: int | None = None
     source: str = ""
     unsupported: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.top_k == 0:  # off, spelled as SamplingParams spells it
+            object.__setattr__(self, "top_k", -1)
 
     def values(self) -> dict[str, float | int]:
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -53,10 +58,7 @@ class SamplingDefaults:
 
     def sampling_params(self) -> SamplingParams:
         """``SamplingParams()`` with these defaults in place of its own (``LLM.get_default_sampling_params``)."""
-        p = SamplingParams(**{k: v for k, v in self.values().items() if k != "top_k"})
-        if self.top_k is not None:
-            p.top_k = -1 if self.top_k == 0 else self.top_k
-        return p
+        return SamplingParams(**self.values())
 
     def describe(self) -> str:
         """The startup line ("" when nothing applies)."""
@@ -95,7 +97,7 @@ def load_sampling_defaults(setting: str, model_dir: str | Path | None) -> Sampli
         min_p=_number(cfg, "min_p", path, lambda v: 0 <= v <= 1, "in [0, 1]"),
         max_tokens=_integer(cfg, "max_new_tokens", path, 1),
         source=str(path),
-        unsupported=tuple(k for k, neutral in _UNSUPPORTED.items() if cfg.get(k) not in (None, neutral)),
+        unsupported=tuple(k for k, neutral in UNIMPLEMENTED.items() if cfg.get(k) not in (None, neutral)),
     )
 
 

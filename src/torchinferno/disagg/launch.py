@@ -17,7 +17,7 @@ from torchinferno.disagg.transport import BACKENDS, FanoutConfig, TransportConfi
 from torchinferno.engine.core_client import EngineCoreProcess
 from torchinferno.engine.core_proc import CoreProcessConfig
 from torchinferno.errors import ConfigError
-from torchinferno.ports import address_in_use
+from torchinferno.ports import once_more_if_port_taken
 
 __all__ = ["DisaggConfig", "PairPlan", "plan_pair", "start_role_cores"]
 
@@ -34,7 +34,6 @@ class DisaggConfig:
     timeout_s: float = 60.0
     profile: bool = False  # synchronized pack / wire / unpack timings
     record_path: str | None = None  # JSONL: one disaggregated_runtime_integrity record per completed request
-
 
 
 @dataclass(frozen=True)
@@ -70,19 +69,19 @@ def plan_pair(engine_config, disagg: DisaggConfig) -> PairPlan:
 def start_role_cores(plan: PairPlan, model, engine_config, tokenizer, disagg: DisaggConfig, warmup: bool | None,
                      start_timeout_s: float, step_log: str | None) -> dict[str, EngineCoreProcess]:
     """Both roles' engine-core processes, started in :data:`ROLES` order (module docstring: retry, invariant)."""
-    for attempt in range(2):
+    def start() -> dict[str, EngineCoreProcess]:
         cores: dict[str, EngineCoreProcess] = {}
         try:
             for role, cfg in zip(ROLES, _core_configs(plan, model, engine_config, tokenizer, disagg, warmup,
                                                       step_log)):
                 cores[role] = EngineCoreProcess(cfg, start_timeout_s)
             return cores
-        except BaseException as e:
+        except BaseException:
             for c in cores.values():
                 c.shutdown(timeout_s=5)
-            if attempt or disagg.port or not address_in_use(e):
-                raise
-    raise AssertionError("unreachable")
+            raise
+
+    return once_more_if_port_taken(start, retry=not disagg.port)
 
 
 def _core_configs(plan: PairPlan, model, engine_config, tokenizer, disagg: DisaggConfig, warmup: bool | None,

@@ -136,7 +136,7 @@ class MultiprocExecutor(Executor):
         import torch.multiprocessing as mp
 
         from torchinferno.parallel.checks import check_spec, parallel_world
-        from torchinferno.ports import address_in_use, free_port
+        from torchinferno.ports import free_port, once_more_if_port_taken
 
         ranks, self.mode = parallel_world(config)
         world = world or ranks
@@ -148,7 +148,7 @@ class MultiprocExecutor(Executor):
         ctx = mp.get_context("spawn")
         self._pending: deque[_Handle] = deque()
         self._forward_calls = 0
-        for attempt in range(2):  # the rendezvous port can be taken between free_port() and rank 0's bind: once more
+        def start() -> list[dict]:
             self._procs, self._conns = [], []
             port = free_port()
             for rank in range(world):
@@ -161,12 +161,13 @@ class MultiprocExecutor(Executor):
                 self._conns.append(parent)
             self._finalizer = weakref.finalize(self, _shutdown_procs, self._procs, self._conns)
             try:
-                infos = [self._recv(rank, timeout_s, "starting") for rank in range(world)]
-                break
-            except BaseException as e:
+                return [self._recv(rank, timeout_s, "starting") for rank in range(world)]
+            except BaseException:
                 self.shutdown()
-                if attempt or not address_in_use(e):
-                    raise
+                raise
+
+        # the rendezvous port can be taken between free_port() and rank 0's bind
+        infos = once_more_if_port_taken(start)
         self.config = infos[0]["config"]
         self.model_config = infos[0]["model_config"]
         self.num_blocks = min(i["num_blocks"] for i in infos)

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from torchinferno.errors import TorchInfernoError
 from torchinferno.parallel.comm import Comm
 from torchinferno.parallel.config import ParallelConfig
-from torchinferno.ports import address_in_use, free_port
+from torchinferno.ports import free_port, once_more_if_port_taken
 
 log = logging.getLogger(__name__)
 
@@ -62,12 +62,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args, backend: str = "gloo", 
     """``[fn(comm, *args) for each rank]`` computed in ``world`` spawned processes (``fn`` importable, results
     picklable). Raises TorchInfernoError naming the rank if one fails or the world outlives ``timeout_s``.
     A rendezvous port taken by another process between picking and binding it is retried once on a new port."""
-    try:
-        return _run_ranks(fn, world, args, backend, timeout_s, mode)
-    except TorchInfernoError as e:
-        if not address_in_use(e):
-            raise
-        return _run_ranks(fn, world, args, backend, timeout_s, mode)
+    return once_more_if_port_taken(lambda: _run_ranks(fn, world, args, backend, timeout_s, mode))
 
 
 def _run_ranks(fn: Callable[..., Any], world: int, args: tuple, backend: str, timeout_s: float,

@@ -24,11 +24,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from torchinferno import __version__
+from torchinferno.core.generation_defaults import SamplingDefaults
 from torchinferno.errors import EngineDeadError
 from torchinferno.errors import TorchInfernoError
 from torchinferno.server import completions
 from torchinferno.server.body import MAX_BODY_BYTES, ErrorMiddleware, read_json_body
-from torchinferno.core.generation_defaults import SamplingDefaults
 from torchinferno.server.metrics import ServerMetrics
 from torchinferno.server.protocol import (
     BadRequest,

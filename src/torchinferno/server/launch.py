@@ -48,9 +48,9 @@ def _model_context_len(spec) -> int | None:
 def build(args: argparse.Namespace):
     """-> (app, ServerConfig, engine): ``engine`` is an ``AsyncLLM`` (engine-core process) or, with
     ``--engine-in-process``, an ``AsyncEngine``."""
+    from torchinferno.core.generation_defaults import load_sampling_defaults
     from torchinferno.engine.assembly import check_device, tokenizer_spec
     from torchinferno.server.app import ServerConfig, create_app
-    from torchinferno.core.generation_defaults import load_sampling_defaults
     from torchinferno.text.tokenizer import load_tokenizer
 
     check_device(args.device)
@@ -94,8 +94,8 @@ def build(args: argparse.Namespace):
         engine = AsyncLLM(spec, cfg, tokenizer, step_log=args.step_log)
         max_len = engine.max_model_len
     print(f"engine: {engine.describe()}", file=sys.stderr, flush=True)
-    if defaults.describe():
-        print(defaults.describe(), file=sys.stderr, flush=True)
+    if note := defaults.describe():
+        print(note, file=sys.stderr, flush=True)
     scfg = ServerConfig(model_name=served_name(args, spec), root=root, max_model_len=max_len, api_key=args.api_key,
                         max_request_body_bytes=args.max_request_body_bytes,
                         max_choices_per_request=args.max_choices_per_request, sampling_defaults=defaults)

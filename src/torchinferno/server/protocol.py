@@ -12,8 +12,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from torchinferno.core.generation_defaults import UNIMPLEMENTED, SamplingDefaults
 from torchinferno.core.sampling_params import SamplingParams
-from torchinferno.core.generation_defaults import SamplingDefaults
 
 MAX_N = 16
 Number = Union[StrictInt, StrictFloat]
@@ -47,8 +47,9 @@ def as_openai_error(e: BaseException) -> BadRequest:
                       code="internal_error")
 
 
-UNSUPPORTED_NEUTRAL: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
-                                       "logit_bias": {}}
+# fields accepted only at their neutral value (never silently ignored: the caller would believe they applied)
+UNSUPPORTED_NEUTRAL: dict[str, Any] = {**{k: UNIMPLEMENTED[k] for k in ("presence_penalty", "frequency_penalty",
+                                                                        "repetition_penalty")}, "logit_bias": {}}
 
 
 class StreamOptions(BaseModel):
@@ -186,16 +187,17 @@ def sampling_params(req: _Common, max_tokens: int | None, default_max_tokens: in
     check_text(stop, "stop")
     if req.stop_token_ids and any(t < 0 for t in req.stop_token_ids):
         raise BadRequest("stop_token_ids must be non-negative", "stop_token_ids")
-    def pick(value, default, api_default):
-        return value if value is not None else default if default is not None else api_default
+    base = defaults.sampling_params()  # SamplingParams' own defaults where the model's file sets none
 
-    top_k = pick(req.top_k, defaults.top_k, -1)
+    def pick(value, default):
+        return default if value is None else value
+
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else default_max_tokens,
-        temperature=float(pick(req.temperature, defaults.temperature, 1.0)),
-        top_p=float(pick(req.top_p, defaults.top_p, 1.0)),
-        top_k=-1 if top_k == 0 else top_k,
-        min_p=float(pick(req.min_p, defaults.min_p, 0.0)),
+        temperature=float(pick(req.temperature, base.temperature)),
+        top_p=float(pick(req.top_p, base.top_p)),
+        top_k=-1 if req.top_k == 0 else pick(req.top_k, base.top_k),
+        min_p=float(pick(req.min_p, base.min_p)),
         seed=req.seed,
         stop=stop,
         stop_token_ids=list(req.stop_token_ids or []),
