@@ -196,6 +196,7 @@ DECODE_VARIANTS += tuple((label, {}, "mla", 128, None) for label in DOWN_VARIANT
 # weights at 71% of the H200's copy bandwidth) and a lower MLA split floor (one program a layer at context 128)
 DECODE_VARIANTS += (
     ("step_pdl_chain", {"pdl_chain": True}, "mla", 128, None),  # the prologue, attention and MoE kernels under PDL
+    ("step_no_chain", {"pdl_chain": False}, "mla", 128, None),  # only the GEMVs under PDL (the default until s25)
     ("step_split16", {}, "mla", 16, None),
     ("step_proj_8x1024", {"configs": {"proj": {"block_n": 8, "block_k": 1024, "num_stages": 2}}}, "mla", 128, None),
     ("step_proj_2x2048", {"configs": {"proj": {"block_n": 2, "block_k": 2048}}}, "mla", 128, None),

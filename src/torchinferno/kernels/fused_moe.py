@@ -37,7 +37,7 @@ import torch
 from torchinferno.kernels import triton as _tri
 
 CONFIG_FILE = Path(__file__).resolve().parent / "triton" / "fused_moe_configs.json"
-M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
 def max_padded(num_pairs: int, num_experts: int, block_m: int) -> int:
