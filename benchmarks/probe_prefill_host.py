@@ -19,6 +19,7 @@ import torch
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="llama3-8b")
+    ap.add_argument("--model", default=None, help="a model name or directory instead of a random llama3 --size")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tokens", type=int, default=128)
@@ -33,7 +34,8 @@ def main() -> None:
     from torchinferno.engine.config import EngineConfig
     from torchinferno.engine.llm_engine import LLMEngine
 
-    model = build_model(ModelSpec(model_kind="llama3", size=a.size, dtype=a.dtype, device=a.device))
+    which = {"model": a.model} if a.model else {"model_kind": "llama3", "size": a.size}
+    model = build_model(ModelSpec(**which, dtype=a.dtype, device=a.device))
     cfg = EngineConfig(block_size=16, kv_cache_memory="2GiB", max_model_len=min(1024, model.config.max_position_embeddings),
                        max_num_seqs=8)
     V = model.config.vocab_size - 1
@@ -57,21 +59,22 @@ def main() -> None:
             one(10_000 + i)
         ms = [one(i) for i in range(a.requests)]
         q = statistics.quantiles(ms, n=10)
-        print(f"{a.size} async={mode} {a.tokens}-token prefill + 1 token, per request: median "
+        print(f"{a.model or a.size} async={mode} {a.tokens}-token prefill + 1 token, per request: median "
               f"{statistics.median(ms):.2f} ms, p10 {q[0]:.2f}, p90 {q[-1]:.2f}, min {min(ms):.2f}, max {max(ms):.2f}")
         print("  all:", " ".join(f"{x:.1f}" for x in ms))
-        for idle in a.idle_ms if mode else ():  # a served C 1 engine idles ~2-3 ms between requests (run 65)
-            for how in ("sleep", "spin"):
-                ms = []
-                for i in range(a.requests):
-                    t_end = time.perf_counter() + idle / 1e3
-                    if how == "sleep":
-                        time.sleep(idle / 1e3)
-                    while time.perf_counter() < t_end:
-                        pass
-                    ms.append(one(1000 * (1 + len(ms)) + i))
-                print(f"  after {idle:g} ms idle ({how}): median {statistics.median(ms):.2f} ms, min {min(ms):.2f}, "
-                      f"max {max(ms):.2f}; all: " + " ".join(f"{x:.1f}" for x in ms))
+        # a served C 1 engine idles ~2-3 ms between requests (run 65): the same after blocking or spinning that long
+        sets = [(idle, how) for idle in (a.idle_ms if mode else ()) for how in ("sleep", "spin")]
+        for k, (idle, how) in enumerate(sets):
+            ms = []
+            for i in range(a.requests):
+                t_end = time.perf_counter() + idle / 1e3
+                if how == "sleep":
+                    time.sleep(idle / 1e3)
+                while time.perf_counter() < t_end:
+                    pass
+                ms.append(one(100_000 * (k + 1) + 1000 * i))  # prompts no earlier set used
+            print(f"  after {idle:g} ms idle ({how}): median {statistics.median(ms):.2f} ms, min {min(ms):.2f}, "
+                  f"max {max(ms):.2f}; all: " + " ".join(f"{x:.1f}" for x in ms))
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device.startswith("cuda") else [])
