@@ -36,8 +36,8 @@ def main() -> None:
 
     which = {"model": a.model} if a.model else {"model_kind": "llama3", "size": a.size}
     model = build_model(ModelSpec(**which, dtype=a.dtype, device=a.device))
-    cfg = EngineConfig(block_size=16, kv_cache_memory="2GiB", max_model_len=min(1024, model.config.max_position_embeddings),
-                       max_num_seqs=8)
+    cfg = EngineConfig(block_size=16, kv_cache_memory="2GiB", max_num_seqs=8,
+                       max_model_len=min(1024, model.config.max_position_embeddings))
     V = model.config.vocab_size - 1
     p = SamplingParams(max_tokens=1, ignore_eos=True, temperature=0.0)
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)

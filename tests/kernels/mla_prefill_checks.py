@@ -5,7 +5,8 @@ and on CUDA (bf16 at DeepSeek's head dims) as plain functions.
 ``check_kernel``: ``expanded_attention`` with ``PREFILL_KERNEL = "triton"`` == the reference
 ``mla_expanded_attention`` for fresh prompts (plain causal) and chunks over a cached context (lower right, against
 the boolean mask), over odd sizes (Q, S, H, dims off the tiles, rows past the last query tile), values wider and
-narrower than the key; the kernel really ran; sabotage: the comparison rejects a reference that ignores the cached context (causal from the top left).
+narrower than the key; the kernel really ran; sabotage: the comparison rejects a reference that ignores the cached
+context (causal from the top left).
 """
 
 from __future__ import annotations
