@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Device call (next session; run tool: timeout_s 600, carry [".whl"]; ask for an H200: the issue-24 targets are set
+# there, and session 25's figures are H100 only). Most important first (a cut call still returns what $OUT holds):
+# (1) bench-moe on the V2-Lite-like model with session 25's defaults (pdl_chain, the in-place MLA prefill, tuned
+#     prefill tiles, the four-launch sort past 512 pairs), transformers eager in the same run, batches 1 8 64 256;
+# (2) issue 21: the in-process 128-token prefill of the 8B shape after idle gaps (sleeping vs spinning), beside the
+#     served step logs' 15-35 ms (run 65);
+# (3) tune-moe for the V3 experts at prefill sizes (the table stops at 4,096 pairs there), then bench-moe
+#     --model-shape v3-scaled --layers 8 --quantization fp8-block (no transformers peer in fp8-block).
+source benchmarks/device_env.sh
+R="$OUT/s26_a"; mkdir -p "$R"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$R/env.txt"
+timeout ${T_BENCH:-200} python3 -m torchinferno.cli.main bench-moe --sections model --model-shape v2-lite \
+  --batches 1 8 64 256 --prefill-tokens 2048 --json-output "$R/bench_v2l.json" > "$R/bench_v2l.log" 2>&1
+echo "bench v2l rc=$?" >> "$R/bench_v2l.log"
+grep -E "ceilings|model decode|model prefill|transformers|rc=|Error" "$R/bench_v2l.log" | cut -c1-400
+timeout ${T_HOST:-90} python3 benchmarks/probe_prefill_host.py --size llama3-8b --requests 30 --idle-ms 3 20 \
+  > "$R/prefill_host.log" 2>&1; echo "prefill host rc=$?" >> "$R/prefill_host.log"
+grep -E "per request|after|profiled|rc=|Error" "$R/prefill_host.log" | cut -c1-300
+timeout ${T_TUNE:-120} python3 -m torchinferno.cli.main tune-moe --shape 256,8,7168,2048 --tokens 2048 512 1024 \
+  --budget-s 100 > "$R/tune_v3.log" 2>&1; echo "tune rc=$?" >> "$R/tune_v3.log"
+grep -E "best|budget|rc=|Error" "$R/tune_v3.log" | cut -c1-200; cp src/torchinferno/kernels/triton/fused_moe_configs.json "$R/"
+timeout ${T_V3:-160} python3 -m torchinferno.cli.main bench-moe --sections model --model-shape v3-scaled --layers 8 \
+  --quantization fp8-block --batches 1 64 --prefill-tokens 2048 --json-output "$R/bench_v3.json" > "$R/bench_v3.log" 2>&1
+echo "bench v3 rc=$?" >> "$R/bench_v3.log"
+grep -E "ceilings|model decode|model prefill|rc=|Error" "$R/bench_v3.log" | cut -c1-400
+true
