@@ -11,3 +11,6 @@ if compgen -G ".whl/*.whl" > /dev/null; then  # benchmarks/device_wheels.sh fetc
     || exit 1
   export PYTHONPATH=src:/tmp/site
 fi
+
+# logged LOG SECONDS CMD...: CMD under `timeout`, stdout and stderr to LOG, then its exit status appended as "rc=N"
+logged() { local log=$1 t=$2; shift 2; timeout "$t" "$@" > "$log" 2>&1; echo "rc=$?" >> "$log"; }

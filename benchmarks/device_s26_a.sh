@@ -9,19 +9,17 @@
 #     --model-shape v3-scaled --layers 8 --quantization fp8-block (no transformers peer in fp8-block).
 source benchmarks/device_env.sh
 R="$OUT/s26_a"; mkdir -p "$R"
+TI="python3 -m torchinferno.cli.main"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$R/env.txt"
-timeout ${T_BENCH:-200} python3 -m torchinferno.cli.main bench-moe --sections model --model-shape v2-lite \
-  --batches 1 8 64 256 --prefill-tokens 2048 --json-output "$R/bench_v2l.json" > "$R/bench_v2l.log" 2>&1
-echo "bench v2l rc=$?" >> "$R/bench_v2l.log"
+logged "$R/bench_v2l.log" ${T_BENCH:-200} $TI bench-moe --sections model --model-shape v2-lite \
+  --batches 1 8 64 256 --prefill-tokens 2048 --json-output "$R/bench_v2l.json"
 grep -E "ceilings|model decode|model prefill|transformers|rc=|Error" "$R/bench_v2l.log" | cut -c1-400
-timeout ${T_HOST:-90} python3 benchmarks/probe_prefill_host.py --size llama3-8b --requests 30 --idle-ms 3 20 \
-  > "$R/prefill_host.log" 2>&1; echo "prefill host rc=$?" >> "$R/prefill_host.log"
+logged "$R/prefill_host.log" ${T_HOST:-90} python3 benchmarks/probe_prefill_host.py --size llama3-8b --requests 30 \
+  --idle-ms 3 20
 grep -E "per request|after|profiled|rc=|Error" "$R/prefill_host.log" | cut -c1-300
-timeout ${T_TUNE:-120} python3 -m torchinferno.cli.main tune-moe --shape 256,8,7168,2048 --tokens 2048 512 1024 \
-  --budget-s 100 > "$R/tune_v3.log" 2>&1; echo "tune rc=$?" >> "$R/tune_v3.log"
+logged "$R/tune_v3.log" ${T_TUNE:-120} $TI tune-moe --shape 256,8,7168,2048 --tokens 2048 512 1024 --budget-s 100
 grep -E "best|budget|rc=|Error" "$R/tune_v3.log" | cut -c1-200; cp src/torchinferno/kernels/triton/fused_moe_configs.json "$R/"
-timeout ${T_V3:-160} python3 -m torchinferno.cli.main bench-moe --sections model --model-shape v3-scaled --layers 8 \
-  --quantization fp8-block --batches 1 64 --prefill-tokens 2048 --json-output "$R/bench_v3.json" > "$R/bench_v3.log" 2>&1
-echo "bench v3 rc=$?" >> "$R/bench_v3.log"
+logged "$R/bench_v3.log" ${T_V3:-160} $TI bench-moe --sections model --model-shape v3-scaled --layers 8 \
+  --quantization fp8-block --batches 1 64 --prefill-tokens 2048 --json-output "$R/bench_v3.json"
 grep -E "ceilings|model decode|model prefill|rc=|Error" "$R/bench_v3.log" | cut -c1-400
 true

@@ -9,7 +9,6 @@ rendezvous start once more on fresh ports when that happened (:func:`once_more_i
 from __future__ import annotations
 
 import socket
-
 from collections.abc import Callable
 from typing import TypeVar
 

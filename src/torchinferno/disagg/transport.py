@@ -112,11 +112,12 @@ class _Job:
     sliding_block_ids: list[int] | None = None  # hybrid KV caches: the sliding group's blocks (kv_io)
 
 
-def _server_store(host: str, port: int, world: int, timeout_s: float):
-    """The TCPStore this process hosts, bound before returning (its clients join later)."""
+def _tcp_store(host: str, port: int, world: int, timeout_s: float, server: bool):
+    """A group's TCPStore: the one this process hosts (``server``: bound before returning, its clients join later)
+    or a client of it (blocks until it reaches the host)."""
     import torch.distributed as dist
 
-    return dist.TCPStore(host, port, world, True, timeout=datetime.timedelta(seconds=timeout_s),
+    return dist.TCPStore(host, port, world, server, timeout=datetime.timedelta(seconds=timeout_s),
                          wait_for_workers=False)
 
 
@@ -142,10 +143,10 @@ class KVTransport:
         # the stores this side hosts bind now, so a port taken since it was picked fails the role's startup (the API
         # process then starts the pair on fresh ports); joining the groups waits for the peers on the thread
         if cfg.rank == 0:
-            self._store = _server_store(cfg.host, cfg.port, 2, cfg.timeout_s)
+            self._store = _tcp_store(cfg.host, cfg.port, 2, cfg.timeout_s, server=True)
         if self.fanout is not None and self.fanout.rank == 0:
-            self._fan_store = _server_store(self.fanout.host, self.fanout.port, self.fanout.world,
-                                            self.fanout.timeout_s)
+            f = self.fanout
+            self._fan_store = _tcp_store(f.host, f.port, f.world, f.timeout_s, server=True)
         self._thread = threading.Thread(target=self._run, name=f"kv-transport-{cfg.rank}", daemon=True)
         self._thread.start()
 
@@ -183,7 +184,7 @@ class KVTransport:
         cfg = self.cfg
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
         if self._store is None:
-            self._store = dist.TCPStore(cfg.host, cfg.port, 2, False, timeout=timeout)
+            self._store = _tcp_store(cfg.host, cfg.port, 2, cfg.timeout_s, server=False)
         if cfg.backend == "nccl":
             self._pg = dist.ProcessGroupNCCL(self._store, cfg.rank, 2)
         else:
@@ -194,7 +195,7 @@ class KVTransport:
             f = self.fanout
             t = datetime.timedelta(seconds=f.timeout_s)
             if self._fan_store is None:
-                self._fan_store = dist.TCPStore(f.host, f.port, f.world, False, timeout=t)
+                self._fan_store = _tcp_store(f.host, f.port, f.world, f.timeout_s, server=False)
             store = self._fan_store
             self._fan_pg = (dist.ProcessGroupNCCL(store, f.rank, f.world) if self.kv.device.type == "cuda"
                             else dist.ProcessGroupGloo(store, f.rank, f.world, t))
