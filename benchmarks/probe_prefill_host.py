@@ -4,6 +4,7 @@ prefill eager): 128-token prompts with one output token each, timed per request;
 ``torch.profiler``: host time of the step, device kernel time, launches, top host ops (self CPU) and kernels.
 
     python benchmarks/probe_prefill_host.py [--size llama3-8b] [--device cuda] [--tokens 128] [--requests 30]
+        [--prefill-graph-tokens 0 512] [--idle-ms 3 20]
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=30)
     ap.add_argument("--idle-ms", type=float, nargs="*", default=[],
                     help="also time requests after this long idle between them: blocked (sleep) and spinning")
+    ap.add_argument("--prefill-graph-tokens", type=int, nargs="+", default=[0],
+                    help="EngineConfig.cuda_graph_prefill_tokens to run, one engine each (0: eager prefill, as run 69)")
     ap.add_argument("--serve-sized", action="store_true", help="serve's sizes: 0.9 of the memory, 256 seqs, 8192 "
                     "batched tokens, the model's whole context (run 65's engine)")
     a = ap.parse_args()
@@ -47,8 +50,11 @@ def main() -> None:
                                   max_num_batched_tokens=8192, max_model_len=model.config.max_position_embeddings)
     # sync, then async scheduling (serve's default); the profile is of the last. A serve-sized pool holds 0.9 of the
     # device, so a second engine beside it cannot fit (run 69): async only
-    for mode in (True,) if a.serve_sized else (False, True):
-        eng = LLMEngine(model, config=dataclasses.replace(cfg, async_scheduling=mode))
+    runs = [(mode, pg) for pg in a.prefill_graph_tokens for mode in ((True,) if a.serve_sized else (False, True))]
+    for mode, pg in runs:
+        eng = None  # the previous engine's pool and graphs go before the next one's are made
+        torch.cuda.empty_cache() if cuda else None
+        eng = LLMEngine(model, config=dataclasses.replace(cfg, async_scheduling=mode, cuda_graph_prefill_tokens=pg))
 
         def one(i: int) -> float:
             eng.add_request(f"r{i}", [(i * 7 + j) % V + 1 for j in range(a.tokens)], p)  # no prefix hits
@@ -62,7 +68,8 @@ def main() -> None:
             one(10_000 + i)
         ms = [one(i) for i in range(a.requests)]
         q = statistics.quantiles(ms, n=10)
-        print(f"{a.model or a.size} async={mode} {a.tokens}-token prefill + 1 token, per request: median "
+        print(f"{a.model or a.size} async={mode} prefill graphs={pg} ({eng.runner.num_graph_prefills} graph prefills) "
+              f"{a.tokens}-token prefill + 1 token, per request: median "
               f"{statistics.median(ms):.2f} ms, p10 {q[0]:.2f}, p90 {q[-1]:.2f}, min {min(ms):.2f}, max {max(ms):.2f}")
         print("  all:", " ".join(f"{x:.1f}" for x in ms))
         # a served C 1 engine idles ~2-3 ms between requests (run 65): the same after blocking or spinning that long

@@ -59,6 +59,8 @@ def main(argv=None) -> int:
                    help="requests per level at least (run 37 sent 8 at C=1: its TTFT p50 moved 34%% between runs A and B)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--out", required=True)
+    p.add_argument("--runs", nargs="+", default=["a", "b"], choices=["a", "b"],
+                   help="which servings to run (one alone: a quick served figure, e.g. with other --serve-flags)")
     p.add_argument("--skip-analysis", action="store_true",
                    help="serve and bench only (the fits take minutes of CPU: run sim_offline_validate.py on the files later)")
     args = p.parse_args(argv)
@@ -69,9 +71,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from sim_offline_validate import main as offline
 
-    for run in ("a", "b"):
+    for run in args.runs:
         serve_and_bench(args, run, out)
-    if args.skip_analysis:
+    if args.skip_analysis or len(args.runs) < 2:
         return 0
     summary = {}
     for cm in ("timeline", "linear"):  # fit on A -> predict B and back, next to the A-vs-B noise floor

@@ -32,9 +32,9 @@ def test_cpu_engine_runs_the_eager_runner(tiny_llama):
 
 
 class _FakeGraphRunner(ModelRunner):
-    def __init__(self, model, kv_cache, max_num_seqs, max_model_len):
+    def __init__(self, model, kv_cache, max_num_seqs, max_model_len, prefill_tokens=0):
         super().__init__(model, kv_cache, max_num_seqs, max_model_len)
-        self.max_num_seqs = max_num_seqs
+        self.max_num_seqs, self.prefill_tokens = max_num_seqs, prefill_tokens
 
 
 def test_engine_picks_graphs_when_capturable_unless_enforce_eager(tiny_llama, monkeypatch):
@@ -42,6 +42,7 @@ def test_engine_picks_graphs_when_capturable_unless_enforce_eager(tiny_llama, mo
     monkeypatch.setattr(graph_runner, "CudaGraphModelRunner", _FakeGraphRunner)
     eng = LLMEngine(tiny_llama, max_num_seqs=12)
     assert type(eng.runner) is _FakeGraphRunner and eng.runner.max_num_seqs == 12
+    assert eng.runner.prefill_tokens == EngineConfig().cuda_graph_prefill_tokens == 512  # the config reaches it
     eager = LLMEngine(tiny_llama, None, EngineConfig(max_num_seqs=12, enforce_eager=True))
     assert type(eager.runner) is ModelRunner
 

@@ -47,8 +47,9 @@ class EngineConfig:
     ``max_num_batched_tokens`` is raised to ``max_model_len``.
 
     On a CUDA KV cache whose model's attention backends are capturable, plain decode steps
-    replay per-batch-size CUDA graphs (``engine.graph_runner``); ``enforce_eager=True`` keeps
-    every step eager (debugging, or comparing against the graph path).
+    replay per-batch-size CUDA graphs (``engine.graph_runner``), and a step that is one fresh prompt of at
+    most ``cuda_graph_prefill_tokens`` tokens replays a per-length prefill graph (0: prefill eager);
+    ``enforce_eager=True`` keeps every step eager (debugging, or comparing against the graph path).
 
     ``kv_cache_dtype`` is the KV pool's storage dtype (a dtype or a ``--kv-cache-dtype`` spelling:
     ``auto``, ``bfloat16``, ``float16``, ``float32``, ``fp8``/``fp8_e4m3``, ``fp8_e5m2``). FP8 halves
@@ -78,6 +79,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     max_logprobs: int = 20
     enforce_eager: bool = False
+    # With CUDA graphs: a step that is one fresh prompt of at most this many tokens replays a per-length prefill graph
+    # (kernels.cuda_graphs_prefill: such a prefill is host-bound eagerly); 0 keeps every prefill eager
+    cuda_graph_prefill_tokens: int = 512
     async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
     batch_invariant: bool = False
     tensor_parallel_size: int = 1  # > 1: engine.multiproc_executor spawns one worker rank per device
@@ -105,6 +109,9 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
             raise ConfigError("tensor and pipeline parallelism together are not supported yet (set one of "
                               "tensor_parallel_size / pipeline_parallel_size to 1)")
+        v = self.cuda_graph_prefill_tokens
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"cuda_graph_prefill_tokens must be an integer >= 0 (0: eager prefill), got {v!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:

@@ -17,6 +17,8 @@ skips them) and their block-table row points at a scratch block they only read (
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -30,7 +32,10 @@ from torchinferno.kernels.cuda_graphs import (
     CudaGraphDecodeRunner,
     backend_supports_graphs,
 )
+from torchinferno.kernels.cuda_graphs_prefill import CudaGraphPrefillRunner, prefill_buckets, supports_prefill_graphs
 from torchinferno.models.common.step_model import step_model
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CudaGraphModelRunner", "can_use_cuda_graphs", "graph_batch_sizes", "make_model_runner"]
 
@@ -65,7 +70,8 @@ def make_model_runner(model: nn.Module, kv_cache: PagedKVCache, config: EngineCo
     """
     model = step_model(model, kv_cache.device)
     if not config.enforce_eager and can_use_cuda_graphs(model, kv_cache):
-        return CudaGraphModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
+        return CudaGraphModelRunner(model, kv_cache, config.max_num_seqs, max_model_len,
+                                    prefill_tokens=config.cuda_graph_prefill_tokens)
     return ModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
 
 
@@ -75,10 +81,14 @@ class CudaGraphModelRunner(ModelRunner):
     Construction captures every bucket of ``batch_sizes`` (default ``graph_batch_sizes(max_num_seqs)``)
     against ``kv_cache``, which must never be reallocated afterwards. ``num_graph_steps`` counts
     replayed steps; ``num_forward_calls`` counts every forward (replayed or eager).
+
+    ``prefill_tokens > 0`` also captures the prefill of one fresh prompt of up to that many tokens per length bucket
+    (``kernels.cuda_graphs_prefill``; ``num_graph_prefills`` counts those steps) when the model's attention declares
+    ``supports_prefill_graphs`` and the cache has one group; a capture that fails leaves prefill eager (logged).
     """
 
     def __init__(self, model: nn.Module, kv_cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
-                 batch_sizes=None):
+                 batch_sizes=None, prefill_tokens: int = 0):
         super().__init__(model, kv_cache, max_num_seqs, max_model_len)
         if not can_use_cuda_graphs(model, kv_cache):
             raise ValueError("CUDA graphs need a CUDA KV cache and attention backends with supports_cuda_graphs")
@@ -88,6 +98,15 @@ class CudaGraphModelRunner(ModelRunner):
                                            use_graphs=True, hybrid=kv_cache.spec.is_hybrid)
         self.graph.capture()
         self.max_graph_batch = self.graph.buckets[-1]
+        tokens = min(prefill_tokens, max_model_len)
+        if tokens > 0 and not kv_cache.spec.is_hybrid and supports_prefill_graphs(model):
+            pg = CudaGraphPrefillRunner(model, kv_cache.tensors, bs, prefill_buckets(tokens), use_graphs=True)
+            try:
+                pg.capture()
+            except RuntimeError as e:  # a backend that captures decode but not this prefill: stay eager, say why
+                log.warning("prefill CUDA graphs off (capture failed: %s)", str(e).splitlines()[0][:200])
+            else:
+                self.prefill_graphs = pg
 
     @property
     def uses_cuda_graphs(self) -> bool:

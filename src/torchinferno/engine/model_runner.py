@@ -58,6 +58,10 @@ class ModelRunner:
         self._prev_rows: dict[str, int] | None = None
         self.num_forward_calls = 0
         self.num_graph_steps = 0  # decode steps replayed from CUDA graphs (CudaGraphModelRunner)
+        # One fresh prompt's prefill from per-length CUDA graphs (kernels.cuda_graphs_prefill), set by
+        # CudaGraphModelRunner; None: every prefill runs eagerly
+        self.prefill_graphs = None
+        self.num_graph_prefills = 0
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -99,6 +103,11 @@ class ModelRunner:
         if not reqs:
             return self._sampled_nothing()
         step = self._prepare(reqs)
+        if self.graph_prefillable(reqs):
+            logits = self.prefill_graphs.run(step.input_ids, step.slot_mapping)  # [1, V] fp32: the last token's
+            self.num_forward_calls += 1
+            self.num_graph_prefills += 1
+            return self._sample(reqs, step.sample_rows, logits) if step.sample_rows else self._sampled_nothing()
         hidden = self.model(step.input_ids, step.positions, self.kv_cache.tensors, step.attention_metadata())  # [T, D]
         self.num_forward_calls += 1
         prompt_lps = self._prompt_logprobs(reqs, hidden) if any(s.prompt_logprob_targets for s in reqs) else {}
@@ -111,6 +120,15 @@ class ModelRunner:
             handle = self._sample(reqs, step.sample_rows, logits)
         handle.prompt_logprobs = prompt_lps
         return handle
+
+    def graph_prefillable(self, reqs: list[ScheduledRequest]) -> bool:
+        """The step is what ``prefill_graphs`` replays: one request, no cached context, a length of a bucket, no
+        prompt logprobs (they need every row's hidden state)."""
+        if self.prefill_graphs is None or len(reqs) != 1:
+            return False
+        s = reqs[0]
+        return (s.num_computed_tokens == 0 and len(s.token_ids) <= self.prefill_graphs.max_tokens
+                and not s.prompt_logprob_targets)
 
     def _prompt_logprobs(self, reqs: list[ScheduledRequest], hidden: torch.Tensor) -> dict[str, list[TokenLogprob]]:
         """Logprobs of prompt tokens at the positions ``prompt_logprob_targets`` asks for (``hidden [T, D]``,

@@ -57,6 +57,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--enforce-eager", action="store_true",
                    help="never replay decode steps from CUDA graphs (default: graphs on CUDA when the attention backend allows)")
+    p.add_argument("--cuda-graph-prefill-tokens", type=int, default=512, metavar="N",
+                   help="with CUDA graphs, replay the prefill of one fresh prompt of up to N tokens from a per-length "
+                        "graph (a small eager prefill is host-bound); 0: eager prefill")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch step k+1 before step k's tokens reach the host (overlaps host work "
                         "with the device; same outputs). Default: on for CUDA, off on CPU")
@@ -220,6 +223,7 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
                         enable_prefix_caching=not args.no_prefix_caching and args.cache_backend == "paged",
                         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
+                        cuda_graph_prefill_tokens=getattr(args, "cuda_graph_prefill_tokens", 512),
                         kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                         batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size,
                         pipeline_parallel_size=args.pipeline_parallel_size,

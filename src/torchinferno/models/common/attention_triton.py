@@ -8,7 +8,9 @@ On CUDA tensors with Triton installed:
   only device tensors (``slot_mapping``, ``block_tables``, ``seq_lens``) and picks its split
   count from static shapes, so a decode step can be captured in a CUDA graph
   (``supports_cuda_graphs``);
-* a batch that is one fresh prompt (no cached context): SDPA (FlashAttention) on the new K/V;
+* a batch that is one fresh prompt (no cached context): SDPA (FlashAttention) on the new K/V; it reads no
+  host value but the prompt length, so such a step can be captured per length bucket
+  (``supports_prefill_graphs``, ``kernels.cuda_graphs_prefill``);
 * anything else (several prompts, chunked prefill, prefix-cache hits, decodes mixed with
   prefill chunks): one varlen paged prefill launch plus one decode launch for the leading
   one-token rows (``kernels.api.paged_prefill_attention``).
@@ -36,6 +38,7 @@ class TritonPagedAttention(TorchAttention):
     """q [T, H, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, H, Dv] (see module docstring)."""
 
     supports_cuda_graphs = True
+    supports_prefill_graphs = True  # the fresh-prompt path (SDPA) reads only shapes and device tensors
 
     def forward(self, q, k, v, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata | None):
         if kv_cache is None or meta is None or not tri.usable(q) or self.batch_invariant:
