@@ -144,3 +144,14 @@ def test_admission_spreads_a_burst():
     assert base[0] == base[-1] < 8 * 5e-3  # no admission: one prefill step for the whole burst
     assert slow[0] >= 5e-3  # the first request waits one admission
     assert slow[-1] >= 8 * 5e-3  # the last one is admitted after all eight
+
+
+def test_timeline_flags_read_the_prefill_graphs():
+    from torchinferno.sim.step_log_fit import timeline_flags
+
+    gpu = {"engine": "... runner=cuda-graphs, async scheduling", "device": "cuda:0", "async_scheduling": True}
+    assert timeline_flags(gpu)["prefill_graph_tokens"] == 0  # a log from before session 26: eager prefill
+    assert timeline_flags({**gpu, "prefill_graph_tokens": 512})["prefill_graph_tokens"] == 512
+    eager = {**gpu, "engine": "... runner=eager", "prefill_graph_tokens": 512}
+    assert timeline_flags(eager) == {"graphs": False, "overlap": True, "async_scheduling": True,
+                                     "prefill_graph_tokens": 0}

@@ -214,3 +214,55 @@ def test_a_term_no_step_exercises_stays_zero():
                               seed=seed)
         assert got.params["launch_graph"] == 0.0
         assert all(math.isfinite(v) and v < 1.0 for v in got.params.values()), got.params  # seconds
+
+
+def _sched(*reqs):
+    """A SchedulerOutput of (tokens, computed) requests; one-token rows past a prefix are decodes."""
+    from torchinferno.core.sampling_params import SamplingParams
+    from torchinferno.engine.outputs import ScheduledRequest, SchedulerOutput
+
+    return SchedulerOutput([ScheduledRequest(f"r{i}", [5] * n, c, [1] * 64, [], True, SamplingParams())
+                            for i, (n, c) in enumerate(reqs)])
+
+
+@pytest.mark.parametrize("reqs, graphed", [
+    ([(128, 0)], True),  # one fresh prompt
+    ([(512, 0)], True), ([(513, 0)], False),  # past the longest captured length
+    ([(1, 0)], True),  # a one-token fresh prompt (the decode graph takes it in the engine)
+    ([(128, 16)], False),  # a prefix-cache hit: cached context
+    ([(64, 0), (64, 0)], False),  # two prompts
+    ([(1, 40), (64, 0)], False),  # a prompt beside a decode
+    ([(1, 40), (1, 7)], True),  # pure decode
+])
+def test_graph_step_is_the_runner_rule(reqs, graphed):
+    """The simulator's rule (sim.timeline.graph_step on the batch shape) is the engine runner's
+    (ModelRunner.graph_prefillable / the decode graphs' pure-decode batches) for the same scheduled batch."""
+    from types import SimpleNamespace
+
+    from torchinferno.engine.model_runner import ModelRunner
+    from torchinferno.sim.timeline import batch_shape, graph_step
+
+    sched = _sched(*reqs)
+    runner = SimpleNamespace(prefill_graphs=SimpleNamespace(max_tokens=512))
+    decode = all(len(s.token_ids) == 1 and s.num_computed_tokens > 0 for s in sched.scheduled)
+    engine = decode or (len(sched.scheduled) == 1 and len(sched.scheduled[0].token_ids) == 1) \
+        or ModelRunner.graph_prefillable(runner, sched.scheduled)
+    shape = batch_shape(sched)
+    assert graph_step(shape, True, 512) == engine == graphed
+    assert graph_step(shape, True, 0) == decode  # prefill graphs off: decode batches only
+    assert not graph_step(shape, False, 512)
+
+
+def test_a_graphed_prefill_pays_the_graph_launch():
+    """With prefill graphs a fresh prompt's step pays launch_graph and starts on the device after it; the model's
+    dict form keeps the length (older files: 0)."""
+    eager = TimelineModel(GPU, graphs=True, overlap=True)
+    graphed = TimelineModel(GPU, graphs=True, overlap=True, prefill_graph_tokens=512)
+    s = pre(128)
+    assert eager.parts(s)[1] == GPU["launch_eager"] and graphed.parts(s)[1] == GPU["launch_graph"]
+    assert graphed.step_seconds(s) < eager.step_seconds(s) - 5 * MS  # the 12 ms launch hid ~4.6 ms of device work
+    assert graphed.step_seconds(pre(1024)) == eager.step_seconds(pre(1024))  # past the captured lengths: eager
+    assert TimelineModel.from_dict(graphed.as_dict()).prefill_graph_tokens == 512
+    d = graphed.as_dict()
+    del d["prefill_graph_tokens"]
+    assert TimelineModel.from_dict(d).prefill_graph_tokens == 0

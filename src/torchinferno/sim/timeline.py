@@ -11,7 +11,8 @@ value per name, all >= 0):
 * host, the launch itself: ``launch_eager + launch_eager_seq * rows`` for a step that runs op by op (a step with a
   prefill chunk, or every step without CUDA graphs; run 45's eager launch grows from ~20 ms at one row to ~30 at 64
   and ~45 at 256 while a graph step's host side stays ~1-4 ms), ``launch_graph`` for a replayed graph
-  (``graphs=True``: pure decode steps);
+  (``graphs=True``: pure decode steps, and with ``prefill_graph_tokens`` a step that is one fresh prompt of at most
+  that many tokens, as the engine's runner replays it: :func:`graph_step`);
 * host, applying a result (``update_from_output``, output encoding): ``apply_row * rows`` of the resolved batch;
 * device, a roofline: ``max(weights + kv_token * decode_ctx + kv_padded * decode_rows * longest_ctx,
   flop_token * tokens) + token * tokens + seq * rows + attn_pair * prefill_pairs / 1e3 + batched * [rows > 1]``
@@ -39,7 +40,8 @@ from dataclasses import dataclass, field, replace
 from torchinferno.engine.outputs import SchedulerOutput
 from torchinferno.errors import ConfigError
 
-__all__ = ["DEVICE_PARAMS", "HOST_PARAMS", "PARAMS", "BatchShape", "Timeline", "TimelineModel", "batch_shape"]
+__all__ = ["DEVICE_PARAMS", "HOST_PARAMS", "PARAMS", "BatchShape", "Timeline", "TimelineModel", "batch_shape",
+           "graph_step"]
 
 HOST_PARAMS = ("host_step", "host_seq", "host_token", "host_batched", "launch_eager", "launch_eager_seq", "launch_graph",
                "apply_row")
@@ -87,10 +89,24 @@ def batch_shape(sched: SchedulerOutput, external_prefill: frozenset | set = froz
     return BatchShape(seqs, dec + pre, dec, pre, ctx, ctx_max, attn * 1e-3)
 
 
-def param_features(shape: BatchShape, graphs: bool) -> tuple[dict, dict, dict, dict, dict]:
+def graph_step(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0) -> bool:
+    """The engine replays this batch from a CUDA graph (``engine.model_runner.graph_prefillable`` and the decode
+    graphs): ``graphs`` and either a pure decode batch or one fresh prompt (no decode rows, no cached context:
+    ``prefill_attn == n * n / 2 / 1e3``) of ``n <= prefill_graph_tokens`` tokens."""
+    if not graphs:
+        return False
+    n = shape.prefill_tokens
+    if n == 0:
+        return True
+    # a cached context of c >= 1 tokens adds n * c / 1e3 >= 1e-3 to the pairs: beyond the logged rounding
+    return (shape.seqs == 1 and shape.decode_seqs == 0 and n <= prefill_graph_tokens
+            and abs(shape.prefill_attn - n * n * 5e-4) < 5e-4)
+
+
+def param_features(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0) -> tuple[dict, dict, dict, dict, dict]:
     """Coefficients of each part of a step on ``PARAMS``: ``(pre, launch, apply, memory, compute+extra)``.
     The device time is ``max(memory, compute) + extra``; ``compute`` is the ``flop_token`` term alone."""
-    eager = shape.prefill_tokens > 0 or not graphs
+    eager = not graph_step(shape, graphs, prefill_graph_tokens)
     pre = {"host_step": 1.0, "host_seq": float(shape.seqs), "host_token": float(shape.tokens),
            "host_batched": 1.0 if shape.seqs > 1 else 0.0}
     launch = {"launch_eager": 1.0, "launch_eager_seq": float(shape.seqs)} if eager else {"launch_graph": 1.0}
@@ -109,11 +125,13 @@ def extra_features(shape: BatchShape) -> dict:
 @dataclass
 class TimelineModel:
     """Fitted per-part costs (module docstring). ``graphs``: pure decode steps replay a CUDA graph;
-    ``overlap``: a device separate from the host (CUDA); ``async_scheduling``: how the calibrated engine ran
-    (informational: the simulated core's own config decides the order)."""
+    ``prefill_graph_tokens``: so does one fresh prompt of at most this many tokens (:func:`graph_step`; 0: the
+    engine's prefill ran eagerly); ``overlap``: a device separate from the host (CUDA); ``async_scheduling``: how the
+    calibrated engine ran (informational: the simulated core's own config decides the order)."""
 
     params: dict = field(default_factory=lambda: dict.fromkeys(PARAMS, 0.0))
     graphs: bool = False
+    prefill_graph_tokens: int = 0
     overlap: bool = False
     async_scheduling: bool = False
     empty_step_s: float = 0.0  # a step that scheduled nothing: host only
@@ -131,7 +149,7 @@ class TimelineModel:
     def parts(self, shape: BatchShape) -> tuple[float, float, float, float]:
         """``(pre, launch, device, apply)`` seconds of a batch (module docstring)."""
         p = self.params
-        eager = shape.prefill_tokens > 0 or not self.graphs
+        eager = not graph_step(shape, self.graphs, self.prefill_graph_tokens)
         pre = p["host_step"] + p["host_seq"] * shape.seqs + p["host_token"] * shape.tokens \
             + (p["host_batched"] if shape.seqs > 1 else 0.0)
         launch = p["launch_eager"] + p["launch_eager_seq"] * shape.seqs if eager else p["launch_graph"]
@@ -169,14 +187,16 @@ class TimelineModel:
 
     # ------------------------------------------------------------------ file form
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "params": dict(self.params), "graphs": self.graphs, "overlap": self.overlap,
+        return {"kind": self.kind, "params": dict(self.params), "graphs": self.graphs,
+                "prefill_graph_tokens": self.prefill_graph_tokens, "overlap": self.overlap,
                 "async_scheduling": self.async_scheduling, "empty_step_s": self.empty_step_s}
 
     @classmethod
     def from_dict(cls, d: dict) -> TimelineModel:
         if not isinstance(d, dict) or d.get("kind") != "timeline":
             raise ConfigError(f"not a timeline cost model (kind {d.get('kind')!r})")
-        return cls(params=dict(d["params"]), graphs=bool(d.get("graphs", False)), overlap=bool(d.get("overlap", False)),
+        return cls(params=dict(d["params"]), graphs=bool(d.get("graphs", False)),
+                   prefill_graph_tokens=int(d.get("prefill_graph_tokens", 0)), overlap=bool(d.get("overlap", False)),
                    async_scheduling=bool(d.get("async_scheduling", False)),
                    empty_step_s=float(d.get("empty_step_s", 0.0)))
 
@@ -204,7 +224,7 @@ class Timeline:
         if not m.overlap:  # the host runs the forward itself
             end += dev
             dev_end = end
-        elif shape.prefill_tokens > 0 or not m.graphs:  # eager: kernels run as they are launched
+        elif not graph_step(shape, m.graphs, m.prefill_graph_tokens):  # eager: kernels run as they are launched
             dev_end = max(max(self.device_free, start + pre) + dev, end)
         else:  # graph replay: starts once launched
             dev_end = max(self.device_free, end) + dev
