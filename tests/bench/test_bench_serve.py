@@ -98,3 +98,24 @@ def test_bench_serve_error_status(tmp_path, tiny_base_url, client):
     _, r = _run(tmp_path, tiny_base_url, "--http-client", client, "--model", "no-such-model")
     assert r["completed"] == 0 and r["failed"] == 6
     assert all(e.startswith("HTTP 404:") and "no-such-model" in e for e in r["errors"]), r["errors"][0]
+
+
+def test_warmups_send_prompts_of_their_own(tmp_path, tiny_base_url, monkeypatch):
+    """Warm-up requests use prompts drawn after the measured ones: the measured prompts are those of a run without
+    warm-ups, and none of them is in the prefix cache because a warm-up sent it (run 72's first C 1 request was)."""
+    from torchinferno.bench import serve_client
+
+    sent = []
+    real = serve_client.send_request
+
+    async def spy(client, cfg, model, prompt):
+        sent.append(tuple(prompt.value) if isinstance(prompt.value, list) else prompt.value)
+        return await real(client, cfg, model, prompt)
+
+    monkeypatch.setattr(serve_client, "send_request", spy)
+    assert _run(tmp_path, tiny_base_url, "--num-warmups", "0")[0] == 0
+    measured, sent[:] = list(sent), []
+    assert _run(tmp_path, tiny_base_url, "--num-warmups", "2")[0] == 0
+    warm, again = sent[:2], sent[2:]
+    assert again == measured and len(set(measured)) == 6
+    assert not set(warm) & set(measured)
