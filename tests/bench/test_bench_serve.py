@@ -119,3 +119,15 @@ def test_warmups_send_prompts_of_their_own(tmp_path, tiny_base_url, monkeypatch)
     warm, again = sent[:2], sent[2:]
     assert again == measured and len(set(measured)) == 6
     assert not set(warm) & set(measured)
+
+
+def test_prompt_offsets_are_distinct_and_stable():
+    import random
+
+    from torchinferno.bench.serve_prompts import _distinct_starts
+
+    a = _distinct_starts(random.Random(3), 600, 512)
+    assert len(set(a)) == 512 and all(0 <= s < 600 for s in a)  # enough offsets: no window repeats
+    assert _distinct_starts(random.Random(3), 600, 514)[:512] == a  # more prompts (warm-ups) leave these as they are
+    few = _distinct_starts(random.Random(3), 4, 6)
+    assert set(few) == {0, 1, 2, 3} and len(few) == 6  # too few offsets: all used, then repeats

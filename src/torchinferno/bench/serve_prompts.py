@@ -85,25 +85,38 @@ async def _detokenize(client, base_url: str, model: str | None, ids: list[int]) 
         return None
 
 
+def _distinct_starts(rng: random.Random, n_starts: int, num: int) -> list[int]:
+    """``num`` window offsets in ``[0, n_starts)``, drawn one after another and distinct while there are enough
+    (so the first ``k`` of ``num`` do not depend on ``num``)."""
+    used: set[int] = set()
+    out = []
+    for _ in range(num):
+        s = rng.randrange(0, n_starts)
+        while s in used and len(used) < n_starts:
+            s = rng.randrange(0, n_starts)
+        used.add(s)
+        out.append(s)
+    return out
+
+
 async def make_prompts(client, base_url: str, model: str | None, num: int, input_len: int, seed: int,
                        as_tokens: bool) -> tuple[list[Prompt], str]:
     """``num`` prompts of ~``input_len`` tokens; returns (prompts, how they were made)."""
     rng = random.Random(seed)
-    # Enough words for every window to be distinct and long enough, whatever the tokenizer.
-    pool_words = max(4 * input_len, 256)
+    # Enough words for every window to be long enough and to start at its own offset, whatever the tokenizer (a word
+    # is at least one token): two windows from one offset share every block, so the second request's prefill would
+    # be a prefix-cache hit that a random-prompt benchmark does not mean to measure (512 prompts of 128 tokens drawn
+    # with replacement from the ~500 offsets of the old 512-word pool repeat about a third of them)
+    pool_words = max(4 * input_len, 256, num + input_len)
     pool_text = random_words(rng, pool_words)
     ids = await _tokenize(client, base_url, model, pool_text)
     if ids is not None and len(ids) >= input_len:
+        starts = _distinct_starts(rng, len(ids) - input_len + 1, num)
         if as_tokens:
-            out = []
-            for _ in range(num):
-                start = rng.randrange(0, len(ids) - input_len + 1)
-                out.append(Prompt(ids[start:start + input_len], input_len))
-            return out, "token-ids (server tokenizer)"
+            return [Prompt(ids[s:s + input_len], input_len) for s in starts], "token-ids (server tokenizer)"
         # Text for chat: a window of ids, turned back into text by the server's own tokenizer.
         out = []
-        for _ in range(num):
-            start = rng.randrange(0, len(ids) - input_len + 1)
+        for start in starts:
             text = await _detokenize(client, base_url, model, ids[start:start + input_len])
             if text is None:
                 break
