@@ -1,7 +1,8 @@
 """Where a small eager prefill's time goes (issue 21: the served C 1 TTFT's prefill step varies 15-35 ms on an
-8B-shape Llama, run 65; the device work of 128 tokens is a few ms). One ``LLMEngine`` (CUDA graphs for decode,
-prefill eager): 128-token prompts with one output token each, timed per request; then one prefill under
-``torch.profiler``: host time of the step, device kernel time, launches, top host ops (self CPU) and kernels.
+8B-shape Llama, run 65; the device work of 128 tokens is a few ms). One ``LLMEngine`` per ``--prefill-graph-tokens``
+value (CUDA graphs for decode; 0: prefill eager, as in runs 69-70; 512: one fresh prompt's prefill from a graph, run
+71): 128-token prompts with one output token each, timed per request; then one prefill under ``torch.profiler``
+(the last engine's): host time of the step, device kernel time, launches, top host ops (self CPU) and kernels.
 
     python benchmarks/probe_prefill_host.py [--size llama3-8b] [--device cuda] [--tokens 128] [--requests 30]
         [--prefill-graph-tokens 0 512] [--idle-ms 3 20]
