@@ -54,7 +54,8 @@ def main() -> None:
     runs = [(mode, pg) for pg in a.prefill_graph_tokens for mode in ((True,) if a.serve_sized else (False, True))]
     for mode, pg in runs:
         eng = None  # the previous engine's pool and graphs go before the next one's are made
-        torch.cuda.empty_cache() if cuda else None
+        if cuda:
+            torch.cuda.empty_cache()
         eng = LLMEngine(model, config=dataclasses.replace(cfg, async_scheduling=mode, cuda_graph_prefill_tokens=pg))
 
         def one(i: int) -> float:

@@ -106,7 +106,8 @@ async def make_prompts(client, base_url: str, model: str | None, num: int, input
     # Enough words for every window to be long enough and to start at its own offset, whatever the tokenizer (a word
     # is at least one token): two windows from one offset share every block, so the second request's prefill would
     # be a prefix-cache hit that a random-prompt benchmark does not mean to measure (512 prompts of 128 tokens drawn
-    # with replacement from the ~500 offsets of the old 512-word pool repeat about a third of them)
+    # with replacement from the ~500 offsets of the old 512-word pool repeat an estimated third of them: a birthday
+    # count, not measured)
     pool_words = max(4 * input_len, 256, num + input_len)
     pool_text = random_words(rng, pool_words)
     ids = await _tokenize(client, base_url, model, pool_text)

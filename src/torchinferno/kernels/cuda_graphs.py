@@ -32,13 +32,40 @@ from torchinferno.models.common.attention_metadata import AttentionMetadata
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 
 
-def backend_supports_graphs(model: nn.Module) -> bool:
-    """All attention backends of ``model`` declare ``supports_cuda_graphs`` (and there is at least one)."""
+def backend_supports_graphs(model: nn.Module, flag: str = "supports_cuda_graphs") -> bool:
+    """All attention backends of ``model`` declare ``flag`` (and there is at least one): ``supports_cuda_graphs`` for
+    decode steps, ``supports_prefill_graphs`` for a fresh prompt's prefill (``kernels.cuda_graphs_prefill``)."""
     from torchinferno.models.common.attention import TorchAttention
 
-    flags = [getattr(m, "supports_cuda_graphs", False) for m in model.modules()
+    flags = [getattr(m, flag, False) for m in model.modules()
              if isinstance(m, TorchAttention) or hasattr(m, "supports_cuda_graphs")]
     return bool(flags) and all(flags)
+
+
+def capture_graphs(device: torch.device, sizes, forward, warmup: int, pool=None):
+    """One CUDA graph of ``forward(size)`` per size, largest first, sharing one memory pool (``pool``, or the first
+    graph's) -> ``(graphs, outputs, pool)`` keyed by size. Each size runs ``warmup`` times on a side stream first
+    (kernel compiles, attention plans, the allocator settles); the graphs must be replayed one at a time, each output
+    consumed before the next replay."""
+    sizes = sorted(sizes, reverse=True)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for n in sizes:
+            for _ in range(warmup):
+                forward(n)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    graphs, outputs = {}, {}
+    for n in sizes:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            outputs[n] = forward(n)
+        if pool is None:
+            pool = g.pool()
+        graphs[n] = g
+    torch.cuda.synchronize(device)
+    return graphs, outputs, pool
 
 
 class CudaGraphDecodeRunner:
@@ -142,26 +169,12 @@ class CudaGraphDecodeRunner:
         """Capture one graph per bucket (largest first, sharing one memory pool). No-op without graphs."""
         if not self.use_graphs:
             return
-        sizes = sorted(batch_sizes or self.buckets, reverse=True)
         self._load(self.input_ids[:0], self.positions[:0], self.slot_mapping[:0], self.block_tables[:0, :0],
                    self.seq_lens[:0], self.buckets[-1])
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for B in sizes:  # compile kernels and settle the allocator before capture
-                for _ in range(warmup):
-                    self._forward(B)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        for B in sizes:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self._pool):
-                out = self._forward(B)
-            if self._pool is None:
-                self._pool = g.pool()
-            self.graphs[B] = g
-            self.outputs[B] = out
-        torch.cuda.synchronize(self.device)
+        graphs, outputs, self._pool = capture_graphs(self.device, batch_sizes or self.buckets, self._forward, warmup,
+                                                     self._pool)
+        self.graphs.update(graphs)
+        self.outputs.update(outputs)
 
     def recapture(self, batch_sizes) -> None:
         """Drop the graphs of ``batch_sizes`` and capture them again (after the model's forward changed, e.g. a

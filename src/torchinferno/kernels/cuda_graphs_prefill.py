@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from torchinferno.kernels.cuda_graphs import backend_supports_graphs, capture_graphs
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 __all__ = ["DEFAULT_PREFILL_BUCKETS", "CudaGraphPrefillRunner", "prefill_buckets", "supports_prefill_graphs"]
@@ -44,11 +45,7 @@ def prefill_buckets(max_tokens: int) -> tuple[int, ...]:
 
 def supports_prefill_graphs(model: nn.Module) -> bool:
     """Every attention module of ``model`` declares ``supports_prefill_graphs`` (and there is at least one)."""
-    from torchinferno.models.common.attention import TorchAttention
-
-    flags = [getattr(m, "supports_prefill_graphs", False) for m in model.modules()
-             if isinstance(m, TorchAttention) or hasattr(m, "supports_cuda_graphs")]
-    return bool(flags) and all(flags)
+    return backend_supports_graphs(model, "supports_prefill_graphs")
 
 
 class CudaGraphPrefillRunner:
@@ -129,23 +126,7 @@ class CudaGraphPrefillRunner:
             return
         self._load(self.input_ids[:0], self.slot_mapping[:0])
         self.last_row.zero_()
-        sizes = sorted(self.buckets, reverse=True)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for T in sizes:  # compile kernels, build attention plans and settle the allocator before capture
-                for _ in range(warmup):
-                    self._forward(T)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        pool = None
-        for T in sizes:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                out = self._forward(T)
-            pool = pool or g.pool()
-            self.graphs[T], self.outputs[T] = g, out
-        torch.cuda.synchronize(self.device)
+        self.graphs, self.outputs, _ = capture_graphs(self.device, self.buckets, self._forward, warmup)
 
     @torch.inference_mode()
     def run(self, input_ids: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:

@@ -148,8 +148,10 @@ class TimelineModel:
     # ------------------------------------------------------------------ parts of one step
     def parts(self, shape: BatchShape) -> tuple[float, float, float, float]:
         """``(pre, launch, device, apply)`` seconds of a batch (module docstring)."""
+        return self._parts(shape, not graph_step(shape, self.graphs, self.prefill_graph_tokens))
+
+    def _parts(self, shape: BatchShape, eager: bool) -> tuple[float, float, float, float]:
         p = self.params
-        eager = not graph_step(shape, self.graphs, self.prefill_graph_tokens)
         pre = p["host_step"] + p["host_seq"] * shape.seqs + p["host_token"] * shape.tokens \
             + (p["host_batched"] if shape.seqs > 1 else 0.0)
         launch = p["launch_eager"] + p["launch_eager_seq"] * shape.seqs if eager else p["launch_graph"]
@@ -219,12 +221,13 @@ class Timeline:
         if shape is None or shape.seqs == 0:  # scheduled nothing: scheduling only
             self.last_device_end = self.device_free
             return start + m.params["host_step"] + m.empty_step_s
-        pre, launch, dev, _ = m.parts(shape)
+        eager = not graph_step(shape, m.graphs, m.prefill_graph_tokens)
+        pre, launch, dev, _ = m._parts(shape, eager)
         end = start + pre + launch
         if not m.overlap:  # the host runs the forward itself
             end += dev
             dev_end = end
-        elif not graph_step(shape, m.graphs, m.prefill_graph_tokens):  # eager: kernels run as they are launched
+        elif eager:  # kernels run as they are launched
             dev_end = max(max(self.device_free, start + pre) + dev, end)
         else:  # graph replay: starts once launched
             dev_end = max(self.device_free, end) + dev

@@ -178,9 +178,10 @@ def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_s
             key = (it.shape, graphs)
             if key not in feats_cache:
                 pre, launch, apply, mem, comp = param_features(it.shape, graphs, prefill_graph_tokens)
+                eager = not graph_step(it.shape, graphs, prefill_graph_tokens)
                 feats_cache[key] = (_vec(pre), _vec(launch), _vec(apply), _vec(mem), _vec(comp),
-                                    _vec(extra_features(it.shape)))
-            pre, launch, apply, mem, comp, extra = feats_cache[key]
+                                    _vec(extra_features(it.shape)), eager)
+            pre, launch, apply, mem, comp, extra, eager = feats_cache[key]
             dev = (mem + comp if roofline_sum else vmax(mem, comp)) + extra
             after_pre = s + pre
             host = after_pre + launch
@@ -189,8 +190,7 @@ def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_s
                 device_free = host
                 pending[it.launched] = (host, apply)
             else:
-                args = (it.launched, after_pre, host, dev, apply,
-                        not graph_step(it.shape, graphs, prefill_graph_tokens))
+                args = (it.launched, after_pre, host, dev, apply, eager)
                 if anchor and it.resolved is not None and it.resolved != it.launched and it.resolved in pending:
                     deferred = args  # queued behind the batch resolved below: placed once that one is anchored
                 else:
