@@ -48,7 +48,8 @@ class EngineConfig:
 
     On a CUDA KV cache whose model's attention backends are capturable, plain decode steps
     replay per-batch-size CUDA graphs (``engine.graph_runner``), and a step that is one fresh prompt of at
-    most ``cuda_graph_prefill_tokens`` tokens replays a per-length prefill graph (0: prefill eager);
+    most ``cuda_graph_prefill_tokens`` tokens replays a per-length prefill graph (0: prefill eager); with
+    ``graph_prefill_alone`` a lone waiting prompt of that kind gets such a step of its own (the decodes wait one step);
     ``enforce_eager=True`` keeps every step eager (debugging, or comparing against the graph path).
 
     ``kv_cache_dtype`` is the KV pool's storage dtype (a dtype or a ``--kv-cache-dtype`` spelling:
@@ -82,6 +83,9 @@ class EngineConfig:
     # With CUDA graphs: a step that is one fresh prompt of at most this many tokens replays a per-length prefill graph
     # (kernels.cuda_graphs_prefill: such a prefill is host-bound eagerly); 0 keeps every prefill eager
     cuda_graph_prefill_tokens: int = 512
+    # With prefill graphs: a lone waiting fresh prompt they can replay runs in a step of its own, the running requests
+    # waiting one step, instead of turning their decode step eager (engine.scheduler, "Lone graph prefill")
+    graph_prefill_alone: bool = True
     async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
     batch_invariant: bool = False
     tensor_parallel_size: int = 1  # > 1: engine.multiproc_executor spawns one worker rank per device
@@ -112,6 +116,8 @@ class EngineConfig:
         v = self.cuda_graph_prefill_tokens
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"cuda_graph_prefill_tokens must be an integer >= 0 (0: eager prefill), got {v!r}")
+        if not isinstance(self.graph_prefill_alone, bool):
+            raise ConfigError(f"graph_prefill_alone must be True or False, got {self.graph_prefill_alone!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:

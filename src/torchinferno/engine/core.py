@@ -122,6 +122,8 @@ class EngineCore:
             getattr(self.config, "prefix_cache_eviction", "lru"))
         self.scheduler = Scheduler(self.config, self.pool, self.max_model_len, self.sliding_pool,
                                    executor.sliding_window if n_sliding is not None else 0)
+        if getattr(self.config, "graph_prefill_alone", True):
+            self.scheduler.lone_prefill_tokens = int(getattr(executor, "prefill_graph_tokens", 0))
         self._inflight: tuple[SchedulerOutput, StepHandle, int] | None = None  # async: launched, unapplied (+ index)
         self._steps = 0
         self._max_seqs = self._max_tokens = 0

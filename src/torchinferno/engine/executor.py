@@ -89,6 +89,7 @@ class Executor(ABC):
     block_size: int
     num_sliding_blocks: int | None = None  # hybrid KV specs: the sliding group's pool (else None)
     sliding_window: int = 0  # hybrid KV specs: the window W the scheduler frees behind
+    prefill_graph_tokens: int = 0  # the longest fresh prompt one step replays from a prefill graph (0: none)
 
     @abstractmethod
     def execute_async(self, sched: SchedulerOutput) -> StepHandle:
@@ -123,6 +124,7 @@ class UniprocExecutor(Executor):
         self.block_size = self.worker.kv_cache.block_size
         self.num_sliding_blocks = self.worker.kv_cache.num_sliding_blocks
         self.sliding_window = self.worker.kv_cache.spec.sliding_window
+        self.prefill_graph_tokens = self.worker.runner.prefill_graph_tokens
 
     # The worker's parts, for tests, warm-up and introspection on a single-device engine.
     @property

@@ -121,6 +121,11 @@ class ModelRunner:
         handle.prompt_logprobs = prompt_lps
         return handle
 
+    @property
+    def prefill_graph_tokens(self) -> int:
+        """The longest fresh prompt ``prefill_graphs`` replays (0: none captured)."""
+        return 0 if self.prefill_graphs is None else self.prefill_graphs.max_tokens
+
     def graph_prefillable(self, reqs: list[ScheduledRequest]) -> bool:
         """The step is what ``prefill_graphs`` replays: one request, no cached context, a length of a bucket, no
         prompt logprobs (they need every row's hidden state)."""

@@ -10,6 +10,13 @@ Each ``schedule()`` builds one step under two budgets, ``max_num_batched_tokens`
 2. waiting requests in FCFS order (skipped in a step that preempted): each reuses the longest
    cached prefix of its tokens, then computes the rest, chunked to the remaining token budget.
 
+Lone graph prefill (``lone_prefill_tokens > 0``, set by the engine core to the longest fresh prompt its runner
+replays from a prefill graph when ``EngineConfig.graph_prefill_alone``): when exactly one request waits, it is new,
+has no cached prefix, no prompt logprobs and at most that many tokens, the step is that prompt alone and the
+running requests wait one step. A prefill graph replays it at a fraction of the host time of the eager step that
+mixing it into the decodes would take (session 26, H100, 8B: 1.0 ms against 24-55 ms); several waiting prompts
+still share one mixed step, where batching their prefill pays.
+
 Scheduling a request advances its ``num_computed_tokens`` (the step's KV writes are launched
 before anything that could read them) and, for a sampling row, its ``num_inflight``.
 ``update_from_output()`` consumes the runner's sampled tokens: appends them, applies token-level
@@ -94,6 +101,8 @@ class Scheduler(HandoffMixin):
         # blocks allocated by ``reserve_prefilled`` (decode role), not yet running.
         self.held: dict[str, Request] = {}
         self.reserved: dict[str, Request] = {}
+        self.lone_prefill_tokens = 0  # > 0: a lone waiting prompt this long or shorter runs alone (module docstring)
+        self.num_lone_prefills = 0
 
     # ------------------------------------------------------------------ queue management
     def add_request(self, request: Request) -> None:
@@ -224,7 +233,54 @@ class Scheduler(HandoffMixin):
                 or req.num_tokens + n >= self.max_model_len)
 
     # ------------------------------------------------------------------ schedule
+    def _prefix_hit(self, req: Request) -> list[int]:
+        """Cached blocks of ``req``'s longest cached prefix (never the block holding its last token)."""
+        if not self.pool.enable_prefix_caching or req.sampling_params.prompt_logprobs is not None:
+            return []
+        max_hit = (req.num_tokens - 1) // self.block_size
+        self._ensure_hashes(req, max_hit * self.block_size)
+        return self.pool.lookup(req.block_hashes[:max_hit])
+
+    def _lone_prefill(self) -> SchedulerOutput | None:
+        """The step that is the one waiting prompt alone, when a prefill graph can replay it (module docstring)."""
+        if len(self.waiting) != 1 or not self.running or self.sliding is not None:
+            return None
+        req = self.waiting[0]
+        n = req.num_tokens
+        if (req.status != RequestStatus.WAITING or req.num_inflight or n > self.lone_prefill_tokens
+                or n > self.config.max_num_batched_tokens or len(self.running) >= self.config.max_num_seqs
+                or req.sampling_params.prompt_logprobs is not None or self._prefix_hit(req)):
+            return None
+        need = cdiv(n, self.block_size)
+        if need > self.pool.num_free:
+            return None
+        self.waiting.popleft()
+        self.num_lone_prefills += 1
+        scheduled = self._admit(req, [], need, n)
+        finished, self._finished_ids = self._finished_ids, []
+        return SchedulerOutput(scheduled=[scheduled], preempted_ids=[], finished_ids=finished)
+
+    def _admit(self, req: Request, hit: list[int], need: int, num_new: int) -> ScheduledRequest:
+        """Move ``req`` (popped from the waiting queue) to running over the cached blocks ``hit`` and ``need`` fresh
+        ones; -> its first step's work, ``num_new`` tokens."""
+        self.pool.touch(hit)
+        req.block_ids = list(hit)
+        new_blocks = self._allocate(req, need)
+        num_cached = len(hit) * self.block_size
+        req.num_computed_tokens = num_cached
+        req.num_registered_blocks = len(hit)
+        if req.status == RequestStatus.WAITING:
+            req.num_cached_tokens = num_cached
+        self.pool.record_prefix_query(req.num_tokens, num_cached)
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return self._scheduled(req, num_new, new_blocks)
+
     def schedule(self) -> SchedulerOutput:
+        if self.lone_prefill_tokens > 0:
+            lone = self._lone_prefill()
+            if lone is not None:
+                return lone
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         decodes: list[ScheduledRequest] = []
@@ -270,12 +326,7 @@ class Scheduler(HandoffMixin):
             if req.num_inflight:
                 raise RuntimeError(f"request {req.request_id!r} would be admitted with a token in flight "
                                    "(more than one step in flight?)")
-            hit: list[int] = []
-            if self.pool.enable_prefix_caching and req.sampling_params.prompt_logprobs is None:
-                # Always recompute at least the last token, so never reuse the block holding it.
-                max_hit = (req.num_tokens - 1) // self.block_size
-                self._ensure_hashes(req, max_hit * self.block_size)
-                hit = self.pool.lookup(req.block_hashes[:max_hit])
+            hit = self._prefix_hit(req)
             shit: list[int] = []
             j0 = 0
             if hit and self.sliding is not None:
@@ -291,19 +342,9 @@ class Scheduler(HandoffMixin):
                     self.sliding is not None and not self.sliding.has_room(need, shit)):
                 break  # wait for running requests to free blocks
             self.waiting.popleft()
-            self.pool.touch(hit)
-            req.block_ids = list(hit)
             if self.sliding is not None:
                 self.sliding.admit(req, shit, j0)
-            new_blocks = self._allocate(req, need)
-            req.num_computed_tokens = num_cached
-            req.num_registered_blocks = len(hit)
-            if req.status == RequestStatus.WAITING:
-                req.num_cached_tokens = num_cached
-            self.pool.record_prefix_query(req.num_tokens, num_cached)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            prefills.append(self._scheduled(req, num_new, new_blocks))
+            prefills.append(self._admit(req, hit, need, num_new))
             budget -= num_new
 
         finished, self._finished_ids = self._finished_ids, []

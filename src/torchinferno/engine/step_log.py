@@ -95,14 +95,10 @@ def step_log_meta(core) -> dict:
             "num_blocks": core.pool.num_blocks, "max_model_len": core.max_model_len, "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens, "enable_prefix_caching": cfg.enable_prefix_caching,
             "engine": core.describe()}
-    # the longest fresh prompt the runner replays from a prefill graph (0: eager prefill): what an in-process runner
-    # captured, else what the config asks of the workers' runners
-    runner = getattr(ex, "runner", None)
-    if runner is not None:
-        pg = getattr(runner, "prefill_graphs", None)
-        meta["prefill_graph_tokens"] = pg.max_tokens if pg is not None else 0
-    else:
-        meta["prefill_graph_tokens"] = int(cfg.cuda_graph_prefill_tokens)
+    # the longest fresh prompt the runner replays from a prefill graph (0: eager prefill), and whether a lone such
+    # prompt runs in a step of its own (the scheduler's limit: 0 when not)
+    meta["prefill_graph_tokens"] = int(getattr(ex, "prefill_graph_tokens", 0))
+    meta["lone_prefill_tokens"] = int(core.scheduler.lone_prefill_tokens)
     sp = getattr(core, "sliding_pool", None)
     if sp is not None:  # hybrid KV spec: the sliding group's pool and the window the scheduler frees behind
         meta["num_sliding_blocks"], meta["sliding_window"] = sp.num_blocks, ex.sliding_window

@@ -66,10 +66,10 @@ class TorchrunExecutor(UniprocExecutor):
             atexit.register(_destroy_group)
         self.comm = Comm(ParallelConfig(tp_size=size, rank=rank, backend=backend, mode=mode))
         super().__init__(build_rank_model(spec, self.comm), config)
-        agreed = torch.tensor([self.num_blocks, self.max_model_len, self.num_sliding_blocks or 0],
-                              device=self.device if backend == "nccl" else "cpu")
-        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-        self.num_blocks, self.max_model_len, sliding = (int(v) for v in agreed.tolist())
+        agreed = torch.tensor([self.num_blocks, self.max_model_len, self.num_sliding_blocks or 0,
+                               self.prefill_graph_tokens], device=self.device if backend == "nccl" else "cpu")
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN)  # every rank's scheduler makes the same steps
+        self.num_blocks, self.max_model_len, sliding, self.prefill_graph_tokens = (int(v) for v in agreed.tolist())
         self.num_sliding_blocks = sliding if self.num_sliding_blocks is not None else None
         self.model_config = getattr(self.model, "full_config", self.model.config)
 

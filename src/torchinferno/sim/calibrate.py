@@ -65,6 +65,7 @@ class RecordingExecutor(Executor):
         self.inner = inner
         self.config, self.max_model_len = inner.config, inner.max_model_len
         self.num_blocks, self.block_size = inner.num_blocks, inner.block_size
+        self.prefill_graph_tokens = inner.prefill_graph_tokens
         self.last = self.resolved = None
 
     def execute_async(self, sched):

@@ -180,6 +180,8 @@ class SimulatedExecutor(Executor):
         self.cost_model = cost_model
         self.clock = clock or VirtualClock()
         self.timeline = Timeline(cost_model) if isinstance(cost_model, TimelineModel) else None
+        if self.timeline is not None and cost_model.graphs:  # the engine core sets its scheduler's lone prefill by it
+            self.prefill_graph_tokens = cost_model.prefill_graph_tokens
         self.external_prefill: set[str] = set()
         self._forwards = 0
         self._outstanding = 0  # launched steps whose result was not taken yet

@@ -153,5 +153,7 @@ def calibration_from_step_logs(paths: list[str], log=print, weights: str = "sqrt
         num_samples=len(steps), fit_error=err, source=",".join(f"step-log:{p}" for p in paths),
         extra={"async_scheduling": async_steps, "fit_weights": weights, "engine_limits": {k: meta.get(k) for k in (
             "block_size", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-            "enable_prefix_caching")} | {k: meta[k] for k in ("num_sliding_blocks", "sliding_window") if k in meta}},
+            "enable_prefix_caching")} | {k: meta[k] for k in ("num_sliding_blocks", "sliding_window") if k in meta}
+            # logs before session 27 ran no lone prefill steps
+            | {"lone_prefill_tokens": int(meta.get("lone_prefill_tokens", 0))}},
     )

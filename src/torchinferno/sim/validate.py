@@ -110,7 +110,8 @@ def _served_config(calibration: Calibration) -> tuple[EngineConfig, dict]:
     cfg = EngineConfig(block_size=int(limits["block_size"]), max_num_seqs=limits.get("max_num_seqs"),
                        max_num_batched_tokens=limits.get("max_num_batched_tokens"),
                        enable_prefix_caching=bool(limits.get("enable_prefix_caching", True)),
-                       async_scheduling=bool(calibration.extra.get("async_scheduling", False)))
+                       async_scheduling=bool(calibration.extra.get("async_scheduling", False)),
+                       graph_prefill_alone=bool(limits.get("lone_prefill_tokens", 0)))
     return cfg, limits
 
 
