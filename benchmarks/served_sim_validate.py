@@ -24,21 +24,26 @@ def serve_and_bench(args, run: str, out: Path) -> list[str]:
     port = free_port()
     which = [args.model] if args.model else ["--model-kind", args.model_kind, "--model-size", args.model_size]
     argv = ["torchinferno", "serve", *which, "--device", args.device, "--dtype", args.dtype, "--port", str(port),
-            "--step-log", str(out / f"steps_{run}.jsonl"), *shlex.split(args.serve_flags)]
+            "--step-log", str(out / f"steps_{run}.jsonl"), *shlex.split(args.serve_flags),
+            *(shlex.split(args.c_flags) if run == "c" else [])]
     paths = []
     t = time.perf_counter()
     with LocalServer(argv, port, log_path=out / f"server_{run}.log", startup_timeout_s=args.startup_timeout) as s:
         print(f"[{run}] server ready in {time.perf_counter() - t:.1f} s", flush=True)
-        for c in args.concurrency:
-            n = max(args.min_requests, args.waves * c) if c < 256 else 2 * c
+        # closed-loop levels (C requests in flight), then open-loop Poisson levels (seed 0: sim-validate replays the
+        # same arrival gaps, sim.traffic.load_trace)
+        levels = [(f"c{c}", max(args.min_requests, args.waves * c) if c < 256 else 2 * c, c, float("inf"), c)
+                  for c in args.concurrency]
+        levels += [(f"r{r:g}", args.rate_requests, None, r, 0) for r in args.request_rates]
+        for name, n, c, rate, seed in levels:
             cfg = ServeBenchConfig(base_url=s.base_url, num_prompts=n, input_len=args.input_len, output_len=args.output_len,
-                                   max_concurrency=c, ignore_eos=True, seed=c, disable_tqdm=True, num_warmups=min(2, c),
-                                   prompt_format="tokens").validate()
+                                   max_concurrency=c, request_rate=rate, ignore_eos=True, seed=seed, disable_tqdm=True,
+                                   num_warmups=min(2, c or 2), prompt_format="tokens").validate()
             r = run_serve_bench(cfg, log=lambda *_: None)
-            p = out / f"bench_{run}_c{c}.json"
+            p = out / f"bench_{run}_{name}.json"
             p.write_text(json.dumps(r))
             paths.append(str(p))
-            print(f"[{run}] C={c:4d}: {r['output_throughput']:9.1f} tok/s  TTFT p50 {r['median_ttft_ms']:.0f} ms  "
+            print(f"[{run}] {name:>5}: {r['output_throughput']:9.1f} tok/s  TTFT p50 {r['median_ttft_ms']:.0f} ms  "
                   f"TPOT p50 {r['median_tpot_ms']:.2f} ms  ({r['completed']}/{n})", flush=True)
     return paths
 
@@ -59,8 +64,14 @@ def main(argv=None) -> int:
                    help="requests per level at least (run 37 sent 8 at C=1: its TTFT p50 moved 34%% between runs A and B)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--out", required=True)
-    p.add_argument("--runs", nargs="+", default=["a", "b"], choices=["a", "b"],
-                   help="which servings to run (one alone: a quick served figure, e.g. with other --serve-flags)")
+    p.add_argument("--request-rates", type=float, nargs="*", default=[],
+                   help="open-loop levels too: Poisson arrivals at these rates (requests/s), --rate-requests each")
+    p.add_argument("--rate-requests", type=int, default=200)
+    p.add_argument("--runs", nargs="+", default=["a", "b"], choices=["a", "b", "c"],
+                   help="which servings to run (one alone: a quick served figure, e.g. with other --serve-flags); "
+                        "c: a third serving with --c-flags added, which the simulator calibrated on A predicts")
+    p.add_argument("--c-flags", default="--no-graph-prefill-alone",
+                   help="run c's extra serve flags (default: without lone graph prefill steps)")
     p.add_argument("--skip-analysis", action="store_true",
                    help="serve and bench only (the fits take minutes of CPU: run sim_offline_validate.py on the files later)")
     args = p.parse_args(argv)
@@ -73,7 +84,7 @@ def main(argv=None) -> int:
 
     for run in args.runs:
         serve_and_bench(args, run, out)
-    if args.skip_analysis or len(args.runs) < 2:
+    if args.skip_analysis or not {"a", "b"} <= set(args.runs):
         return 0
     summary = {}
     for cm in ("timeline", "linear"):  # fit on A -> predict B and back, next to the A-vs-B noise floor

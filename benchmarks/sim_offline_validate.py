@@ -21,11 +21,28 @@ from pathlib import Path
 FIGS = ("output_throughput", "p50_ttft_s", "p99_ttft_s", "p50_tpot_s", "p99_tpot_s")
 
 
-def _files(run: Path, name: str) -> tuple[Path, list[str]]:
-    steps = next(p for p in (run / f"steps_{name}.jsonl.gz", run / f"steps_{name}.jsonl") if p.exists())
-    bench = sorted((str(p) for p in run.glob(f"bench_{name}_c*.json")),
-                   key=lambda p: int(re.search(r"_c(\d+)\.json$", p).group(1)))
+def _level_key(path: str) -> tuple[int, float]:
+    """Closed-loop levels (``_c{C}``) by concurrency, then Poisson levels (``_r{rate}``) by rate."""
+    m = re.search(r"_([cr])([\d.]+)\.json$", path)
+    return (0 if m.group(1) == "c" else 1, float(m.group(2)))
+
+
+def _files(run: Path, name: str) -> tuple[Path, list[str]] | None:
+    """Run ``name``'s step log and bench results, or None when the directory holds no such run."""
+    steps = next((p for p in (run / f"steps_{name}.jsonl.gz", run / f"steps_{name}.jsonl") if p.exists()), None)
+    if steps is None:
+        return None
+    bench = sorted((str(p) for p in (*run.glob(f"bench_{name}_c*.json"), *run.glob(f"bench_{name}_r*.json"))),
+                   key=_level_key)
     return steps, bench
+
+
+def _logged_meta(steps: Path) -> dict:
+    """The meta line of a step log (its first line)."""
+    import gzip
+
+    with (gzip.open if steps.suffix == ".gz" else open)(steps, "rt") as f:
+        return json.loads(f.readline())["meta"]
 
 
 def _stats(errs: list[float]) -> dict:
@@ -47,10 +64,11 @@ def noise_floor(bench_a: list[str], bench_b: list[str]) -> dict:
 
 def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str,
             api: str = "admission", pred_steps: Path | None = None, timeline_fit: dict | None = None,
-            finish_latency: bool = False, stream_coalesce: bool = False) -> dict:
+            finish_latency: bool = False, stream_coalesce: bool = False, pred_config: Path | None = None) -> dict:
     """Calibrate on ``steps`` + ``fit_bench``, predict ``pred_bench``. ``pred_steps``: replay the predicted run's
     arrivals at the core from its step log (``--replay-arrivals``); the API stage is then the streaming cost only,
-    fitted with the calibration run's own arrivals replayed."""
+    fitted with the calibration run's own arrivals replayed. ``pred_config``: the predicted run's step log, whose
+    scheduling options (lone graph prefill) the simulated engine takes."""
     from torchinferno.sim.step_log_fit import calibration_from_step_logs
     from torchinferno.sim.validate import fit_admission, fit_api_server, fit_stream_replay, validate_served
 
@@ -59,6 +77,8 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
                                      timeline_weights=weights, timeline_fit=timeline_fit)
     fit_s = time.perf_counter() - t0
     cal.extra["stream_coalesce"] = stream_coalesce  # the API stage's model, fitted and predicted with it
+    if pred_config is not None:  # the predicted run's scheduling (run c: another lone-prefill setting than A's)
+        cal.extra["engine_limits"]["lone_prefill_tokens"] = int(_logged_meta(pred_config).get("lone_prefill_tokens", 0))
     if pred_steps is not None:
         adm = 0.0
         if finish_latency:
@@ -129,18 +149,26 @@ def main(argv=None) -> int:
     if a.fix:
         tf["fixed"] = {k: float(v) for k, v in (kv.split("=") for kv in a.fix.split(","))}
     (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
+    c_run = _files(run, "c")
     out = {"run": str(run), "cost_model": a.cost_model, "timeline_fit": tf, "noise_floor_a_vs_b": noise_floor(ba, bb),
            "api": "replay" if a.replay_arrivals else a.api,
            "stream_coalesce": a.stream_coalesce,
            "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api, sb if a.replay_arrivals else None, tf,
-                             a.finish_latency, a.stream_coalesce),
+                             a.finish_latency, a.stream_coalesce, pred_config=sb),
            "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api, sa if a.replay_arrivals else None, tf,
-                             a.finish_latency, a.stream_coalesce)}
-    for name in ("noise_floor_a_vs_b", "a_to_b", "b_to_a"):
+                             a.finish_latency, a.stream_coalesce, pred_config=sa)}
+    names = ["noise_floor_a_vs_b", "a_to_b", "b_to_a"]
+    if c_run is not None:  # run c changed a serve flag: what it did (A's figures against C's) and A's fit predicting C
+        sc, bc = c_run
+        out["measured_a_vs_c"] = noise_floor(ba, bc)
+        out["a_to_c"] = one_way(sa, ba, bc, a.cost_model, a.timeline_weights, a.api, None, tf, a.finish_latency,
+                                a.stream_coalesce, pred_config=sc)
+        names += ["measured_a_vs_c", "a_to_c"]
+    for name in names:
         r = out[name]
         print(f"{name:<20} mean |error| {r['mean_abs'] * 100:5.1f}%  max {r['max_abs'] * 100:5.1f}%  "
               f"within 10%: {r['within_10pct']}/{r['figures']}")
-    for name in ("a_to_b", "b_to_a"):
+    for name in [n for n in names if n.startswith(("a_to", "b_to"))]:
         for c, lv in out[name]["levels"].items():
             print(f"  {name} C={c:>4}: " + "  ".join(f"{k} {v['relative_error'] * 100:+5.1f}%"
                                                     for k, v in lv["figures"].items()))
