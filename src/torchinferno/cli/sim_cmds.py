@@ -20,6 +20,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", default=None,
                    help="KV pool bytes per replica, e.g. 20GiB (default: sim commands --num-blocks blocks; a model: "
                         "the engine's default sizing)")
+    p.add_argument("--graph-prefill-alone", action=argparse.BooleanOptionalAction, default=True,
+                   help="a lone waiting prompt that the calibration's prefill graphs replay runs in a step of its own "
+                        "(serve's flag; needs a timeline calibration with graphs)")
 
 
 def engine_config(a):
@@ -28,7 +31,7 @@ def engine_config(a):
     return EngineConfig(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                         block_size=a.block_size, max_model_len=a.max_model_len,
                         kv_cache_dtype=None if a.kv_cache_dtype == "auto" else a.kv_cache_dtype,
-                        kv_cache_memory=a.kv_cache_memory)
+                        kv_cache_memory=a.kv_cache_memory, graph_prefill_alone=a.graph_prefill_alone)
 
 
 def ints(text: str, flag: str = "list") -> tuple[int, ...]:
