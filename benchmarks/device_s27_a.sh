@@ -20,7 +20,7 @@ gzip -f "$OUT"/sim21/steps_*.jsonl 2>/dev/null
 tar -C "$OUT" -czf "$OUT/sim21.tgz" sim21 && rm -rf "$OUT/sim21"
 # (3) issue 24 in what is left of a 600 s call: bench-moe on the V2-Lite-like model, transformers eager beside it
 LEFT=$(( ${CALL_S:-570} - SECONDS ))
-if [ "$LEFT" -gt 60 ]; then
+if [ "$LEFT" -gt 150 ]; then
   logged "$R/bench_v2l.log" "$LEFT" python3 -m torchinferno.cli.main bench-moe --sections model --model-shape v2-lite \
     --batches 1 8 64 256 --prefill-tokens 2048 --json-output "$R/bench_v2l.json"
   grep -E "ceilings|model decode|model prefill|transformers|rc=|Error" "$R/bench_v2l.log" | cut -c1-400
