@@ -148,27 +148,31 @@ def main(argv=None) -> int:
         tf["trim"] = a.trim
     if a.fix:
         tf["fixed"] = {k: float(v) for k, v in (kv.split("=") for kv in a.fix.split(","))}
-    (sa, ba), (sb, bb) = _files(run, "a"), _files(run, "b")
-    c_run = _files(run, "c")
-    out = {"run": str(run), "cost_model": a.cost_model, "timeline_fit": tf, "noise_floor_a_vs_b": noise_floor(ba, bb),
-           "api": "replay" if a.replay_arrivals else a.api,
-           "stream_coalesce": a.stream_coalesce,
-           "a_to_b": one_way(sa, ba, bb, a.cost_model, a.timeline_weights, a.api, sb if a.replay_arrivals else None, tf,
-                             a.finish_latency, a.stream_coalesce, pred_config=sb),
-           "b_to_a": one_way(sb, bb, ba, a.cost_model, a.timeline_weights, a.api, sa if a.replay_arrivals else None, tf,
-                             a.finish_latency, a.stream_coalesce, pred_config=sa)}
-    names = ["noise_floor_a_vs_b", "a_to_b", "b_to_a"]
-    if c_run is not None:  # run c changed a serve flag: what it did (A's figures against C's) and A's fit predicting C
+    (sa, ba), b_run, c_run = _files(run, "a"), _files(run, "b"), _files(run, "c")
+    out = {"run": str(run), "cost_model": a.cost_model, "timeline_fit": tf,
+           "api": "replay" if a.replay_arrivals else a.api, "stream_coalesce": a.stream_coalesce}
+    names = []
+
+    def way(steps, fit_bench, pred_bench, pred_steps):
+        return one_way(steps, fit_bench, pred_bench, a.cost_model, a.timeline_weights, a.api,
+                       pred_steps if a.replay_arrivals else None, tf, a.finish_latency, a.stream_coalesce,
+                       pred_config=pred_steps)
+
+    if b_run is not None:  # A and B served alike: the noise floor, and each one's fit predicting the other
+        sb, bb = b_run
+        out["noise_floor_a_vs_b"] = noise_floor(ba, bb)
+        out["a_to_b"], out["b_to_a"] = way(sa, ba, bb, sb), way(sb, bb, ba, sa)
+        names += ["noise_floor_a_vs_b", "a_to_b", "b_to_a"]
+    if c_run is not None:  # run c changed a serve flag: what it did (A's figures against C's), each fit predicting the other
         sc, bc = c_run
         out["measured_a_vs_c"] = noise_floor(ba, bc)
-        out["a_to_c"] = one_way(sa, ba, bc, a.cost_model, a.timeline_weights, a.api, None, tf, a.finish_latency,
-                                a.stream_coalesce, pred_config=sc)
-        names += ["measured_a_vs_c", "a_to_c"]
+        out["a_to_c"], out["c_to_a"] = way(sa, ba, bc, sc), way(sc, bc, ba, sa)
+        names += ["measured_a_vs_c", "a_to_c", "c_to_a"]
     for name in names:
         r = out[name]
         print(f"{name:<20} mean |error| {r['mean_abs'] * 100:5.1f}%  max {r['max_abs'] * 100:5.1f}%  "
               f"within 10%: {r['within_10pct']}/{r['figures']}")
-    for name in [n for n in names if n.startswith(("a_to", "b_to"))]:
+    for name in [n for n in names if "_to_" in n]:
         for c, lv in out[name]["levels"].items():
             print(f"  {name} C={c:>4}: " + "  ".join(f"{k} {v['relative_error'] * 100:+5.1f}%"
                                                     for k, v in lv["figures"].items()))
