@@ -15,7 +15,7 @@ logged "$R/tests.log" ${T_TESTS:-90} python3 -m pytest -q -o addopts="" -m cuda 
   tests/kernels/test_cuda_graphs_prefill.py tests/engine/test_graph_runner.py
 tail -3 "$R/tests.log"
 timeout ${T_SIM:-420} python3 benchmarks/served_sim_validate.py --device cuda --out "$OUT/sim21" --skip-analysis \
-  --runs ${RUNS:-a b c} --request-rates 8 32 --rate-requests 120 2>&1 | tee "$R/sim21.log" | grep -E "^\[|Error|error" | tail -40
+  --runs ${RUNS:-a b c} --concurrency ${CONC-1 16 64 256} --request-rates 8 32 --rate-requests 120 2>&1 | tee "$R/sim21.log" | grep -E "^\[|Error|error" | tail -40
 gzip -f "$OUT"/sim21/steps_*.jsonl 2>/dev/null
 tar -C "$OUT" -czf "$OUT/sim21.tgz" sim21 && rm -rf "$OUT/sim21"
 # (3) issue 24 in what is left of a 600 s call: bench-moe on the V2-Lite-like model, transformers eager beside it

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     p.add_argument("--serve-flags", default="", help="extra serve flags for both runs")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--concurrency", type=int, nargs="*", default=[1, 16, 64, 256])
     p.add_argument("--waves", type=int, default=4)
     p.add_argument("--min-requests", type=int, default=32,
                    help="requests per level at least (run 37 sent 8 at C=1: its TTFT p50 moved 34%% between runs A and B)")
