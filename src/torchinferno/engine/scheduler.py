@@ -62,6 +62,7 @@ from torchinferno.engine.config import EngineConfig
 from torchinferno.engine.outputs import PLACEHOLDER_TOKEN, ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from torchinferno.engine.request import Request, RequestStatus
 from torchinferno.engine.scheduler_handoff import HandoffMixin
+from torchinferno.engine.scheduler_lone import LonePrefillMixin
 from torchinferno.engine.sliding_group import SlidingGroup
 
 __all__ = ["Scheduler", "StepResult"]
@@ -76,7 +77,7 @@ class StepResult:
     finished: bool
 
 
-class Scheduler(HandoffMixin):
+class Scheduler(HandoffMixin, LonePrefillMixin):
     """Owns the waiting queue, the running set and every block-table change."""
 
     def __init__(self, config: EngineConfig, pool: BlockPool, max_model_len: int,
@@ -240,25 +241,6 @@ class Scheduler(HandoffMixin):
         max_hit = (req.num_tokens - 1) // self.block_size
         self._ensure_hashes(req, max_hit * self.block_size)
         return self.pool.lookup(req.block_hashes[:max_hit])
-
-    def _lone_prefill(self) -> SchedulerOutput | None:
-        """The step that is the one waiting prompt alone, when a prefill graph can replay it (module docstring)."""
-        if len(self.waiting) != 1 or not self.running or self.sliding is not None:
-            return None
-        req = self.waiting[0]
-        n = req.num_tokens
-        if (req.status != RequestStatus.WAITING or req.num_inflight or n > self.lone_prefill_tokens
-                or n > self.config.max_num_batched_tokens or len(self.running) >= self.config.max_num_seqs
-                or req.sampling_params.prompt_logprobs is not None or self._prefix_hit(req)):
-            return None
-        need = cdiv(n, self.block_size)
-        if need > self.pool.num_free:
-            return None
-        self.waiting.popleft()
-        self.num_lone_prefills += 1
-        scheduled = self._admit(req, [], need, n)
-        finished, self._finished_ids = self._finished_ids, []
-        return SchedulerOutput(scheduled=[scheduled], preempted_ids=[], finished_ids=finished)
 
     def _admit(self, req: Request, hit: list[int], need: int, num_new: int) -> ScheduledRequest:
         """Move ``req`` (popped from the waiting queue) to running over the cached blocks ``hit`` and ``need`` fresh
