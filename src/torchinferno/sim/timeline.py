@@ -146,11 +146,15 @@ class TimelineModel:
             raise ConfigError("timeline parameters must be >= 0")
 
     # ------------------------------------------------------------------ parts of one step
-    def parts(self, shape: BatchShape) -> tuple[float, float, float, float]:
-        """``(pre, launch, device, apply)`` seconds of a batch (module docstring)."""
-        return self._parts(shape, not graph_step(shape, self.graphs, self.prefill_graph_tokens))
+    def eager(self, shape: BatchShape) -> bool:
+        """The engine runs this batch eagerly (no CUDA graph replays it: :func:`graph_step`)."""
+        return not graph_step(shape, self.graphs, self.prefill_graph_tokens)
 
-    def _parts(self, shape: BatchShape, eager: bool) -> tuple[float, float, float, float]:
+    def parts(self, shape: BatchShape, eager: bool | None = None) -> tuple[float, float, float, float]:
+        """``(pre, launch, device, apply)`` seconds of a batch (module docstring); ``eager``: ``self.eager(shape)``
+        when the caller has it already."""
+        if eager is None:
+            eager = self.eager(shape)
         p = self.params
         pre = p["host_step"] + p["host_seq"] * shape.seqs + p["host_token"] * shape.tokens \
             + (p["host_batched"] if shape.seqs > 1 else 0.0)
@@ -221,8 +225,8 @@ class Timeline:
         if shape is None or shape.seqs == 0:  # scheduled nothing: scheduling only
             self.last_device_end = self.device_free
             return start + m.params["host_step"] + m.empty_step_s
-        eager = not graph_step(shape, m.graphs, m.prefill_graph_tokens)
-        pre, launch, dev, _ = m._parts(shape, eager)
+        eager = m.eager(shape)
+        pre, launch, dev, _ = m.parts(shape, eager)
         end = start + pre + launch
         if not m.overlap:  # the host runs the forward itself
             end += dev
