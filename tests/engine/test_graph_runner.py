@@ -32,9 +32,9 @@ def test_cpu_engine_runs_the_eager_runner(tiny_llama):
 
 
 class _FakeGraphRunner(ModelRunner):
-    def __init__(self, model, kv_cache, max_num_seqs, max_model_len, prefill_tokens=0):
+    def __init__(self, model, kv_cache, max_num_seqs, max_model_len, prefill_tokens=0, piecewise_tokens=0):
         super().__init__(model, kv_cache, max_num_seqs, max_model_len)
-        self.max_num_seqs, self.prefill_tokens = max_num_seqs, prefill_tokens
+        self.max_num_seqs, self.prefill_tokens, self.piecewise_tokens = max_num_seqs, prefill_tokens, piecewise_tokens
 
 
 def test_engine_picks_graphs_when_capturable_unless_enforce_eager(tiny_llama, monkeypatch):
@@ -43,6 +43,7 @@ def test_engine_picks_graphs_when_capturable_unless_enforce_eager(tiny_llama, mo
     eng = LLMEngine(tiny_llama, max_num_seqs=12)
     assert type(eng.runner) is _FakeGraphRunner and eng.runner.max_num_seqs == 12
     assert eng.runner.prefill_tokens == EngineConfig().cuda_graph_prefill_tokens == 512  # the config reaches it
+    assert eng.runner.piecewise_tokens == EngineConfig().cuda_graph_piecewise_tokens == 512
     eager = LLMEngine(tiny_llama, None, EngineConfig(max_num_seqs=12, enforce_eager=True))
     assert type(eager.runner) is ModelRunner
 
@@ -101,16 +102,21 @@ def test_graph_runner_step_logic_equals_eager_on_cpu(tiny_llama, monkeypatch):
     decision, the input batch and the padding (slot -1, scratch rows) still have to give the
     eager runner's tokens."""
     monkeypatch.setattr(graph_runner, "can_use_cuda_graphs", lambda model, kv: True)
+    monkeypatch.setattr(graph_runner, "supports_piecewise_graphs", lambda model: True)
     prompts, params = _ragged_requests(11)
     kw = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "block_size": 4, "max_model_len": 64}
-    padded = LLMEngine(tiny_llama, None, EngineConfig(**kw))
+    padded = LLMEngine(tiny_llama, None, EngineConfig(**kw, cuda_graph_piecewise_tokens=32))
     assert isinstance(padded.runner, graph_runner.CudaGraphModelRunner) and padded.runner.batch_sizes == [1, 2, 4]
+    assert padded.runner.piecewise.buckets == [8, 16, 32]
     got = _engine_outputs(padded, prompts, params, stagger=True)
     want = _engine_outputs(LLMEngine(tiny_llama, None, EngineConfig(**kw, enforce_eager=True)), prompts, params, True)
     assert got == want
     s = padded.stats()
     assert 0 < s.num_graph_steps < s.num_forward_calls
     assert padded.runner.graph.num_eager == s.num_graph_steps  # CPU: the bucket buffers ran eagerly
+    # the other steps of <= 32 tokens went through the piecewise segments (eagerly on CPU), longer ones not
+    pw = padded.runner.piecewise
+    assert 0 < pw.num_eager == padded.runner.num_piecewise_steps < s.num_forward_calls - s.num_graph_steps
     assert padded.pool.num_used == 0
 
 
@@ -217,6 +223,8 @@ def test_graph_engine_equals_enforce_eager_cuda(cuda_tiny_llama, stagger):
     s = graphs.stats()
     assert 0 < s.num_graph_steps < s.num_forward_calls  # replays, plus eager prefill / logprob steps
     assert eager.stats().num_graph_steps == 0
+    pw = graphs.runner.piecewise  # mixed / multi-prompt steps of <= 64 tokens: graphed segments around attention
+    assert pw is not None and pw.buckets[-1] == 64 and 0 < pw.num_replays == graphs.runner.num_piecewise_steps
     assert graphs.pool.num_used == 0
 
 

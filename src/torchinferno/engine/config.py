@@ -50,6 +50,8 @@ class EngineConfig:
     replay per-batch-size CUDA graphs (``engine.graph_runner``), and a step that is one fresh prompt of at
     most ``cuda_graph_prefill_tokens`` tokens replays a per-length prefill graph (0: prefill eager); with
     ``graph_prefill_alone`` a lone waiting prompt of that kind gets such a step of its own (the decodes wait one step);
+    any other step of at most ``cuda_graph_piecewise_tokens`` tokens (mixed decodes and prefill chunks, several prompts,
+    prefix hits) replays piecewise graphs around eager attention (``kernels.cuda_graphs_piecewise``; 0: eager);
     ``enforce_eager=True`` keeps every step eager (debugging, or comparing against the graph path).
 
     ``kv_cache_dtype`` is the KV pool's storage dtype (a dtype or a ``--kv-cache-dtype`` spelling:
@@ -86,6 +88,9 @@ class EngineConfig:
     # With prefill graphs: a lone waiting fresh prompt they can replay runs in a step of its own, the running requests
     # waiting one step, instead of turning their decode step eager (engine.scheduler, "Lone graph prefill")
     graph_prefill_alone: bool = True
+    # With CUDA graphs: every other step of at most this many tokens runs its non-attention ops from per-token-count
+    # graphs, attention eager between them (kernels.cuda_graphs_piecewise); 0 keeps such steps eager
+    cuda_graph_piecewise_tokens: int = 512
     async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
     batch_invariant: bool = False
     tensor_parallel_size: int = 1  # > 1: engine.multiproc_executor spawns one worker rank per device
@@ -113,9 +118,10 @@ class EngineConfig:
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
             raise ConfigError("tensor and pipeline parallelism together are not supported yet (set one of "
                               "tensor_parallel_size / pipeline_parallel_size to 1)")
-        v = self.cuda_graph_prefill_tokens
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ConfigError(f"cuda_graph_prefill_tokens must be an integer >= 0 (0: eager prefill), got {v!r}")
+        for name, off in (("cuda_graph_prefill_tokens", "eager prefill"), ("cuda_graph_piecewise_tokens", "eager mixed steps")):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{name} must be an integer >= 0 (0: {off}), got {v!r}")
         if not isinstance(self.graph_prefill_alone, bool):
             raise ConfigError(f"graph_prefill_alone must be True or False, got {self.graph_prefill_alone!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:

@@ -90,6 +90,7 @@ class Executor(ABC):
     num_sliding_blocks: int | None = None  # hybrid KV specs: the sliding group's pool (else None)
     sliding_window: int = 0  # hybrid KV specs: the window W the scheduler frees behind
     prefill_graph_tokens: int = 0  # the longest fresh prompt one step replays from a prefill graph (0: none)
+    piecewise_graph_tokens: int = 0  # the most tokens another step runs from piecewise graphs (0: none; cost only)
 
     @abstractmethod
     def execute_async(self, sched: SchedulerOutput) -> StepHandle:
@@ -125,6 +126,7 @@ class UniprocExecutor(Executor):
         self.num_sliding_blocks = self.worker.kv_cache.num_sliding_blocks
         self.sliding_window = self.worker.kv_cache.spec.sliding_window
         self.prefill_graph_tokens = self.worker.runner.prefill_graph_tokens
+        self.piecewise_graph_tokens = self.worker.runner.piecewise_graph_tokens
 
     # The worker's parts, for tests, warm-up and introspection on a single-device engine.
     @property

@@ -32,8 +32,9 @@ from torchinferno.kernels.cuda_graphs import (
     CudaGraphDecodeRunner,
     backend_supports_graphs,
 )
+from torchinferno.kernels.cuda_graphs_piecewise import PiecewiseGraphRunner, piecewise_buckets, supports_piecewise_graphs
 from torchinferno.kernels.cuda_graphs_prefill import CudaGraphPrefillRunner, prefill_buckets, supports_prefill_graphs
-from torchinferno.models.common.step_model import step_model
+from torchinferno.models.common.step_model import step_model, unwrap
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ def make_model_runner(model: nn.Module, kv_cache: PagedKVCache, config: EngineCo
     model = step_model(model, kv_cache.device)
     if not config.enforce_eager and can_use_cuda_graphs(model, kv_cache):
         return CudaGraphModelRunner(model, kv_cache, config.max_num_seqs, max_model_len,
-                                    prefill_tokens=config.cuda_graph_prefill_tokens)
+                                    prefill_tokens=config.cuda_graph_prefill_tokens,
+                                    piecewise_tokens=config.cuda_graph_piecewise_tokens)
     return ModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
 
 
@@ -85,10 +87,13 @@ class CudaGraphModelRunner(ModelRunner):
     ``prefill_tokens > 0`` also captures the prefill of one fresh prompt of up to that many tokens per length bucket
     (``kernels.cuda_graphs_prefill``; ``num_graph_prefills`` counts those steps) when the model's attention declares
     ``supports_prefill_graphs`` and the cache has one group; a capture that fails leaves prefill eager (logged).
+    ``piecewise_tokens > 0`` runs every other step of up to that many tokens as per-token-count graphs around eager
+    attention (``kernels.cuda_graphs_piecewise``; ``num_piecewise_steps``) under the same conditions
+    (``supports_piecewise_graphs``); a capture that fails leaves those steps eager (logged).
     """
 
     def __init__(self, model: nn.Module, kv_cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
-                 batch_sizes=None, prefill_tokens: int = 0):
+                 batch_sizes=None, prefill_tokens: int = 0, piecewise_tokens: int = 0):
         super().__init__(model, kv_cache, max_num_seqs, max_model_len)
         if not can_use_cuda_graphs(model, kv_cache):
             raise ValueError("CUDA graphs need a CUDA KV cache and attention backends with supports_cuda_graphs")
@@ -107,6 +112,17 @@ class CudaGraphModelRunner(ModelRunner):
                 log.warning("prefill CUDA graphs off (capture failed: %s)", str(e).splitlines()[0][:200])
             else:
                 self.prefill_graphs = pg
+        tokens = min(piecewise_tokens, max_model_len)
+        base = unwrap(model)  # the module path: a lean step handles one-row decodes only
+        if (tokens > 0 and not kv_cache.spec.is_hybrid and not getattr(base, "sharded", False)
+                and supports_piecewise_graphs(base)):
+            pw = PiecewiseGraphRunner(base, kv_cache.tensors, bs, piecewise_buckets(tokens), use_graphs=True)
+            try:
+                pw.capture()
+            except RuntimeError as e:
+                log.warning("piecewise CUDA graphs off (capture failed: %s)", str(e).splitlines()[0][:200])
+            else:
+                self.piecewise = pw
 
     @property
     def uses_cuda_graphs(self) -> bool:

@@ -62,6 +62,10 @@ class ModelRunner:
         # CudaGraphModelRunner; None: every prefill runs eagerly
         self.prefill_graphs = None
         self.num_graph_prefills = 0
+        # Any other step of up to its ``max_tokens`` tokens as graphed segments around eager attention
+        # (kernels.cuda_graphs_piecewise), set by CudaGraphModelRunner; None: such steps run eagerly
+        self.piecewise = None
+        self.num_piecewise_steps = 0
 
     @property
     def uses_cuda_graphs(self) -> bool:
@@ -108,7 +112,7 @@ class ModelRunner:
             self.num_forward_calls += 1
             self.num_graph_prefills += 1
             return self._sample(reqs, step.sample_rows, logits) if step.sample_rows else self._sampled_nothing()
-        hidden = self.model(step.input_ids, step.positions, self.kv_cache.tensors, step.attention_metadata())  # [T, D]
+        hidden = self._hidden(step)  # [T, D]
         self.num_forward_calls += 1
         prompt_lps = self._prompt_logprobs(reqs, hidden) if any(s.prompt_logprob_targets for s in reqs) else {}
         if not step.sample_rows:
@@ -121,10 +125,24 @@ class ModelRunner:
         handle.prompt_logprobs = prompt_lps
         return handle
 
+    def _hidden(self, step: StepInputs) -> torch.Tensor:
+        """The step's hidden states ``[T, D]``: from the piecewise graphs when they take ``T`` tokens (a view of their
+        static buffer, consumed before the next step's forward), else the eager forward."""
+        pw = self.piecewise
+        if pw is not None and step.num_tokens <= pw.max_tokens:
+            self.num_piecewise_steps += 1
+            return pw.run(step.input_ids, step.positions, step.attention_metadata())
+        return self.model(step.input_ids, step.positions, self.kv_cache.tensors, step.attention_metadata())
+
     @property
     def prefill_graph_tokens(self) -> int:
         """The longest fresh prompt ``prefill_graphs`` replays (0: none captured)."""
         return 0 if self.prefill_graphs is None else self.prefill_graphs.max_tokens
+
+    @property
+    def piecewise_graph_tokens(self) -> int:
+        """The most tokens a step may have to run from the piecewise graphs (0: none captured)."""
+        return 0 if self.piecewise is None else self.piecewise.max_tokens
 
     def graph_prefillable(self, reqs: list[ScheduledRequest]) -> bool:
         """The step is what ``prefill_graphs`` replays: one request, no cached context, a length of a bucket, no

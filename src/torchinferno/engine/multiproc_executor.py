@@ -62,6 +62,7 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
                 "num_sliding_blocks": worker.kv_cache.num_sliding_blocks,
                 "sliding_window": worker.kv_cache.spec.sliding_window,
                 "prefill_graph_tokens": worker.runner.prefill_graph_tokens,
+                "piecewise_graph_tokens": worker.runner.piecewise_graph_tokens,
                 "max_model_len": worker.max_model_len, "config": worker.config,
                 "model_config": getattr(model, "full_config", model.config), "describe": _describe(worker)}
         conn.send_bytes(pickle.dumps(("ready", info)))
@@ -174,6 +175,7 @@ class MultiprocExecutor(Executor):
         self.num_blocks = min(i["num_blocks"] for i in infos)
         self.sliding_window = infos[0]["sliding_window"]
         self.prefill_graph_tokens = min(i["prefill_graph_tokens"] for i in infos)  # a step is a graph on every rank
+        self.piecewise_graph_tokens = min(i["piecewise_graph_tokens"] for i in infos)
         self.num_sliding_blocks = None if infos[0]["num_sliding_blocks"] is None else min(
             i["num_sliding_blocks"] for i in infos)
         self.block_size = infos[0]["block_size"]

@@ -60,6 +60,9 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph-prefill-tokens", type=int, default=512, metavar="N",
                    help="with CUDA graphs, replay the prefill of one fresh prompt of up to N tokens from a per-length "
                         "graph (a small eager prefill is host-bound); 0: eager prefill")
+    p.add_argument("--cuda-graph-piecewise-tokens", type=int, default=512, metavar="N",
+                   help="with CUDA graphs, run every other step of up to N tokens (decodes mixed with prefill chunks, "
+                        "several prompts) as per-token-count graphs around eager attention; 0: such steps eager")
     p.add_argument("--graph-prefill-alone", action=argparse.BooleanOptionalAction, default=True,
                    help="run a lone waiting prompt that a prefill graph replays in a step of its own, the decodes "
                         "waiting one step, rather than in an eager step mixed with them (default: on)")
@@ -228,6 +231,7 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling,
                         cuda_graph_prefill_tokens=getattr(args, "cuda_graph_prefill_tokens", 512),
                         graph_prefill_alone=getattr(args, "graph_prefill_alone", True),
+                        cuda_graph_piecewise_tokens=getattr(args, "cuda_graph_piecewise_tokens", 512),
                         kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                         batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size,
                         pipeline_parallel_size=args.pipeline_parallel_size,

@@ -66,6 +66,7 @@ class RecordingExecutor(Executor):
         self.config, self.max_model_len = inner.config, inner.max_model_len
         self.num_blocks, self.block_size = inner.num_blocks, inner.block_size
         self.prefill_graph_tokens = inner.prefill_graph_tokens
+        self.piecewise_graph_tokens = inner.piecewise_graph_tokens
         self.last = self.resolved = None
 
     def execute_async(self, sched):

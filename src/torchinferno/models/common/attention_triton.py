@@ -39,6 +39,9 @@ class TritonPagedAttention(TorchAttention):
 
     supports_cuda_graphs = True
     supports_prefill_graphs = True  # the fresh-prompt path (SDPA) reads only shapes and device tensors
+    # the attention call is a cut point of kernels.cuda_graphs_piecewise: it runs eagerly, every other op of the
+    # families built on it (dense decoders) is row-wise
+    supports_piecewise_graphs = True
 
     def forward(self, q, k, v, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata | None):
         if kv_cache is None or meta is None or not tri.usable(q) or self.batch_invariant:

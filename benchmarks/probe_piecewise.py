@@ -1,0 +1,131 @@
+"""Mixed steps eager vs piecewise CUDA graphs (kernels.cuda_graphs_piecewise), at the model level on one device.
+
+Run 73's served step logs had steps that mix decodes with a prefill chunk at 24-55 ms of host time on an 8B Llama
+(H100), against ~1 ms for a graph prefill: such steps are host-bound. This probe times, per step shape, the wall time
+of one step (launch + device, synchronized) three ways, in one process on the same weights and KV cache:
+
+* eager: ``model(ids, positions, kv, meta)`` (what the engine ran for these steps before);
+* piecewise: ``PiecewiseGraphRunner.run`` (graphed segments, attention eager);
+* device: the piecewise step's kernels alone, from CUDA events around a replay that was queued behind a long sleep
+  kernel (so the host launch is hidden): the floor both approach.
+
+and checks that the piecewise hidden states equal the eager ones (max |diff|, bf16).
+
+    python benchmarks/probe_piecewise.py [--size llama3-8b] [--iters 20] [--json-output F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+SHAPES = {  # name -> [(cached context, new tokens)] per sequence
+    "1 dec + 128 prompt": [(512, 1)] + [(0, 128)],
+    "16 dec + 128 prompt": [(512, 1)] * 16 + [(0, 128)],
+    "64 dec + 128 prompt": [(512, 1)] * 64 + [(0, 128)],
+    "256 dec + 128 prompt": [(512, 1)] * 256 + [(0, 128)],
+    "2 prompts x 128": [(0, 128)] * 2,
+    "32 dec + 256 chunk over 1024": [(512, 1)] * 32 + [(1024, 256)],
+}
+
+
+def make_step(shapes, block_size, num_blocks, vocab, device):
+    from torchinferno.models.common.attention_metadata import AttentionMetadata
+
+    width = max(-(-(c + q) // block_size) for c, q in shapes)
+    tables, slots, pos, qsl, lens, nxt = [], [], [], [0], [], 1
+    for c, q in shapes:
+        nb = -(-(c + q) // block_size)
+        row = [(nxt + j) % (num_blocks - 1) + 1 for j in range(nb)]
+        nxt += nb
+        tables.append(row + [0] * (width - nb))
+        slots += [row[p // block_size] * block_size + p % block_size for p in range(c, c + q)]
+        pos += list(range(c, c + q))
+        qsl.append(qsl[-1] + q)
+        lens.append(c + q)
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMetadata(torch.tensor(qsl, **i32), torch.tensor(lens, **i32),
+                             torch.tensor(slots, dtype=torch.long, device=device), torch.tensor(tables, **i32),
+                             block_size, [q for _, q in shapes], lens)
+    ids = torch.randint(1, vocab, (qsl[-1],), device=device)
+    return ids, torch.tensor(pos, dtype=torch.long, device=device), meta
+
+
+def timed(fn, iters):
+    ms = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ms.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ms), min(ms)
+
+
+def device_ms(fn, iters):
+    """Kernel time of ``fn`` with its launch hidden behind a sleep kernel queued first."""
+    out = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(200_000_000)  # ~100+ ms of GPU sleep: the whole launch is queued before it ends
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="llama3-8b")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--blocks", type=int, default=6000)
+    ap.add_argument("--json-output", default=None)
+    a = ap.parse_args()
+    from torchinferno.engine.assembly import ModelSpec, build_model
+    from torchinferno.kernels.cuda_graphs_piecewise import PiecewiseGraphRunner, piecewise_buckets
+
+    dev = "cuda"
+    model = build_model(ModelSpec(model_kind="llama3", size=a.size, dtype="bfloat16", device=dev))
+    bs = 16
+    caches = model.family.kv_spec(model.config).allocate(a.blocks, bs, torch.bfloat16, dev)
+    t = time.perf_counter()
+    pw = PiecewiseGraphRunner(model, caches, bs, piecewise_buckets(512))
+    pw.capture()
+    cap_s = time.perf_counter() - t
+    print(f"{a.size} on {torch.cuda.get_device_name()}: captured {len(pw.segments)} buckets x "
+          f"{len(next(iter(pw.segments.values())).graphs)} segments in {cap_s:.1f} s; "
+          f"graph pool {torch.cuda.memory_reserved() / 2**30:.1f} GiB reserved in all")
+    rows = []
+    with torch.inference_mode():
+        for name, shapes in SHAPES.items():
+            ids, pos, meta = make_step(shapes, bs, a.blocks, model.config.vocab_size, dev)
+            n = ids.shape[0]
+            want = model(ids, pos, caches, meta).float()
+            got = pw.run(ids, pos, meta).float()
+            diff = (got - want).abs().max().item()
+            eager = timed(lambda: model(ids, pos, caches, meta), a.iters)
+            piece = timed(lambda: pw.run(ids, pos, meta), a.iters)
+            d_eager = device_ms(lambda: model(ids, pos, caches, meta), max(3, a.iters // 4))
+            d_piece = device_ms(lambda: pw.run(ids, pos, meta), max(3, a.iters // 4))
+            r = {"shape": name, "tokens": n, "seqs": len(shapes), "eager_ms": eager[0], "eager_min_ms": eager[1],
+                 "piecewise_ms": piece[0], "piecewise_min_ms": piece[1], "device_eager_ms": d_eager,
+                 "device_piecewise_ms": d_piece, "max_abs_diff": diff, "ref_max_abs": want.abs().max().item()}
+            rows.append(r)
+            print(f"{name:32s} T={n:4d}: eager {eager[0]:7.2f} ms  piecewise {piece[0]:7.2f} ms  "
+                  f"(x{eager[0] / piece[0]:.2f})  device: eager {d_eager:6.2f} / piecewise {d_piece:6.2f} ms  "
+                  f"max|diff| {diff:.3g} (ref max {r['ref_max_abs']:.3g})")
+    if a.json_output:
+        with open(a.json_output, "w") as f:
+            json.dump({"size": a.size, "device": torch.cuda.get_device_name(), "capture_s": cap_s, "rows": rows}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

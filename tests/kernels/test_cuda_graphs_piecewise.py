@@ -1,0 +1,137 @@
+"""PiecewiseGraphRunner: a mixed step (decodes, a prefill chunk over cached context, a fresh prompt) through graphed
+segments around eager attention == the plain eager forward, in hidden states and in every KV row written; a smaller
+step after a larger one (stale padded rows) changes nothing; graphs on CUDA only, the same segments eagerly on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchinferno.kernels.cuda_graphs_piecewise import (
+    PiecewiseGraphRunner,
+    piecewise_buckets,
+    supports_piecewise_graphs,
+)
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+
+BS = 4  # block size
+NBLK = 64
+
+
+def _model(device, dtype, backend=None):
+    from torchinferno.testing import tiny_model
+
+    return tiny_model("llama3", dtype=dtype, device=device, attention_backend=backend)
+
+
+def _step(g, vocab, device, shapes):
+    """``shapes``: (cached context, new tokens) per sequence -> (ids [T], positions [T], meta); each sequence owns
+    distinct random blocks (never block 0)."""
+    blocks = (torch.randperm(NBLK - 1, generator=g) + 1).tolist()
+    width = max(-(-(c + q) // BS) for c, q in shapes)
+    tables, slots, pos, qsl, lens = [], [], [], [0], []
+    for c, q in shapes:
+        nb = -(-(c + q) // BS)
+        row = [blocks.pop() for _ in range(nb)]
+        tables.append(row + [0] * (width - nb))
+        for p in range(c, c + q):
+            slots.append(row[p // BS] * BS + p % BS)
+            pos.append(p)
+        qsl.append(qsl[-1] + q)
+        lens.append(c + q)
+    T = qsl[-1]
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMetadata(torch.tensor(qsl, **i32), torch.tensor(lens, **i32),
+                             torch.tensor(slots, dtype=torch.long, device=device), torch.tensor(tables, **i32), BS,
+                             [q for _, q in shapes], lens, block_tables_host=tables)
+    ids = torch.randint(0, vocab, (T,), generator=g).to(device)
+    return ids, torch.tensor(pos, dtype=torch.long, device=device), meta
+
+
+STEPS = [
+    [(9, 1), (14, 1), (0, 11), (5, 1)],  # decodes + a fresh prompt: 14 tokens -> bucket 16
+    [(7, 1), (3, 6)],                    # a decode + a chunk over cached context: 7 tokens -> bucket 8
+    [(0, 20), (10, 1), (2, 9)],          # 30 tokens -> bucket 32
+    [(12, 1)],                           # one decode after a larger step: stale padded rows
+    [(4, 3), (0, 2)],                    # 5 tokens -> bucket 8
+]
+
+
+def _check(device, dtype, backend, capture):
+    model = _model(device, dtype, backend)
+    spec = model.family.kv_spec(model.config)
+    g = torch.Generator().manual_seed(0)
+    caches = spec.allocate(NBLK, BS, dtype, device)
+    for layer in caches:
+        for t in layer:
+            t.copy_(torch.randn(t.shape, generator=g).to(dtype))
+    ref = [tuple(t.clone() for t in layer) for layer in caches]
+    runner = PiecewiseGraphRunner(model, caches, BS, buckets=(8, 16, 32))
+    assert runner.use_graphs == capture
+    runner.capture()
+    assert len(runner.segments) == (3 if capture else 0)
+    tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    for shapes in STEPS:
+        ids, pos, meta = _step(g, model.config.vocab_size, device, shapes)
+        with torch.inference_mode():
+            got = runner.run(ids, pos, meta).clone()
+            want = model(ids, pos, ref, meta)
+        assert got.shape == want.shape == (ids.shape[0], model.config.hidden_size)
+        torch.testing.assert_close(got, want, **tol)
+        for layer, ref_layer in zip(caches, ref):
+            for t, r in zip(layer, ref_layer):  # same rows written, nothing else
+                torch.testing.assert_close(t, r, **tol)
+    assert runner.q is not None and runner.o.shape[0] == 32  # the cut points ran (static buffers exist)
+    assert (runner.num_replays, runner.num_eager) == ((len(STEPS), 0) if capture else (0, len(STEPS)))
+    for m in runner.attn:  # the cut points are gone after each forward
+        assert "forward" not in vars(m)
+
+
+def test_piecewise_segments_equal_eager_forward_cpu():
+    _check("cpu", torch.float32, None, capture=False)
+
+
+def test_oversized_step_and_buckets():
+    model = _model("cpu", torch.float32)
+    spec = model.family.kv_spec(model.config)
+    runner = PiecewiseGraphRunner(model, spec.allocate(NBLK, BS, torch.float32, "cpu"), BS, buckets=(8, 16))
+    ids, pos, meta = _step(torch.Generator().manual_seed(1), model.config.vocab_size, "cpu", [(0, 17)])
+    with pytest.raises(ValueError, match="1..16 tokens"):
+        runner.run(ids, pos, meta)
+    assert piecewise_buckets(0) == ()
+    assert piecewise_buckets(100) == (8, 16, 32, 64, 96, 100)
+    assert piecewise_buckets(512)[-1] == 512
+    with pytest.raises(ValueError, match="positive"):
+        PiecewiseGraphRunner(model, None, BS, buckets=(0,))
+
+
+def test_backend_declarations():
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+
+    assert not supports_piecewise_graphs(_model("cpu", torch.float32))  # the torch reference backend: host lists
+    assert supports_piecewise_graphs(_model("cpu", torch.float32, TritonPagedAttention))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_piecewise_graph_replay_matches_eager_cuda(cuda_dev, dtype):
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+
+    _check(cuda_dev, dtype, TritonPagedAttention, capture=True)
+
+
+def test_config_and_serve_flag():
+    import argparse
+
+    from torchinferno.engine.config import EngineConfig
+    from torchinferno.errors import ConfigError
+    from torchinferno.server import args as server_args
+
+    with pytest.raises(ConfigError, match="cuda_graph_piecewise_tokens must be an integer >= 0"):
+        EngineConfig(cuda_graph_piecewise_tokens=-1)
+    assert EngineConfig(cuda_graph_piecewise_tokens=0).cuda_graph_piecewise_tokens == 0
+    p = argparse.ArgumentParser()
+    server_args.add_server_args(p)
+    for argv, want in (([], 512), (["--cuda-graph-piecewise-tokens", "0"], 0)):
+        a = p.parse_args(argv)
+        assert server_args.engine_config_from_args(a, 128).cuda_graph_piecewise_tokens == want
