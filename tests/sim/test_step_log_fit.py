@@ -152,6 +152,8 @@ def test_timeline_flags_read_the_prefill_graphs():
     gpu = {"engine": "... runner=cuda-graphs, async scheduling", "device": "cuda:0", "async_scheduling": True}
     assert timeline_flags(gpu)["prefill_graph_tokens"] == 0  # a log from before session 26: eager prefill
     assert timeline_flags({**gpu, "prefill_graph_tokens": 512})["prefill_graph_tokens"] == 512
-    eager = {**gpu, "engine": "... runner=eager", "prefill_graph_tokens": 512}
+    assert timeline_flags(gpu)["piecewise_graph_tokens"] == 0  # before session 28: mixed steps eager
+    assert timeline_flags({**gpu, "piecewise_graph_tokens": 512})["piecewise_graph_tokens"] == 512
+    eager = {**gpu, "engine": "... runner=eager", "prefill_graph_tokens": 512, "piecewise_graph_tokens": 512}
     assert timeline_flags(eager) == {"graphs": False, "overlap": True, "async_scheduling": True,
-                                     "prefill_graph_tokens": 0}
+                                     "prefill_graph_tokens": 0, "piecewise_graph_tokens": 0}

@@ -12,7 +12,10 @@ value per name, all >= 0):
   prefill chunk, or every step without CUDA graphs; run 45's eager launch grows from ~20 ms at one row to ~30 at 64
   and ~45 at 256 while a graph step's host side stays ~1-4 ms), ``launch_graph`` for a replayed graph
   (``graphs=True``: pure decode steps, and with ``prefill_graph_tokens`` a step that is one fresh prompt of at most
-  that many tokens, as the engine's runner replays it: :func:`graph_step`);
+  that many tokens, as the engine's runner replays it: :func:`graph_step`), ``launch_piecewise +
+  launch_piecewise_seq * rows`` for any other step of at most ``piecewise_graph_tokens`` tokens on a graph engine
+  (graphed segments around eager attention, ``kernels.cuda_graphs_piecewise``; its kernels start as launched, as an
+  eager step's do: :func:`piecewise_step`);
 * host, applying a result (``update_from_output``, output encoding): ``apply_row * rows`` of the resolved batch;
 * device, a roofline: ``max(weights + kv_token * decode_ctx + kv_padded * decode_rows * longest_ctx,
   flop_token * tokens) + token * tokens + seq * rows + attn_pair * prefill_pairs / 1e3 + batched * [rows > 1]``
@@ -41,10 +44,10 @@ from torchinferno.engine.outputs import SchedulerOutput
 from torchinferno.errors import ConfigError
 
 __all__ = ["DEVICE_PARAMS", "HOST_PARAMS", "PARAMS", "BatchShape", "Timeline", "TimelineModel", "batch_shape",
-           "graph_step"]
+           "graph_step", "piecewise_step"]
 
 HOST_PARAMS = ("host_step", "host_seq", "host_token", "host_batched", "launch_eager", "launch_eager_seq", "launch_graph",
-               "apply_row")
+               "apply_row", "launch_piecewise", "launch_piecewise_seq")
 DEVICE_PARAMS = ("weights", "kv_token", "kv_padded", "flop_token", "token", "seq", "attn_pair", "batched")
 PARAMS = HOST_PARAMS + DEVICE_PARAMS
 
@@ -103,13 +106,28 @@ def graph_step(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0) -
             and abs(shape.prefill_attn - n * n * 5e-4) < 5e-4)
 
 
-def param_features(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0) -> tuple[dict, dict, dict, dict, dict]:
+def piecewise_step(shape: BatchShape, graphs: bool, piecewise_graph_tokens: int = 0) -> bool:
+    """A step that :func:`graph_step` does not replay whole runs from piecewise graphs (``engine.model_runner``):
+    ``graphs`` and at most ``piecewise_graph_tokens`` tokens. Call it only for steps that are not graph steps."""
+    return graphs and 0 < shape.tokens <= piecewise_graph_tokens
+
+
+def _launch_features(shape: BatchShape, eager: bool, piecewise: bool) -> dict:
+    if not eager:
+        return {"launch_graph": 1.0}
+    if piecewise:
+        return {"launch_piecewise": 1.0, "launch_piecewise_seq": float(shape.seqs)}
+    return {"launch_eager": 1.0, "launch_eager_seq": float(shape.seqs)}
+
+
+def param_features(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0,
+                   piecewise_graph_tokens: int = 0) -> tuple[dict, dict, dict, dict, dict]:
     """Coefficients of each part of a step on ``PARAMS``: ``(pre, launch, apply, memory, compute+extra)``.
     The device time is ``max(memory, compute) + extra``; ``compute`` is the ``flop_token`` term alone."""
     eager = not graph_step(shape, graphs, prefill_graph_tokens)
     pre = {"host_step": 1.0, "host_seq": float(shape.seqs), "host_token": float(shape.tokens),
            "host_batched": 1.0 if shape.seqs > 1 else 0.0}
-    launch = {"launch_eager": 1.0, "launch_eager_seq": float(shape.seqs)} if eager else {"launch_graph": 1.0}
+    launch = _launch_features(shape, eager, eager and piecewise_step(shape, graphs, piecewise_graph_tokens))
     apply = {"apply_row": float(shape.seqs)}
     mem = {"weights": 1.0, "kv_token": float(shape.decode_ctx),
            "kv_padded": float(shape.decode_seqs * shape.decode_ctx_max)}
@@ -127,11 +145,14 @@ class TimelineModel:
     """Fitted per-part costs (module docstring). ``graphs``: pure decode steps replay a CUDA graph;
     ``prefill_graph_tokens``: so does one fresh prompt of at most this many tokens (:func:`graph_step`; 0: the
     engine's prefill ran eagerly); ``overlap``: a device separate from the host (CUDA); ``async_scheduling``: how the
-    calibrated engine ran (informational: the simulated core's own config decides the order)."""
+    calibrated engine ran (informational: the simulated core's own config decides the order);
+    ``piecewise_graph_tokens``: any other step of at most this many tokens runs from piecewise graphs
+    (:func:`piecewise_step`; 0: eagerly)."""
 
     params: dict = field(default_factory=lambda: dict.fromkeys(PARAMS, 0.0))
     graphs: bool = False
     prefill_graph_tokens: int = 0
+    piecewise_graph_tokens: int = 0
     overlap: bool = False
     async_scheduling: bool = False
     empty_step_s: float = 0.0  # a step that scheduled nothing: host only
@@ -158,7 +179,12 @@ class TimelineModel:
         p = self.params
         pre = p["host_step"] + p["host_seq"] * shape.seqs + p["host_token"] * shape.tokens \
             + (p["host_batched"] if shape.seqs > 1 else 0.0)
-        launch = p["launch_eager"] + p["launch_eager_seq"] * shape.seqs if eager else p["launch_graph"]
+        if not eager:
+            launch = p["launch_graph"]
+        elif piecewise_step(shape, self.graphs, self.piecewise_graph_tokens):
+            launch = p["launch_piecewise"] + p["launch_piecewise_seq"] * shape.seqs
+        else:
+            launch = p["launch_eager"] + p["launch_eager_seq"] * shape.seqs
         mem = p["weights"] + p["kv_token"] * shape.decode_ctx + p["kv_padded"] * shape.decode_seqs * shape.decode_ctx_max
         comp = p["flop_token"] * shape.tokens
         dev = (mem if mem > comp else comp) + p["token"] * shape.tokens + p["seq"] * shape.seqs \
@@ -194,7 +220,8 @@ class TimelineModel:
     # ------------------------------------------------------------------ file form
     def as_dict(self) -> dict:
         return {"kind": self.kind, "params": dict(self.params), "graphs": self.graphs,
-                "prefill_graph_tokens": self.prefill_graph_tokens, "overlap": self.overlap,
+                "prefill_graph_tokens": self.prefill_graph_tokens,
+                "piecewise_graph_tokens": self.piecewise_graph_tokens, "overlap": self.overlap,
                 "async_scheduling": self.async_scheduling, "empty_step_s": self.empty_step_s}
 
     @classmethod
@@ -202,7 +229,8 @@ class TimelineModel:
         if not isinstance(d, dict) or d.get("kind") != "timeline":
             raise ConfigError(f"not a timeline cost model (kind {d.get('kind')!r})")
         return cls(params=dict(d["params"]), graphs=bool(d.get("graphs", False)),
-                   prefill_graph_tokens=int(d.get("prefill_graph_tokens", 0)), overlap=bool(d.get("overlap", False)),
+                   prefill_graph_tokens=int(d.get("prefill_graph_tokens", 0)),
+                   piecewise_graph_tokens=int(d.get("piecewise_graph_tokens", 0)), overlap=bool(d.get("overlap", False)),
                    async_scheduling=bool(d.get("async_scheduling", False)),
                    empty_step_s=float(d.get("empty_step_s", 0.0)))
 

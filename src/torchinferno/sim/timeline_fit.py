@@ -130,7 +130,7 @@ def _const(c: float):
 
 
 def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_sum: bool = False,
-            anchor: bool = False, prefill_graph_tokens: int = 0):
+            anchor: bool = False, prefill_graph_tokens: int = 0, piecewise_graph_tokens: int = 0):
     """``(A [N, P], c [N], branches)``: each iteration's predicted period ``A . theta + c`` under the branch choices
     ``theta`` makes (module docstring); ``branches`` is a tuple of the choices, for convergence.
 
@@ -177,7 +177,8 @@ def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_s
         if it.launched is not None and it.shape is not None and it.shape.seqs > 0:
             key = (it.shape, graphs)
             if key not in feats_cache:
-                pre, launch, apply, mem, comp = param_features(it.shape, graphs, prefill_graph_tokens)
+                pre, launch, apply, mem, comp = param_features(it.shape, graphs, prefill_graph_tokens,
+                                                               piecewise_graph_tokens)
                 eager = not graph_step(it.shape, graphs, prefill_graph_tokens)
                 feats_cache[key] = (_vec(pre), _vec(launch), _vec(apply), _vec(mem), _vec(comp),
                                     _vec(extra_features(it.shape)), eager)
@@ -218,7 +219,8 @@ def replay_periods(its: list[Iteration], model: TimelineModel, anchor: bool = Fa
 
     theta = np.array([model.params[k] for k in PARAMS])
     a, c, _ = _replay(its, theta, model.graphs, model.overlap, anchor=anchor,
-                      prefill_graph_tokens=model.prefill_graph_tokens)
+                      prefill_graph_tokens=model.prefill_graph_tokens,
+                      piecewise_graph_tokens=model.piecewise_graph_tokens)
     return list(a @ theta + c)
 
 
@@ -235,7 +237,8 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
                  weights: str = "sqrt", trim: float = 3.0, max_rounds: int = 40,
                  free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0,
                  anchor: bool = False, fixed: dict | None = None,
-                 device_bound_graphs: bool = False, prefill_graph_tokens: int = 0) -> tuple[TimelineModel, float]:
+                 device_bound_graphs: bool = False, prefill_graph_tokens: int = 0,
+                 piecewise_graph_tokens: int = 0) -> tuple[TimelineModel, float]:
     """Fit (module docstring). Only ``free`` parameters are fitted (others stay 0; ``fixed``: name -> seconds held at
     that value). Returns the model and the mean |relative error| of the predicted periods on the iterations kept.
 
@@ -245,7 +248,10 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     ``host_seq`` held there, ``launch_graph``, ``host_batched`` and ``host_token`` held at 0) and the eager launch gets
     its per-row term ``launch_eager_seq``; the rest of a decode period is then the device's. Without it
     ``launch_eager_seq`` stays 0 (the default fit is the one of sessions 13-15). ``prefill_graph_tokens``: the logged
-    engine also replayed fresh prompts up to that length from graphs (``TimelineModel.prefill_graph_tokens``).
+    engine also replayed fresh prompts up to that length from graphs (``TimelineModel.prefill_graph_tokens``);
+    ``piecewise_graph_tokens``: it ran other steps up to that many tokens from piecewise graphs (their launch is
+    ``launch_piecewise``, and ``launch_piecewise_seq`` is held at 0 as ``launch_eager_seq`` is, but with
+    ``device_bound_graphs``).
 
     The replay's branches make local minima (a host-bound and a device-bound story can explain the same periods
     about as well), so besides two fixed starts the descent restarts ``restarts`` times from the best point so far
@@ -261,12 +267,12 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     w = {"relative": 1.0 / np.maximum(y, 1e-9), "sqrt": 1.0 / np.sqrt(np.maximum(y, 1e-9)),
          "time": np.ones_like(y)}[weights]
     fixed = dict(fixed or {})
-    pgt = int(prefill_graph_tokens)
+    pgt, pwt = int(prefill_graph_tokens), int(piecewise_graph_tokens)
     host = graph_host_from_tail(its, graphs) if device_bound_graphs and overlap and graphs else None
     if host is not None:
         fixed = {"launch_graph": 0.0, "host_batched": 0.0, "host_token": 0.0, **host, **fixed}
     else:  # the eager launch's per-row term is part of the device-bound story only (default fits unchanged)
-        fixed = {"launch_eager_seq": 0.0, **fixed}
+        fixed = {"launch_eager_seq": 0.0, "launch_piecewise_seq": 0.0, **fixed}
     unknown = set(fixed) - set(PARAMS)
     if unknown:
         raise ConfigError(f"unknown timeline parameters {sorted(unknown)} (valid: {', '.join(PARAMS)})")
@@ -277,9 +283,11 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
 
     def solve(a, c, keep):
         target = y[keep] - c[keep] - a[keep] @ theta_fixed
-        sol = _nnls((a[keep][:, cols]) * w[keep, None], target * w[keep])
+        # a term no kept row exercises stays 0: least squares would give its empty column any value
+        used = [j for j in cols if np.any(a[keep][:, j])]
+        sol = _nnls((a[keep][:, used]) * w[keep, None], target * w[keep])
         theta = theta_fixed.copy()
-        theta[cols] = np.maximum(sol, 0.0)
+        theta[used] = np.maximum(sol, 0.0)
         return theta
 
     def descend(theta, cols_now):
@@ -289,7 +297,8 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         keep = ok
         seen = set()
         for rnd in range(max_rounds):
-            a, c, branches = _replay(its, theta, graphs, overlap, anchor=anchor, prefill_graph_tokens=pgt)
+            a, c, branches = _replay(its, theta, graphs, overlap, anchor=anchor, prefill_graph_tokens=pgt,
+                          piecewise_graph_tokens=pwt)
             pred = a @ theta + c
             rel = (pred - y) / np.maximum(y, 1e-12)
             if rnd > 0 and trim:
@@ -308,22 +317,28 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     # launch and the apply held at 0 first), then everything free. The replay has local minima (host-bound vs
     # device-bound explanations of the same period): the better end point wins.
     a, c, _ = _replay(its, np.zeros(_NP), graphs, False, roofline_sum=True,
-                      prefill_graph_tokens=pgt)  # both roofline columns present
+                      prefill_graph_tokens=pgt, piecewise_graph_tokens=pwt)  # both roofline columns present
     starts = [solve(a, c, ok)]
     if overlap:
         dev_first = [j for j in full if PARAMS[j] not in ("host_step", "host_seq", "host_token", "host_batched",
                                                                    "launch_graph")]
         cols = dev_first
-        a, c, _ = _replay(its, np.zeros(_NP), graphs, False, roofline_sum=True, prefill_graph_tokens=pgt)
+        a, c, _ = _replay(its, np.zeros(_NP), graphs, False, roofline_sum=True, prefill_graph_tokens=pgt,
+                          piecewise_graph_tokens=pwt)
         t0 = solve(a, c, ok)
         starts.append(descend(t0, dev_first)[1])
+        if pwt:  # start 3: piecewise launches at 0 first (mostly hidden behind their device work, they can pull the
+            # additive start into a minimum where the prefill compute term is 0), then everything free
+            cols = [j for j in full if PARAMS[j] not in ("launch_piecewise", "launch_piecewise_seq")]
+            starts.append(descend(solve(a, c, ok), cols)[1])
     best = (math.inf, None, ok)
     for t0 in starts:
         got = descend(t0, full)
         if got[0] < best[0]:
             best = got
     rng = np.random.default_rng(seed)
-    a, c, _ = _replay(its, best[1], graphs, overlap, roofline_sum=True, anchor=anchor, prefill_graph_tokens=pgt)
+    a, c, _ = _replay(its, best[1], graphs, overlap, roofline_sum=True, anchor=anchor, prefill_graph_tokens=pgt,
+                          piecewise_graph_tokens=pwt)
     scale = np.abs(a[ok]).mean(axis=0)  # [P]; 0 for a term no calibration row exercises (CPU: launch_graph)
     # a term worth 10% of a step; a term with no rows starts and stays at 0 (else a restart sets it to
     # median / 1e-30, a value no row can correct, which then prices any such step: a graph replay at 2.8e16 ms)
@@ -337,5 +352,6 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
             best = got
     err, theta, _ = best
     model = TimelineModel(params={k: float(theta[_IDX[k]]) for k in PARAMS}, graphs=graphs, overlap=overlap,
-                          async_scheduling=async_scheduling, prefill_graph_tokens=pgt)
+                          async_scheduling=async_scheduling, prefill_graph_tokens=pgt,
+                          piecewise_graph_tokens=pwt)
     return model, err
