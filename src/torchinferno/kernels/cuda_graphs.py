@@ -42,6 +42,40 @@ def backend_supports_graphs(model: nn.Module, flag: str = "supports_cuda_graphs"
     return bool(flags) and all(flags)
 
 
+def sorted_buckets(sizes, what: str) -> list[int]:
+    """``sizes`` as a sorted list of distinct positive ints (ValueError naming ``what`` otherwise)."""
+    out = sorted(set(int(b) for b in sizes))
+    if not out or out[0] < 1:
+        raise ValueError(f"{what} buckets must be positive token counts, got {sizes!r}")
+    return out
+
+
+class Bucketed:
+    """``buckets`` (sorted, set by the subclass): ``bucket_for(n)`` is the smallest ``>= n`` (None past the last)."""
+
+    buckets: list[int]
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, n: int) -> int | None:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+
+def fresh_prompt_meta(T: int, slot_mapping: torch.Tensor, block_size: int) -> AttentionMetadata:
+    """One fresh prompt of ``T`` tokens whose KV goes to ``slot_mapping [T]`` (the host lists are what select an
+    attention backend's fresh-prompt path; its block table is read by no such path)."""
+    dev = slot_mapping.device
+    return AttentionMetadata(query_start_loc=torch.tensor([0, T], dtype=torch.int32, device=dev),
+                             seq_lens=torch.tensor([T], dtype=torch.int32, device=dev), slot_mapping=slot_mapping,
+                             block_tables=torch.zeros(1, 1, dtype=torch.int32, device=dev), block_size=block_size,
+                             query_lens_list=[T], seq_lens_list=[T], has_padding=True)
+
+
 def capture_graphs(device: torch.device, sizes, forward, warmup: int, pool=None):
     """One CUDA graph of ``forward(size)`` per size, largest first, sharing one memory pool (``pool``, or the first
     graph's) -> ``(graphs, outputs, pool)`` keyed by size. Each size runs ``warmup`` times on a side stream first
@@ -68,7 +102,7 @@ def capture_graphs(device: torch.device, sizes, forward, warmup: int, pool=None)
     return graphs, outputs, pool
 
 
-class CudaGraphDecodeRunner:
+class CudaGraphDecodeRunner(Bucketed):
     """Decode-step executor with per-bucket CUDA graphs and an eager fallback.
 
     ``model``: a family model (``forward(ids, positions, kv_caches, meta)``, ``compute_logits``).
@@ -108,12 +142,6 @@ class CudaGraphDecodeRunner:
         self.num_eager = 0
 
     # ------------------------------------------------------------------ helpers
-    def bucket_for(self, n: int) -> int | None:
-        for b in self.buckets:
-            if b >= n:
-                return b
-        return None
-
     def _meta(self, B: int, seq_lens_list: list[int] | None) -> AttentionMetadata:
         return AttentionMetadata(
             query_start_loc=self.query_start_loc[: B + 1],

@@ -33,7 +33,7 @@ import functools
 import torch
 from torch import nn
 
-from torchinferno.kernels.cuda_graphs import backend_supports_graphs
+from torchinferno.kernels.cuda_graphs import Bucketed, backend_supports_graphs, fresh_prompt_meta, sorted_buckets
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 __all__ = ["DEFAULT_PIECEWISE_BUCKETS", "PiecewiseGraphRunner", "piecewise_buckets", "supports_piecewise_graphs"]
@@ -70,7 +70,7 @@ class _Segments:
         self.hidden: torch.Tensor | None = None
 
 
-class PiecewiseGraphRunner:
+class PiecewiseGraphRunner(Bucketed):
     """A forward of up to ``max_tokens`` rows as graphed segments around eager attention (module docstring).
 
     ``model``: a family model (``forward(ids, positions, kv_caches, meta) -> hidden [T, D]``); ``kv_caches``: the
@@ -83,9 +83,7 @@ class PiecewiseGraphRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.buckets = sorted(set(int(b) for b in buckets))
-        if not self.buckets or self.buckets[0] < 1:
-            raise ValueError(f"piecewise buckets must be positive token counts, got {buckets!r}")
+        self.buckets = sorted_buckets(buckets, "piecewise")
         self.attn = attention_modules(model)
         if not self.attn:
             raise ValueError("piecewise graphs need a model with attention modules (TorchAttention subclasses)")
@@ -99,16 +97,6 @@ class PiecewiseGraphRunner:
         self.segments: dict[int, _Segments] = {}
         self.num_replays = 0
         self.num_eager = 0
-
-    @property
-    def max_tokens(self) -> int:
-        return self.buckets[-1]
-
-    def bucket_for(self, n: int) -> int | None:
-        for b in self.buckets:
-            if b >= n:
-                return b
-        return None
 
     # ------------------------------------------------------------------ the cut points
     def _static(self, q, k, v) -> None:
@@ -147,13 +135,7 @@ class PiecewiseGraphRunner:
 
     def _capture_meta(self, T: int) -> AttentionMetadata:
         """A fresh prompt of ``T`` tokens whose KV goes nowhere (slot -1): what attention runs on while capturing."""
-        dev = self.device
-        return AttentionMetadata(
-            query_start_loc=torch.tensor([0, T], dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor([T], dtype=torch.int32, device=dev),
-            slot_mapping=torch.full((T,), -1, dtype=torch.long, device=dev),
-            block_tables=torch.zeros(1, 1, dtype=torch.int32, device=dev),
-            block_size=self.block_size, query_lens_list=[T], seq_lens_list=[T], has_padding=True)
+        return fresh_prompt_meta(T, torch.full((T,), -1, dtype=torch.long, device=self.device), self.block_size)
 
     # ------------------------------------------------------------------ capture / run
     @torch.inference_mode()

@@ -28,7 +28,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from torchinferno.kernels.cuda_graphs import backend_supports_graphs, capture_graphs
+from torchinferno.kernels.cuda_graphs import (
+    Bucketed,
+    backend_supports_graphs,
+    capture_graphs,
+    fresh_prompt_meta,
+    sorted_buckets,
+)
 from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 __all__ = ["DEFAULT_PREFILL_BUCKETS", "CudaGraphPrefillRunner", "prefill_buckets", "supports_prefill_graphs"]
@@ -48,7 +54,7 @@ def supports_prefill_graphs(model: nn.Module) -> bool:
     return backend_supports_graphs(model, "supports_prefill_graphs")
 
 
-class CudaGraphPrefillRunner:
+class CudaGraphPrefillRunner(Bucketed):
     """One fresh prompt's prefill from per-bucket CUDA graphs (module docstring).
 
     ``model``: a family model (``forward(ids, positions, kv_caches, meta)``, ``compute_logits``), or its step wrapper.
@@ -60,9 +66,7 @@ class CudaGraphPrefillRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.buckets = sorted(set(int(b) for b in buckets))
-        if not self.buckets or self.buckets[0] < 1:
-            raise ValueError(f"prefill buckets must be positive token counts, got {buckets!r}")
+        self.buckets = sorted_buckets(buckets, "prefill")
         self.device = next(model.parameters()).device
         can = self.device.type == "cuda" and supports_prefill_graphs(model)
         self.use_graphs = can if use_graphs is None else (use_graphs and can)
@@ -78,27 +82,11 @@ class CudaGraphPrefillRunner:
         self.num_replays = 0
         self.num_eager = 0
 
-    @property
-    def max_tokens(self) -> int:
-        return self.buckets[-1]
-
-    def bucket_for(self, n: int) -> int | None:
-        for b in self.buckets:
-            if b >= n:
-                return b
-        return None
-
     def _meta(self, T: int) -> AttentionMetadata:
-        """One fresh prompt of ``T`` tokens (the host lists are what select the fresh-prompt path)."""
+        """One fresh prompt of ``T`` tokens over rows ``[:T]`` of the static slot mapping."""
         m = self._metas.get(T)
         if m is None:
-            dev = self.device
-            m = self._metas[T] = AttentionMetadata(
-                query_start_loc=torch.tensor([0, T], dtype=torch.int32, device=dev),
-                seq_lens=torch.tensor([T], dtype=torch.int32, device=dev),
-                slot_mapping=self.slot_mapping[:T],
-                block_tables=torch.zeros(1, 1, dtype=torch.int32, device=dev),  # read by no fresh-prompt path
-                block_size=self.block_size, query_lens_list=[T], seq_lens_list=[T], has_padding=True)
+            m = self._metas[T] = fresh_prompt_meta(T, self.slot_mapping[:T], self.block_size)
         return m
 
     def _forward(self, T: int) -> torch.Tensor:
