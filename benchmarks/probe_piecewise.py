@@ -23,14 +23,16 @@ import time
 
 import torch
 
-SHAPES = {  # name -> [(cached context, new tokens)] per sequence
-    "1 dec + 128 prompt": [(512, 1)] + [(0, 128)],
-    "16 dec + 128 prompt": [(512, 1)] * 16 + [(0, 128)],
-    "64 dec + 128 prompt": [(512, 1)] * 64 + [(0, 128)],
-    "256 dec + 128 prompt": [(512, 1)] * 256 + [(0, 128)],
-    "2 prompts x 128": [(0, 128)] * 2,
-    "32 dec + 256 chunk over 1024": [(512, 1)] * 32 + [(1024, 256)],
-}
+def shapes(ctx: int, prompt: int) -> dict:
+    """name -> [(cached context, new tokens)] per sequence: decodes at context ``ctx`` beside prompts."""
+    return {
+        f"1 dec + {prompt} prompt": [(ctx, 1)] + [(0, prompt)],
+        f"16 dec + {prompt} prompt": [(ctx, 1)] * 16 + [(0, prompt)],
+        f"64 dec + {prompt} prompt": [(ctx, 1)] * 64 + [(0, prompt)],
+        f"256 dec + {prompt} prompt": [(ctx, 1)] * 256 + [(0, prompt)],
+        f"2 prompts x {prompt}": [(0, prompt)] * 2,
+        f"32 dec + {2 * prompt} chunk over {2 * ctx}": [(ctx, 1)] * 32 + [(2 * ctx, 2 * prompt)],
+    }
 
 
 def make_step(shapes, block_size, num_blocks, vocab, device):
@@ -55,19 +57,26 @@ def make_step(shapes, block_size, num_blocks, vocab, device):
     return ids, torch.tensor(pos, dtype=torch.long, device=device), meta
 
 
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(fn, iters):
     ms = []
     for _ in range(iters):
-        torch.cuda.synchronize()
+        _sync()
         t = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        _sync()
         ms.append((time.perf_counter() - t) * 1e3)
     return statistics.median(ms), min(ms)
 
 
 def device_ms(fn, iters):
-    """Kernel time of ``fn`` with its launch hidden behind a sleep kernel queued first."""
+    """Kernel time of ``fn`` with its launch hidden behind a sleep kernel queued first (NaN without CUDA)."""
+    if not torch.cuda.is_available():
+        return float("nan")
     out = []
     for _ in range(iters):
         torch.cuda.synchronize()
@@ -86,12 +95,15 @@ def main() -> None:
     ap.add_argument("--size", default="llama3-8b")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=6000)
+    ap.add_argument("--ctx", type=int, default=512, help="cached context of every decode row")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs, no device time)")
     ap.add_argument("--json-output", default=None)
     a = ap.parse_args()
     from torchinferno.engine.assembly import ModelSpec, build_model
     from torchinferno.kernels.cuda_graphs_piecewise import PiecewiseGraphRunner, piecewise_buckets
 
-    dev = "cuda"
+    dev = a.device
     model = build_model(ModelSpec(model_kind="llama3", size=a.size, dtype="bfloat16", device=dev))
     bs = 16
     caches = model.family.kv_spec(model.config).allocate(a.blocks, bs, torch.bfloat16, dev)
@@ -99,13 +111,14 @@ def main() -> None:
     pw = PiecewiseGraphRunner(model, caches, bs, piecewise_buckets(512))
     pw.capture()
     cap_s = time.perf_counter() - t
-    print(f"{a.size} on {torch.cuda.get_device_name()}: captured {len(pw.segments)} buckets x "
-          f"{len(next(iter(pw.segments.values())).graphs)} segments in {cap_s:.1f} s; "
-          f"graph pool {torch.cuda.memory_reserved() / 2**30:.1f} GiB reserved in all")
+    name = torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
+    segs = len(next(iter(pw.segments.values())).graphs) if pw.segments else 0
+    print(f"{a.size} on {name}: captured {len(pw.segments)} buckets x {segs} segments in {cap_s:.1f} s; "
+          f"{torch.cuda.memory_reserved() / 2**30 if dev.startswith('cuda') else 0:.1f} GiB reserved in all")
     rows = []
     with torch.inference_mode():
-        for name, shapes in SHAPES.items():
-            ids, pos, meta = make_step(shapes, bs, a.blocks, model.config.vocab_size, dev)
+        for name, seqs in shapes(a.ctx, a.prompt).items():
+            ids, pos, meta = make_step(seqs, bs, a.blocks, model.config.vocab_size, dev)
             n = ids.shape[0]
             want = model(ids, pos, caches, meta).float()
             got = pw.run(ids, pos, meta).float()
@@ -114,7 +127,7 @@ def main() -> None:
             piece = timed(lambda: pw.run(ids, pos, meta), a.iters)
             d_eager = device_ms(lambda: model(ids, pos, caches, meta), max(3, a.iters // 4))
             d_piece = device_ms(lambda: pw.run(ids, pos, meta), max(3, a.iters // 4))
-            r = {"shape": name, "tokens": n, "seqs": len(shapes), "eager_ms": eager[0], "eager_min_ms": eager[1],
+            r = {"shape": name, "tokens": n, "seqs": len(seqs), "eager_ms": eager[0], "eager_min_ms": eager[1],
                  "piecewise_ms": piece[0], "piecewise_min_ms": piece[1], "device_eager_ms": d_eager,
                  "device_piecewise_ms": d_piece, "max_abs_diff": diff, "ref_max_abs": want.abs().max().item()}
             rows.append(r)
@@ -123,7 +136,7 @@ def main() -> None:
                   f"max|diff| {diff:.3g} (ref max {r['ref_max_abs']:.3g})")
     if a.json_output:
         with open(a.json_output, "w") as f:
-            json.dump({"size": a.size, "device": torch.cuda.get_device_name(), "capture_s": cap_s, "rows": rows}, f,
+            json.dump({"size": a.size, "device": name, "capture_s": cap_s, "rows": rows}, f,
                       indent=1)
 
 
