@@ -24,6 +24,10 @@ if [ -z "$SERVE" ]; then
   grep -vE "^\s*$" "$R/probe.log" | tail -10 | cut -c1-300
 fi
 LEFT=$(( ${CALL_S:-575} - SECONDS ))
+if [ "$LEFT" -lt 330 ] && [ -z "$RUNS" ]; then  # a short call: the A/C comparison only, fewer levels
+  RUNS="a c"; CONC="1 64"
+fi
+echo "served runs: ${RUNS:-a b c}, $LEFT s left"
 timeout $LEFT python3 benchmarks/served_sim_validate.py --device cuda --out "$OUT/sim21" --skip-analysis \
   --runs ${RUNS:-a b c} --concurrency ${CONC-1 16 64 256} --request-rates 8 32 --rate-requests ${RATE_REQ:-120} \
   --serve-flags="$SERVE" --c-flags="$CFLAGS" 2>&1 | tee "$R/sim21.log" | grep -E "^\[|Error|error" | tail -30
