@@ -290,10 +290,11 @@ def test_a_piecewise_step_pays_the_piecewise_launch():
     assert TimelineModel.from_dict(d).piecewise_graph_tokens == 0
 
 
-@pytest.mark.parametrize("launch_ms, longest", [(6, 4096), (1, 1024)])
+@pytest.mark.parametrize("launch_ms, longest", [(6, 4096), (3, 4096), (1, 1024)])
 def test_fit_recovers_the_piecewise_launch(launch_ms, longest):
-    """A piecewise launch the device work does not hide (6 ms) or hides for most steps (1 ms). (At 3 ms on these
-    steps the fit ends in a minimum with the prefill compute term at 0 and 12% error: noted in docs/SIMULATION.md.)"""
+    """A piecewise launch the device work does not hide (6 ms), hides for some steps (3 ms: without the damped steps
+    the fit ended at 12% error with the prefill compute term at 0) or for most (1 ms). (3 ms with prompts of up to
+    1,024 tokens, seed 0, still ends there: noted in docs/SIMULATION.md.)"""
     truth = TimelineModel(dict(GPU, launch_piecewise=launch_ms * MS), graphs=True, overlap=True, async_scheduling=True,
                           piecewise_graph_tokens=512)
     its = _synthetic(truth, longest=longest)

@@ -290,12 +290,15 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         theta[used] = np.maximum(sol, 0.0)
         return theta
 
+    max_backs = 8  # damping: halvings of a step that raised the error (a cycle of branch choices otherwise ends it)
+
     def descend(theta, cols_now):
         nonlocal cols
         cols = cols_now
         best = (math.inf, theta, ok)
         keep = ok
         seen = set()
+        backs = 0
         for rnd in range(max_rounds):
             a, c, branches = _replay(its, theta, graphs, overlap, anchor=anchor, prefill_graph_tokens=pgt,
                           piecewise_graph_tokens=pwt)
@@ -306,6 +309,11 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
             err = float(np.mean(np.abs(rel[keep]))) if keep.any() else math.inf
             if err < best[0]:
                 best = (err, theta, keep)
+                backs = 0
+            elif rnd > 0 and backs < max_backs:  # the step made it worse: go back halfway towards the best point
+                theta = 0.5 * (theta + best[1])
+                backs += 1
+                continue
             if (branches, keep.tobytes()) in seen:
                 break
             seen.add((branches, keep.tobytes()))
