@@ -8,36 +8,20 @@ the option. No GPU, no model; about 10 s on a CPU core.
 
 from __future__ import annotations
 
-import argparse
-import json
-
-
 def main(argv=None) -> int:
-    from torchinferno.engine.config import EngineConfig
-    from torchinferno.engine.core import EngineCore
-    from torchinferno.sim.driver import Replica, run_workload
-    from torchinferno.sim.executor import SimulatedExecutor
-    from torchinferno.sim.timeline import TimelineModel
-    from torchinferno.sim.traffic import TrafficSpec, generate
+    from sim_whatif_common import fitted_timeline, poisson_serving, whatif_args
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fit", default="benchmarks/results/run73/offline_timeline.json",
-                   help="sim_offline_validate.py output whose a_to_b timeline is used")
-    p.add_argument("--rates", type=float, nargs="+", default=[5, 20, 50, 100, 200])
-    p.add_argument("--requests", type=int, default=400)
-    a = p.parse_args(argv)
-    tl = TimelineModel.from_dict(json.load(open(a.fit))["a_to_b"]["timeline"])
+    from torchinferno.engine.config import EngineConfig
+
+    a = whatif_args(__doc__).parse_args(argv)
+    tl = fitted_timeline(a.fit)
     print(f"timeline of {a.fit}: graphs {tl.graphs}, prefill graphs up to {tl.prefill_graph_tokens} tokens")
     print("rate/s | TTFT p50 ms off -> on | TTFT p99 | TPOT p50 ms | TPOT p99 | tok/s | lone steps")
     for rate in a.rates:
-        reqs = generate(TrafficSpec(num_requests=a.requests, rate=rate, prompt_len="fixed:128",
-                                    output_len="fixed:128", seed=1))
         res = []
         for alone in (False, True):
-            ex = SimulatedExecutor(tl, EngineConfig(graph_prefill_alone=alone), num_blocks=20000, max_model_len=4096,
-                                   device="cuda")
-            core = EngineCore(ex)
-            res.append((run_workload(reqs, [Replica(core, ex.clock, "sim")]).summary(), core.scheduler.num_lone_prefills))
+            summary, core = poisson_serving(tl, EngineConfig(graph_prefill_alone=alone), rate, a.requests)
+            res.append((summary, core.scheduler.num_lone_prefills))
         (off, _), (on, n) = res
 
         def ms(key: str) -> str:

@@ -9,28 +9,19 @@ then pay ``launch_piecewise`` (each value of ``--launch-ms``) instead of the fit
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import replace
 
 
 def main(argv=None) -> int:
-    from torchinferno.engine.config import EngineConfig
-    from torchinferno.engine.core import EngineCore
-    from torchinferno.sim.driver import Replica, run_workload
-    from torchinferno.sim.executor import SimulatedExecutor
-    from torchinferno.sim.timeline import TimelineModel
-    from torchinferno.sim.traffic import TrafficSpec, generate
+    from sim_whatif_common import fitted_timeline, poisson_serving, whatif_args
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--fit", default="benchmarks/results/run73/offline_timeline.json",
-                   help="sim_offline_validate.py output whose a_to_b timeline is used")
-    p.add_argument("--rates", type=float, nargs="+", default=[5, 20, 50, 100, 200])
-    p.add_argument("--requests", type=int, default=400)
+    from torchinferno.engine.config import EngineConfig
+
+    p = whatif_args(__doc__)
     p.add_argument("--launch-ms", type=float, nargs="+", default=[1.0, 3.0],
                    help="host time of a piecewise mixed step's launch (33 graph replays + 32 eager attentions)")
     a = p.parse_args(argv)
-    base = TimelineModel.from_dict(json.load(open(a.fit))["a_to_b"]["timeline"])
+    base = fitted_timeline(a.fit)
     pe = base.params
     print(f"timeline of {a.fit}: eager launch {pe['launch_eager'] * 1e3:.1f} ms + "
           f"{pe['launch_eager_seq'] * 1e3:.3f} ms/row, graph launch {pe['launch_graph'] * 1e3:.2f} ms")
@@ -39,12 +30,9 @@ def main(argv=None) -> int:
                                   for x in a.launch_ms]
     print("rate/s | " + " | ".join(f"{name}: TTFT p50/p99, TPOT p50/p99 ms, tok/s" for name, _ in models))
     for rate in a.rates:
-        reqs = generate(TrafficSpec(num_requests=a.requests, rate=rate, prompt_len="fixed:128",
-                                    output_len="fixed:128", seed=1))
         cells = []
         for _, tl in models:
-            ex = SimulatedExecutor(tl, EngineConfig(), num_blocks=20000, max_model_len=4096, device="cuda")
-            s = run_workload(reqs, [Replica(EngineCore(ex), ex.clock, "sim")]).summary()
+            s, _ = poisson_serving(tl, EngineConfig(), rate, a.requests)
             cells.append(f"{s['p50_ttft_s'] * 1e3:.1f}/{s['p99_ttft_s'] * 1e3:.1f}, "
                          f"{s['p50_tpot_s'] * 1e3:.1f}/{s['p99_tpot_s'] * 1e3:.1f}, {s['output_throughput']:.0f}")
         print(f"{rate:g} | " + " | ".join(cells))
