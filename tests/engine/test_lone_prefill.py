@@ -110,8 +110,9 @@ def test_the_core_takes_the_limit_from_its_executor():
     from torchinferno.sim.timeline import TimelineModel
 
     tl = TimelineModel(dict(host_step=1e-3, launch_graph=1e-4, launch_eager=1e-2, weights=1e-3),
-                       graphs=True, overlap=True, prefill_graph_tokens=256)
+                       graphs=True, overlap=True, prefill_graph_tokens=256, piecewise_graph_tokens=128)
     assert EngineCore(SimulatedExecutor(tl, EngineConfig(), num_blocks=64)).scheduler.lone_prefill_tokens == 256
+    assert SimulatedExecutor(tl, EngineConfig(), num_blocks=64).piecewise_graph_tokens == 128  # step-log meta
     off = EngineConfig(graph_prefill_alone=False)
     assert EngineCore(SimulatedExecutor(tl, off, num_blocks=64)).scheduler.lone_prefill_tokens == 0
     eager = TimelineModel(tl.params, graphs=False, overlap=True, prefill_graph_tokens=256)

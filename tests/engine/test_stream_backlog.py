@@ -55,6 +55,7 @@ def test_slow_consumer_gets_merged_outputs_and_the_step_log_adds_up(tmp_path):
     meta, *rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert meta["meta"]["max_num_seqs"] == 4 and meta["meta"]["block_size"] == 16 and meta["meta"]["kv_bytes_per_token"] > 0
     assert meta["meta"]["prefill_graph_tokens"] == 0  # a CPU runner: prefill eager
+    assert meta["meta"]["piecewise_graph_tokens"] == 0  # and mixed steps eager
     assert rows and all(r["dt"] >= 0 for r in rows)
     launched = [r["step"] for r in rows if r["step"] is not None]
     resolved = [r["resolved"] for r in rows if r["resolved"] is not None]
