@@ -149,7 +149,7 @@ class PiecewiseGraphRunner(Bucketed):
         dev = self.device
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
-        pool = None
+        pool = g = None
         try:
             with torch.cuda.stream(stream):
                 for T in sorted(self.buckets, reverse=True):
@@ -178,6 +178,13 @@ class PiecewiseGraphRunner(Bucketed):
             torch.cuda.synchronize(dev)
         except BaseException:
             self.segments.clear()
+            if g is not None:  # a segment failed mid-capture: end that capture so the stream is usable again
+                with torch.cuda.stream(stream):
+                    if torch.cuda.is_current_stream_capturing():
+                        try:
+                            g.capture_end()
+                        except RuntimeError:  # an invalidated capture ends with an error of its own; ours is the cause
+                            pass
             raise
         finally:
             torch.cuda.current_stream(dev).wait_stream(stream)
