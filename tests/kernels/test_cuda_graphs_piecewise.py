@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_test_models import random_caches, tiny_llama  # tests/kernels (on sys.path under pytest)
 
 from torchinferno.kernels.cuda_graphs_piecewise import (
     PiecewiseGraphRunner,
@@ -16,12 +17,6 @@ from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 BS = 4  # block size
 NBLK = 64
-
-
-def _model(device, dtype, backend=None):
-    from torchinferno.testing import tiny_model
-
-    return tiny_model("llama3", dtype=dtype, device=device, attention_backend=backend)
 
 
 def _step(g, vocab, device, shapes):
@@ -58,14 +53,9 @@ STEPS = [
 
 
 def _check(device, dtype, backend, capture):
-    model = _model(device, dtype, backend)
-    spec = model.family.kv_spec(model.config)
+    model = tiny_llama(device, dtype, backend)
     g = torch.Generator().manual_seed(0)
-    caches = spec.allocate(NBLK, BS, dtype, device)
-    for layer in caches:
-        for t in layer:
-            t.copy_(torch.randn(t.shape, generator=g).to(dtype))
-    ref = [tuple(t.clone() for t in layer) for layer in caches]
+    caches, ref = random_caches(model, NBLK, BS, dtype, device, g)
     runner = PiecewiseGraphRunner(model, caches, BS, buckets=(8, 16, 32))
     assert runner.use_graphs == capture
     runner.capture()
@@ -92,7 +82,7 @@ def test_piecewise_segments_equal_eager_forward_cpu():
 
 
 def test_oversized_step_and_buckets():
-    model = _model("cpu", torch.float32)
+    model = tiny_llama("cpu", torch.float32)
     spec = model.family.kv_spec(model.config)
     runner = PiecewiseGraphRunner(model, spec.allocate(NBLK, BS, torch.float32, "cpu"), BS, buckets=(8, 16))
     ids, pos, meta = _step(torch.Generator().manual_seed(1), model.config.vocab_size, "cpu", [(0, 17)])
@@ -108,8 +98,8 @@ def test_oversized_step_and_buckets():
 def test_backend_declarations():
     from torchinferno.models.common.attention_triton import TritonPagedAttention
 
-    assert not supports_piecewise_graphs(_model("cpu", torch.float32))  # the torch reference backend: host lists
-    assert supports_piecewise_graphs(_model("cpu", torch.float32, TritonPagedAttention))
+    assert not supports_piecewise_graphs(tiny_llama("cpu", torch.float32))  # the torch reference backend: host lists
+    assert supports_piecewise_graphs(tiny_llama("cpu", torch.float32, TritonPagedAttention))
 
 
 @pytest.mark.cuda

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_test_models import random_caches, tiny_llama  # tests/kernels (on sys.path under pytest)
 
 from torchinferno.kernels.cuda_graphs_prefill import CudaGraphPrefillRunner, prefill_buckets, supports_prefill_graphs
 from torchinferno.models.common.attention_metadata import AttentionMetadata
@@ -12,12 +13,6 @@ from torchinferno.models.registry import get_family
 
 BS = 4  # block size
 NBLK = 40
-
-
-def _model(device, dtype, backend=None):
-    from torchinferno.testing import tiny_model
-
-    return tiny_model("llama3", dtype=dtype, device=device, attention_backend=backend)
 
 
 def _eager_prefill(model, caches, ids, slots, bt):
@@ -32,14 +27,9 @@ def _eager_prefill(model, caches, ids, slots, bt):
 
 
 def _check(device, dtype, backend, capture):
-    model = _model(device, dtype, backend)
-    spec = model.family.kv_spec(model.config)
+    model = tiny_llama(device, dtype, backend)
     g = torch.Generator().manual_seed(0)
-    caches = spec.allocate(NBLK, BS, dtype, device)
-    for layer in caches:
-        for t in layer:
-            t.copy_(torch.randn(t.shape, generator=g).to(dtype))
-    ref = [tuple(t.clone() for t in layer) for layer in caches]
+    caches, ref = random_caches(model, NBLK, BS, dtype, device, g)
     runner = CudaGraphPrefillRunner(model, caches, BS, buckets=(8, 16, 32))
     assert runner.use_graphs == capture
     runner.capture()
@@ -81,12 +71,12 @@ def test_buckets_and_backend_declarations():
 
     assert prefill_buckets(0) == ()
     assert prefill_buckets(512)[-1] == 512 and prefill_buckets(100) == (16, 32, 64, 96, 100)
-    assert not supports_prefill_graphs(_model("cpu", torch.float32))  # the torch backend reads host lengths
-    assert supports_prefill_graphs(_model("cpu", torch.float32, TritonPagedAttention))
+    assert not supports_prefill_graphs(tiny_llama("cpu", torch.float32))  # the torch backend reads host lengths
+    assert supports_prefill_graphs(tiny_llama("cpu", torch.float32, TritonPagedAttention))
     mla = get_family("deepseek-v3.2")
     assert not supports_prefill_graphs(mla.build(mla.size("debug"), device="meta"))  # MLA: no declaration
     with pytest.raises(ValueError, match="1..8 tokens"):
-        CudaGraphPrefillRunner(_model("cpu", torch.float32), [], BS, buckets=(8,)).run(
+        CudaGraphPrefillRunner(tiny_llama("cpu", torch.float32), [], BS, buckets=(8,)).run(
             torch.zeros(9, dtype=torch.long), torch.zeros(9, dtype=torch.long))
 
 
@@ -97,7 +87,7 @@ def test_engine_takes_the_prefill_graph_for_fresh_prompts_only_cpu():
     from torchinferno.engine.config import EngineConfig
     from torchinferno.engine.llm_engine import LLMEngine
 
-    model = _model("cpu", torch.float32)
+    model = tiny_llama("cpu", torch.float32)
     p = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     shared = list(range(3, 3 + 2 * BS))
     prompts = [[7, 8, 9, 10, 11], shared + [40, 41], shared + [50], [60] * 30]

@@ -77,6 +77,17 @@ def make_model_runner(model: nn.Module, kv_cache: PagedKVCache, config: EngineCo
     return ModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
 
 
+def _captured(what: str, runner):
+    """``runner`` after its ``capture()``, or None when the capture failed (a backend that captures decode but not
+    this kind of step: those steps stay eager, and the log says why)."""
+    try:
+        runner.capture()
+    except RuntimeError as e:
+        log.warning("%s CUDA graphs off (capture failed: %s)", what, str(e).splitlines()[0][:200])
+        return None
+    return runner
+
+
 class CudaGraphModelRunner(ModelRunner):
     """``ModelRunner`` whose plain decode steps replay per-bucket CUDA graphs (module docstring).
 
@@ -105,24 +116,14 @@ class CudaGraphModelRunner(ModelRunner):
         self.max_graph_batch = self.graph.buckets[-1]
         tokens = min(prefill_tokens, max_model_len)
         if tokens > 0 and not kv_cache.spec.is_hybrid and supports_prefill_graphs(model):
-            pg = CudaGraphPrefillRunner(model, kv_cache.tensors, bs, prefill_buckets(tokens), use_graphs=True)
-            try:
-                pg.capture()
-            except RuntimeError as e:  # a backend that captures decode but not this prefill: stay eager, say why
-                log.warning("prefill CUDA graphs off (capture failed: %s)", str(e).splitlines()[0][:200])
-            else:
-                self.prefill_graphs = pg
+            self.prefill_graphs = _captured("prefill", CudaGraphPrefillRunner(
+                model, kv_cache.tensors, bs, prefill_buckets(tokens), use_graphs=True))
         tokens = min(piecewise_tokens, max_model_len)
         base = unwrap(model)  # the module path: a lean step handles one-row decodes only
         if (tokens > 0 and not kv_cache.spec.is_hybrid and not getattr(base, "sharded", False)
                 and supports_piecewise_graphs(base)):
-            pw = PiecewiseGraphRunner(base, kv_cache.tensors, bs, piecewise_buckets(tokens), use_graphs=True)
-            try:
-                pw.capture()
-            except RuntimeError as e:
-                log.warning("piecewise CUDA graphs off (capture failed: %s)", str(e).splitlines()[0][:200])
-            else:
-                self.piecewise = pw
+            self.piecewise = _captured("piecewise", PiecewiseGraphRunner(
+                base, kv_cache.tensors, bs, piecewise_buckets(tokens), use_graphs=True))
 
     @property
     def uses_cuda_graphs(self) -> bool:

@@ -26,6 +26,7 @@ run 45, worse on run 37).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -267,7 +268,9 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     w = {"relative": 1.0 / np.maximum(y, 1e-9), "sqrt": 1.0 / np.sqrt(np.maximum(y, 1e-9)),
          "time": np.ones_like(y)}[weights]
     fixed = dict(fixed or {})
-    pgt, pwt = int(prefill_graph_tokens), int(piecewise_graph_tokens)
+    # the replay of these iterations under this engine's graph limits
+    replay = functools.partial(_replay, its, graphs=graphs, prefill_graph_tokens=int(prefill_graph_tokens),
+                               piecewise_graph_tokens=int(piecewise_graph_tokens))
     host = graph_host_from_tail(its, graphs) if device_bound_graphs and overlap and graphs else None
     if host is not None:
         fixed = {"launch_graph": 0.0, "host_batched": 0.0, "host_token": 0.0, **host, **fixed}
@@ -283,9 +286,10 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
 
     def solve(a, c, keep):
         target = y[keep] - c[keep] - a[keep] @ theta_fixed
+        ak = a[keep]  # [K, P]
         # a term no kept row exercises stays 0: least squares would give its empty column any value
-        used = [j for j in cols if np.any(a[keep][:, j])]
-        sol = _nnls((a[keep][:, used]) * w[keep, None], target * w[keep])
+        used = [j for j in cols if ak[:, j].any()]
+        sol = _nnls(ak[:, used] * w[keep, None], target * w[keep])
         theta = theta_fixed.copy()
         theta[used] = np.maximum(sol, 0.0)
         return theta
@@ -300,8 +304,7 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         seen = set()
         backs = 0
         for rnd in range(max_rounds):
-            a, c, branches = _replay(its, theta, graphs, overlap, anchor=anchor, prefill_graph_tokens=pgt,
-                          piecewise_graph_tokens=pwt)
+            a, c, branches = replay(theta, overlap=overlap, anchor=anchor)
             pred = a @ theta + c
             rel = (pred - y) / np.maximum(y, 1e-12)
             if rnd > 0 and trim:
@@ -324,18 +327,16 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     # start 1: every part additive (no overlap); start 2: the device does the work (host terms but the eager
     # launch and the apply held at 0 first), then everything free. The replay has local minima (host-bound vs
     # device-bound explanations of the same period): the better end point wins.
-    a, c, _ = _replay(its, np.zeros(_NP), graphs, False, roofline_sum=True,
-                      prefill_graph_tokens=pgt, piecewise_graph_tokens=pwt)  # both roofline columns present
+    a, c, _ = replay(np.zeros(_NP), overlap=False, roofline_sum=True)  # both roofline columns present
     starts = [solve(a, c, ok)]
     if overlap:
         dev_first = [j for j in full if PARAMS[j] not in ("host_step", "host_seq", "host_token", "host_batched",
                                                                    "launch_graph")]
         cols = dev_first
-        a, c, _ = _replay(its, np.zeros(_NP), graphs, False, roofline_sum=True, prefill_graph_tokens=pgt,
-                          piecewise_graph_tokens=pwt)
+        a, c, _ = replay(np.zeros(_NP), overlap=False, roofline_sum=True)
         t0 = solve(a, c, ok)
         starts.append(descend(t0, dev_first)[1])
-        if pwt:  # start 3: piecewise launches at 0 first (mostly hidden behind their device work, they can pull the
+        if piecewise_graph_tokens:  # start 3: piecewise launches at 0 first (mostly hidden behind their device work, they can pull the
             # additive start into a minimum where the prefill compute term is 0), then everything free
             cols = [j for j in full if PARAMS[j] not in ("launch_piecewise", "launch_piecewise_seq")]
             starts.append(descend(solve(a, c, ok), cols)[1])
@@ -345,8 +346,7 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         if got[0] < best[0]:
             best = got
     rng = np.random.default_rng(seed)
-    a, c, _ = _replay(its, best[1], graphs, overlap, roofline_sum=True, anchor=anchor, prefill_graph_tokens=pgt,
-                          piecewise_graph_tokens=pwt)
+    a, c, _ = replay(best[1], overlap=overlap, roofline_sum=True, anchor=anchor)
     scale = np.abs(a[ok]).mean(axis=0)  # [P]; 0 for a term no calibration row exercises (CPU: launch_graph)
     # a term worth 10% of a step; a term with no rows starts and stays at 0 (else a restart sets it to
     # median / 1e-30, a value no row can correct, which then prices any such step: a graph replay at 2.8e16 ms)
@@ -360,6 +360,6 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
             best = got
     err, theta, _ = best
     model = TimelineModel(params={k: float(theta[_IDX[k]]) for k in PARAMS}, graphs=graphs, overlap=overlap,
-                          async_scheduling=async_scheduling, prefill_graph_tokens=pgt,
-                          piecewise_graph_tokens=pwt)
+                          async_scheduling=async_scheduling, prefill_graph_tokens=int(prefill_graph_tokens),
+                          piecewise_graph_tokens=int(piecewise_graph_tokens))
     return model, err
