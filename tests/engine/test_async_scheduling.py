@@ -142,6 +142,35 @@ def test_one_step_in_flight_and_outputs_one_step_later(tiny_llama):
     assert eng.stats().num_forward_calls == ref.stats().num_forward_calls == 2
 
 
+def test_step_timing_splits_launch_from_the_wait_on_the_previous_result(tiny_llama):
+    """With ``record_shapes`` (the step log), each async step reports how long it spent launching its batch and how
+    long it blocked on the previous batch's result: a result that takes 30 ms to arrive is counted as wait."""
+    eng = LLMEngine(tiny_llama, async_scheduling=True)
+    core = eng.core
+    core.record_shapes = True
+    inner = core.executor.execute_async
+
+    class _Late:  # the previous batch's result arrives 30 ms after it is asked for
+        def __init__(self, handle):
+            self.handle = handle
+
+        def result(self):
+            time.sleep(0.03)
+            return self.handle.result()
+
+    core.executor.execute_async = lambda sched: _Late(inner(sched))
+    eng.add_request("a", [5, 6, 7], _greedy(3))
+    t0 = time.perf_counter()
+    assert eng.step() == []
+    dt = time.perf_counter() - t0
+    assert core.last_wait_s is None and 0 <= core.last_launch_s <= dt  # nothing resolved yet
+    eng.step()
+    assert core.last_wait_s >= 0.03 and core.last_launch_s < 0.03
+    eng.core.record_shapes = False
+    eng.step()
+    assert core.last_wait_s >= 0.03  # untimed steps leave the fields alone (the step log resets them)
+
+
 class _EosTokenizer(ByteTokenizer):
     """A byte tokenizer whose eos is a token the tiny model really produces."""
 

@@ -57,6 +57,7 @@ def test_slow_consumer_gets_merged_outputs_and_the_step_log_adds_up(tmp_path):
     assert meta["meta"]["prefill_graph_tokens"] == 0  # a CPU runner: prefill eager
     assert meta["meta"]["piecewise_graph_tokens"] == 0  # and mixed steps eager
     assert rows and all(r["dt"] >= 0 for r in rows)
+    assert all(r["launch"] is None and r["wait"] is None for r in rows)  # synchronous on CPU: no split
     launched = [r["step"] for r in rows if r["step"] is not None]
     resolved = [r["resolved"] for r in rows if r["resolved"] is not None]
     assert launched == resolved  # every launched batch is applied once, in order (synchronous on CPU: same call)

@@ -20,6 +20,8 @@ Not thread-safe: one thread drives it.
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import asdict, astuple, dataclass
 
 from torchinferno.cache.block_pool import BlockPool, hash_token_blocks
@@ -135,6 +137,10 @@ class EngineCore:
         # None when it launched / applied nothing. Equal in the synchronous engine; the previous launch under async.
         self.last_launched: int | None = None
         self.last_resolved: int | None = None
+        # with ``record_shapes``, async scheduling only: seconds the last step spent scheduling + launching its
+        # batch, and blocked on the previous batch's result (the device's share: what the step log records)
+        self.last_launch_s: float | None = None
+        self.last_wait_s: float | None = None
         # Prompt logprobs computed so far, sent with the request's first output (prompt_logprobs requests only).
         self._prompt_lps: dict[str, list[TokenLogprob]] = {}
 
@@ -187,6 +193,8 @@ class EngineCore:
 
     def _step_async(self) -> list[EngineCoreOutput]:
         """Launch step k, then apply step k-1 while the device runs step k (module docstring)."""
+        timed = self.record_shapes
+        t0 = time.perf_counter() if timed else 0.0
         launched = None
         if self.scheduler.has_unfinished():
             sched = self._schedule()
@@ -196,7 +204,17 @@ class EngineCore:
         prev, self._inflight = self._inflight, launched
         self.last_launched = launched[2] if launched is not None else None
         self.last_resolved = prev[2] if prev is not None else None
-        return [] if prev is None else self._apply(prev[0], prev[1].result())
+        if prev is None:
+            if timed:
+                self.last_launch_s, self.last_wait_s = time.perf_counter() - t0, None
+            return []
+        if not timed:
+            return self._apply(prev[0], prev[1].result())
+        t1 = time.perf_counter()
+        out = prev[1].result()  # blocks until step k-1's device work and its copy to the host are done
+        t2 = time.perf_counter()
+        self.last_launch_s, self.last_wait_s = t1 - t0, t2 - t1
+        return self._apply(prev[0], out)
 
     def _schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()

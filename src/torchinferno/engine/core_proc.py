@@ -195,11 +195,11 @@ def run_engine_core(cfg: CoreProcessConfig, ready_conn) -> None:
                 if log is None:
                     outs = core.step()
                 else:
-                    core.last_shape = None
+                    core.last_shape = core.last_launch_s = core.last_wait_s = None
                     t0 = clock()
                     outs = core.step()
                     log.record(t0, clock(), core.last_shape, len(outs), idle, core.last_launched, core.last_resolved,
-                               arrivals[0])
+                               arrivals[0], core.last_launch_s, core.last_wait_s)
                     idle = 0.0
                     arrivals[0] = 0
                 stalled = role is not None and not outs and not core.scheduler.running and core._inflight is None

@@ -8,6 +8,10 @@ the file into a calibration. Each further line is one step:
   thread: with async scheduling that is launch of step k + apply of step k-1);
 * ``gap`` (seconds the loop spent outside steps since the previous one: receiving messages, encoding and sending
   outputs) and ``idle`` (the part of ``gap`` spent waiting for a request with nothing to run);
+* ``launch`` and ``wait`` (async scheduling; null otherwise): seconds of ``dt`` spent scheduling and launching the
+  new batch, and blocked on the previous batch's result (its device work and the copy back). The rest of ``dt``
+  applies that result. A step with ``wait`` > 0 was bound by the device: it tells the host's share of a step from
+  the device's, which ``dt`` alone cannot (issue 21);
 * ``step`` (index of the batch this call launched, or null) and ``resolved`` (index of the batch whose result it
   applied, or null: async scheduling resolves the previous launch; the synchronous engine its own);
 * the launched batch's shape (``StepShape``): ``seqs`` / ``tokens``, ``decode_seqs`` / ``prefill_tokens``,
@@ -73,13 +77,15 @@ class StepLog:
         self._f = open(path, "w", buffering=1 << 16)
         self._t0 = time.perf_counter()
         self._last_end: float | None = None
-        self._f.write(json.dumps({"meta": {"step_log_version": 2, **(meta or {})}}) + "\n")
+        self._f.write(json.dumps({"meta": {"step_log_version": 3, **(meta or {})}}) + "\n")
 
     def record(self, start: float, end: float, shape: StepShape | None, outputs: int, idle: float = 0.0,
-               step: int | None = None, resolved: int | None = None, arrivals: int = 0) -> None:
+               step: int | None = None, resolved: int | None = None, arrivals: int = 0,
+               launch: float | None = None, wait: float | None = None) -> None:
         row = {"t": round(start - self._t0, 6), "dt": round(end - start, 6),
                "gap": None if self._last_end is None else round(start - self._last_end, 6),
-               "idle": round(idle, 6), "step": step, "resolved": resolved, "outputs": outputs, "arrivals": arrivals}
+               "idle": round(idle, 6), "step": step, "resolved": resolved, "outputs": outputs, "arrivals": arrivals,
+               "launch": None if launch is None else round(launch, 6), "wait": None if wait is None else round(wait, 6)}
         row.update(asdict(shape) if shape is not None else {})
         self._f.write(json.dumps(row) + "\n")
         self._last_end = end
