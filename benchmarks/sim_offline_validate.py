@@ -135,6 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("--finish-latency", action="store_true",
                    help="with --replay-arrivals: the client's finish latency per level fitted on the calibration run "
                         "(sim.first_token.fit_finish_latency; needs per-request TTFTs in the results)")
+    p.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
+                   help="timeline fit: host terms from the logged launch/wait times, device terms fitted (default: "
+                        "whenever the logs carry them, step_log_version 3); --no-split: the fit of sessions 13-28")
     p.add_argument("--trim", type=float, default=None,
                    help="timeline fit: drop iterations measured more than this many times slower than predicted (3)")
     p.add_argument("--fix", default=None, metavar="NAME=SECONDS,...",
@@ -147,6 +150,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     run = Path(a.run)
     tf = {"anchor": a.anchor_device, "device_bound_graphs": a.device_bound_graphs}
+    if a.split is not None:
+        tf["split"] = a.split
     if a.trim is not None:
         tf["trim"] = a.trim
     if a.fix:

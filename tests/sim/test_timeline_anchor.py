@@ -30,7 +30,7 @@ def _log(model: TimelineModel, seed: int = 0, bursts: int = 16) -> list[Iteratio
     """An async engine's loop under ``model``: a prefill (small or large, alone or among running decodes), then a
     run of decode steps, then an idle gap; loop overhead (a busy gap) before every step."""
     rng = random.Random(seed)
-    loop = EngineLoop(model, rng)
+    loop = EngineLoop(model, rng, split=False)  # the fit of these options reads periods alone
     for _ in range(bursts):
         loop.idle(rng.uniform(0.05, 0.2))
         rows = rng.choice([1, 1, 4, 16, 64])

@@ -28,10 +28,11 @@ def one_second_steps(requests: int, output_len: int, **workload) -> list:
 
 class EngineLoop:
     """Iterations of one async loop: :meth:`burst` launches shapes back to back (each iteration resolves the
-    previous launch; a busy gap of ``gap_ms`` before every step), then one closing iteration drains it."""
+    previous launch; a busy gap of ``gap_ms`` before every step), then one closing iteration drains it. Each
+    iteration carries its launch and wait times, as a version-3 step log does (``split``: False leaves them out)."""
 
-    def __init__(self, model: TimelineModel, rng: random.Random):
-        self.model, self.rng, self.t = model, rng, Timeline(model)
+    def __init__(self, model: TimelineModel, rng: random.Random, split: bool = True):
+        self.model, self.rng, self.t, self.split = model, rng, Timeline(model), split
         self.its: list[Iteration] = []
         self.now, self.step, self.prev = 0.0, 0, None
 
@@ -48,8 +49,12 @@ class EngineLoop:
                 self.step += 1
                 launched = (0, self.step)
                 dev_end = t.last_device_end
+            launch, wait = end - start, None
             if self.prev is not None:
+                wait = max(0.0, self.prev[1] - end)
                 end = t.resolve(end, self.prev[1], self.prev[2])
-            self.its.append(Iteration(start, end, launched, shape, self.prev[0] if self.prev else None))
+            if not self.split:
+                launch = wait = None
+            self.its.append(Iteration(start, end, launched, shape, self.prev[0] if self.prev else None, launch, wait))
             self.prev = (launched, dev_end, shape) if shape is not None else None
             self.now = end + self.rng.uniform(*gap_ms) * 1e-3
