@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     p.add_argument("--replay-arrivals", action="store_true",
                    help="replay each predicted run's request arrivals at the engine core from its own step log "
                         "(a diagnosis: what is left when the admission process is known); API stage: streaming only")
-    p.add_argument("--anchor-device", action="store_true",
+    p.add_argument("--anchor-device", action=argparse.BooleanOptionalAction, default=None,
                    help="timeline fit: re-anchor the replay's device clock to each measured result wait (fit_timeline's "
                         "anchor)")
     p.add_argument("--device-bound-graphs", action="store_true",
@@ -135,9 +135,9 @@ def main(argv=None) -> int:
     p.add_argument("--finish-latency", action="store_true",
                    help="with --replay-arrivals: the client's finish latency per level fitted on the calibration run "
                         "(sim.first_token.fit_finish_latency; needs per-request TTFTs in the results)")
-    p.add_argument("--split", action=argparse.BooleanOptionalAction, default=None,
-                   help="timeline fit: host terms from the logged launch/wait times, device terms fitted (default: "
-                        "whenever the logs carry them, step_log_version 3); --no-split: the fit of sessions 13-28")
+    p.add_argument("--split", action="store_true",
+                   help="timeline fit: host terms from the logged launch/wait times (step_log_version 3), device terms "
+                        "fitted behind them (fit_timeline's split)")
     p.add_argument("--trim", type=float, default=None,
                    help="timeline fit: drop iterations measured more than this many times slower than predicted (3)")
     p.add_argument("--fix", default=None, metavar="NAME=SECONDS,...",
@@ -149,9 +149,11 @@ def main(argv=None) -> int:
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)
-    tf = {"anchor": a.anchor_device, "device_bound_graphs": a.device_bound_graphs}
-    if a.split is not None:
-        tf["split"] = a.split
+    tf = {"device_bound_graphs": a.device_bound_graphs}
+    if a.anchor_device is not None:
+        tf["anchor"] = a.anchor_device
+    if a.split:
+        tf["split"] = True
     if a.trim is not None:
         tf["trim"] = a.trim
     if a.fix:

@@ -51,7 +51,7 @@ def test_split_fit_recovers_host_and_device_sides(truth):
         assert host["host_step"] + host[kind] == pytest.approx(truth["host_step"] + truth[kind], rel=0.02), kind
     for k in ("host_seq", "apply_row"):
         assert host[k] == pytest.approx(truth[k], rel=0.02), k
-    got, err = fit_timeline(its, graphs=True, overlap=True, weights="time", restarts=2)
+    got, err = fit_timeline(its, graphs=True, overlap=True, weights="time", restarts=2, split=True)
     assert err < 0.05
     assert {k: got.params[k] for k in host} == host  # held
     fresh = _log(model, seed=7)  # another log of the same engine, predicted from its measured starts
@@ -70,7 +70,7 @@ def test_without_the_split_the_two_engines_are_confused():
     worst = 0.0
     for truth in (DEVICE_BOUND, HOST_BOUND):
         model = TimelineModel(truth, graphs=True, overlap=True, async_scheduling=True)
-        got, _ = fit_timeline(_log(model, split=False), graphs=True, overlap=True, weights="time", restarts=2)
+        got, _ = fit_timeline(_log(model), graphs=True, overlap=True, weights="time", restarts=2)  # split off
         want = model.parts(dec(1))[2]
         worst = max(worst, abs(got.parts(dec(1))[2] - want) / want)
     assert worst > 0.2
@@ -87,3 +87,46 @@ def test_split_needs_measurements_and_step_log_rows_carry_them():
     (it,) = iterations_from_step_log(rows)
     assert it.launch == pytest.approx(0.0013) and it.wait == 0.004  # the busy gap belongs to the launch side
     assert it.end - it.start == pytest.approx(0.0063)
+
+
+def _write_log(path, its, with_split: bool = True) -> None:
+    """A version-3 step log of these iterations, as the core process of a CUDA-graph engine writes it."""
+    import json
+    from dataclasses import asdict
+
+    meta = {"step_log_version": 3, "async_scheduling": True, "block_size": 16, "num_blocks": 4096,
+            "max_model_len": 8192, "max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_prefix_caching": True,
+            "engine": "runner=cuda-graphs, async scheduling", "device": "cuda:0", "model": "synthetic"}
+    lines, prev_end = [json.dumps({"meta": meta})], None
+    for it in its:
+        gap = None if prev_end is None else it.start - prev_end
+        row = {"t": it.start, "dt": it.end - it.start, "gap": gap, "idle": gap or 0.0, "outputs": 0, "arrivals": 0,
+               "step": it.launched[1] if it.launched else None, "resolved": it.resolved[1] if it.resolved else None,
+               "launch": it.launch if with_split else None, "wait": it.wait if with_split else None}
+        if it.shape is not None:
+            row.update(asdict(it.shape), running=it.shape.seqs, waiting=0)
+        lines.append(json.dumps(row))
+        prev_end = it.end
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_sim_calibrate_split_option(tmp_path, capsys):
+    import json
+
+    from torchinferno.cli.main import main
+
+    model = TimelineModel(DEVICE_BOUND, graphs=True, overlap=True, async_scheduling=True)
+    its = _log(model, bursts=6)
+    log, cal = tmp_path / "steps.jsonl", tmp_path / "cal.json"
+    _write_log(log, its)
+    assert main(["sim-calibrate", "--from-step-log", str(log), "--out", str(cal), "--timeline-fit", "split"]) == 0
+    tl = json.loads(cal.read_text())["timeline"]
+    assert tl["fit_options"] == {"split": True}
+    p = tl["params"]
+    assert p["host_step"] + p["launch_graph"] == pytest.approx(1.0e-3, rel=0.02)  # 0.8 + 0.2 ms, as logged
+    assert p["weights"] == pytest.approx(5e-3, rel=0.02)  # the decode device time the waits show
+    _write_log(log, its, with_split=False)  # an older log: one clear line, no calibration
+    capsys.readouterr()
+    assert main(["sim-calibrate", "--from-step-log", str(log), "--out", str(tmp_path / "x.json"),
+                 "--timeline-fit", "split"]) != 0
+    assert "launch/wait" in capsys.readouterr().err

@@ -63,7 +63,7 @@ def _cmd_calibrate(a) -> int:
 
         if a.from_steps or a.from_bench_generate:
             raise ConfigError("--from-step-log fits a served engine alone: leave out --from-steps / --from-bench-generate")
-        tf = {"anchor": True, "device_bound_graphs": True} if a.timeline_fit == "device-bound" else None
+        tf = {"device-bound": {"anchor": True, "device_bound_graphs": True}, "split": {"split": True}}.get(a.timeline_fit)
         cal = calibration_from_step_logs(a.from_step_log, weights=a.fit_weights or "sqrt", cost_model=a.cost_model,
                                          timeline_fit=tf)
         if a.fit_admission_to and a.api_model == "gaps":
@@ -205,10 +205,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-admission-to", nargs="+", default=None, metavar="JSON",
                    help="with --from-step-log: bench-serve results of the same served run; fit the API server's "
                         "per-request admission time (HTTP, tokenization, the hop to the core) to their p50 TTFT")
-    p.add_argument("--timeline-fit", default="default", choices=["default", "device-bound"],
+    p.add_argument("--timeline-fit", default="default", choices=["default", "device-bound", "split"],
                    help="with --from-step-log: the timeline fit as before, or with the device clock anchored to the "
                         "measured waits and a decode graph's host side read off the steps right after small prefills "
-                        "(issue 21: C 1 TTFT; docs/SIMULATION.md)")
+                        "(issue 21: C 1 TTFT), or split: host terms regressed on the logged launch/wait times of a "
+                        "step_log_version 3 log, device terms fitted behind them (docs/SIMULATION.md)")
     p.add_argument("--api-model", default="admission", choices=["admission", "fifo", "events", "gaps"],
                    help="with --fit-admission-to: admission time only, or one FIFO API stage of admissions and "
                         "streamed tokens fitted to p50 TTFT and TPOT (fifo), the same with a cost per streamed event "

@@ -249,15 +249,16 @@ def _nnls(a, b):
 
 
 def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_scheduling: bool = False,
-                 weights: str = "sqrt", trim: float = 3.0, max_rounds: int = 40,
+                 weights: str = "sqrt", trim: float | None = None, max_rounds: int = 40,
                  free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0,
-                 anchor: bool = False, fixed: dict | None = None,
+                 anchor: bool | None = None, fixed: dict | None = None,
                  device_bound_graphs: bool = False, prefill_graph_tokens: int = 0,
-                 piecewise_graph_tokens: int = 0, split: bool | None = None) -> tuple[TimelineModel, float]:
+                 piecewise_graph_tokens: int = 0, split: bool = False) -> tuple[TimelineModel, float]:
     """Fit (module docstring). Only ``free`` parameters are fitted (others stay 0; ``fixed``: name -> seconds held at
     that value). Returns the model and the mean |relative error| of the predicted periods on the iterations kept.
 
-    ``anchor``: the replay's device clock follows the measured result waits (``_replay``). ``device_bound_graphs``
+    ``anchor`` (None: False, True for a split fit): the replay's device clock follows the measured result waits
+    (``_replay``); ``trim`` (None: 3, 0 for a split fit). ``device_bound_graphs``
     (a CUDA-graph engine on a separate device; implies nothing without ``anchor`` but is meant with it): the decode
     graph's host side is read off the iterations that reveal it (``graph_host_from_tail``: ``host_step`` /
     ``host_seq`` held there, ``launch_graph``, ``host_batched`` and ``host_token`` held at 0) and the eager launch gets
@@ -272,9 +273,10 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     about as well), so besides two fixed starts the descent restarts ``restarts`` times from the best point so far
     with every parameter scaled by a seeded log-uniform factor in [1/4, 4] (zero ones seeded at a typical scale).
 
-    ``split`` (None: whenever the iterations carry measured launch and wait times, i.e. a version-3 step log of an
-    async engine on a separate device): the host terms come from those measurements (``timeline_split``) and are
-    held; only the device terms are fitted, on the anchored replay. True requires the measurements."""
+    ``split`` (needs measured launch and wait times: a version-3 step log of an async engine on a separate device):
+    the host terms come from those measurements (``timeline_split``) and are held; only the device terms are
+    fitted, on the anchored replay. An option: on run 76's served pair it predicted no better than the default
+    (A -> B 5.8% vs 5.5% mean, B -> A 7.3% vs 5.9%; docs/SIMULATION.md session 29)."""
     import numpy as np
 
     if weights not in ("relative", "sqrt", "time"):
@@ -290,7 +292,7 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     replay = functools.partial(_replay, its, graphs=graphs, prefill_graph_tokens=int(prefill_graph_tokens),
                                piecewise_graph_tokens=int(piecewise_graph_tokens))
     split_host = None
-    if split is not False and overlap:
+    if split and overlap:
         from torchinferno.sim.timeline_split import host_from_split
 
         split_host = host_from_split(its, graphs, int(prefill_graph_tokens), int(piecewise_graph_tokens))
@@ -302,11 +304,17 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         # the device clock follows the measured waits: without the anchor a device-bound story drifts from the
         # measured starts along every decode run (run 76's log A: 24% mean period error unanchored, 3.6% anchored)
         fixed = {**split_host, **fixed}
-        anchor = True
+        anchor = True if anchor is None else anchor
+        # the host side is measured (and trimmed in its own regressions), so no period is dropped: trimming keeps
+        # the rows a first guess prices worst, and those are the prefills whose device work the waits show (a fit
+        # that drops them scores 0 error on the rest and wins every comparison)
+        trim = 0.0 if trim is None else trim
     elif host is not None:
         fixed = {"launch_graph": 0.0, "host_batched": 0.0, "host_token": 0.0, **host, **fixed}
     else:  # the eager launch's per-row term is part of the device-bound story only (default fits unchanged)
         fixed = {"launch_eager_seq": 0.0, "launch_piecewise_seq": 0.0, **fixed}
+    anchor = bool(anchor)
+    trim = 3.0 if trim is None else trim
     unknown = set(fixed) - set(PARAMS)
     if unknown:
         raise ConfigError(f"unknown timeline parameters {sorted(unknown)} (valid: {', '.join(PARAMS)})")
@@ -326,12 +334,6 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
         return theta
 
     max_backs = 8  # damping: halvings of a step that raised the error (a cycle of branch choices otherwise ends it)
-
-    if split_host is not None:
-        # the host side is measured (and trimmed in its own regressions), so no period is dropped: trimming keeps
-        # the rows a first guess prices worst, and those are the prefills whose device work the waits show (a fit
-        # that drops them scores 0 error on the rest and wins every comparison)
-        trim = 0.0
 
     def descend(theta, cols_now):
         nonlocal cols
