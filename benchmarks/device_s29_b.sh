@@ -16,6 +16,8 @@ if grep -q H200 "$R/env.txt"; then
   grep -E "ceilings|model decode|model prefill|transformers|rc=|Error" "$R/bench_v2l.log" | cut -c1-400
 fi
 LEFT=$(( ${CALL_S:-560} - SECONDS ))
+[ "$LEFT" -lt 330 ] && RUNS="a b"  # a short call: a second A/B pair only
+[ "$LEFT" -lt 150 ] && { echo "no time left for servings ($LEFT s)"; exit 0; }
 echo "served runs: $RUNS, $LEFT s left"
 timeout $LEFT python3 benchmarks/served_sim_validate.py --device cuda --out "$OUT/sim21" --skip-analysis \
   --runs $RUNS --concurrency 1 16 64 256 --request-rates 8 32 --rate-requests 120 \
