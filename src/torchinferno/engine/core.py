@@ -21,7 +21,6 @@ Not thread-safe: one thread drives it.
 from __future__ import annotations
 
 import time
-
 from dataclasses import asdict, astuple, dataclass
 
 from torchinferno.cache.block_pool import BlockPool, hash_token_blocks

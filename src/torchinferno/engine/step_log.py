@@ -10,8 +10,8 @@ the file into a calibration. Each further line is one step:
   outputs) and ``idle`` (the part of ``gap`` spent waiting for a request with nothing to run);
 * ``launch`` and ``wait`` (async scheduling; null otherwise): seconds of ``dt`` spent scheduling and launching the
   new batch, and blocked on the previous batch's result (its device work and the copy back). The rest of ``dt``
-  applies that result. A step with ``wait`` > 0 was bound by the device: it tells the host's share of a step from
-  the device's, which ``dt`` alone cannot (issue 21);
+  applies that result. A ``wait`` well above the copy's ~0.05 ms means the device bound the step: the split tells
+  the host's share of a step from the device's, which ``dt`` alone cannot (issue 21);
 * ``step`` (index of the batch this call launched, or null) and ``resolved`` (index of the batch whose result it
   applied, or null: async scheduling resolves the previous launch; the synchronous engine its own);
 * the launched batch's shape (``StepShape``): ``seqs`` / ``tokens``, ``decode_seqs`` / ``prefill_tokens``,
