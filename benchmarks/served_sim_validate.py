@@ -30,11 +30,13 @@ def serve_and_bench(args, run: str, out: Path) -> list[str]:
     t = time.perf_counter()
     with LocalServer(argv, port, log_path=out / f"server_{run}.log", startup_timeout_s=args.startup_timeout) as s:
         print(f"[{run}] server ready in {time.perf_counter() - t:.1f} s", flush=True)
-        # closed-loop levels (C requests in flight), then open-loop Poisson levels (seed 0: sim-validate replays the
-        # same arrival gaps, sim.traffic.load_trace)
+        # closed-loop levels (C requests in flight), then open-loop Poisson levels. Every level has its own seed, so
+        # its prompts are its own: runs 74-77 gave both Poisson levels seed 0, and the second level's prompts were
+        # the first's, so 112 of each prompt's 128 tokens were prefix-cache hits there. The result records the seed,
+        # and sim-validate draws the same arrival gaps from it (sim.traffic.load_trace).
         levels = [(f"c{c}", max(args.min_requests, args.waves * c) if c < 256 else 2 * c, c, float("inf"), c)
                   for c in args.concurrency]
-        levels += [(f"r{r:g}", args.rate_requests, None, r, 0) for r in args.request_rates]
+        levels += [(f"r{r:g}", args.rate_requests, None, r, 1000 + i) for i, r in enumerate(args.request_rates)]
         for name, n, c, rate, seed in levels:
             cfg = ServeBenchConfig(base_url=s.base_url, num_prompts=n, input_len=args.input_len, output_len=args.output_len,
                                    max_concurrency=c, request_rate=rate, ignore_eos=True, seed=seed, disable_tqdm=True,

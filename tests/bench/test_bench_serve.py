@@ -34,6 +34,7 @@ def test_bench_serve_live(tmp_path, tiny_base_url, endpoint, extra):
             assert f"{s}_{m}_ms" in r
     assert r["completed"] == r["num_prompts"] == 6 and r["failed"] == 0
     assert r["model_id"] == "tiny" and r["engine"] == "torchinferno"
+    assert r["seed"] == 0  # recorded: sim.traffic.load_trace draws the same arrival gaps from it
     assert r["http_client"] == ("httpx" if "httpx" in extra else "aiohttp")
     assert r["output_lens"] == [6] * 6  # ignore_eos + usage.completion_tokens
     if endpoint == "/v1/completions":

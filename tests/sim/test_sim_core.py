@@ -209,3 +209,20 @@ def test_async_scheduling_runs_the_real_async_path_on_the_virtual_clock():
     assert ex_a.clock.now() == pytest.approx(ex_a.busy_s)
     # The CUDA default is async, as in the real engine.
     assert SimulatedExecutor(COST, EngineConfig(), device="cuda").config.async_scheduling is True
+
+
+def test_a_bench_result_replays_with_its_own_seed(tmp_path):
+    """A bench-serve result records the seed of its arrival gaps; the trace replays that seed's gaps (a result
+    without one: the caller's seed, as before session 29)."""
+    import json
+
+    from torchinferno.sim.traffic import load_trace
+
+    doc = {"input_lens": [16] * 20, "output_lens": [4] * 20, "request_rate": 10.0, "burstiness": 1.0}
+    plain, seeded = tmp_path / "plain.json", tmp_path / "seeded.json"
+    plain.write_text(json.dumps(doc))
+    seeded.write_text(json.dumps({**doc, "seed": 1001}))
+    assert [r.arrival_s for r in load_trace(plain)] == pytest.approx(arrival_times(20, 10.0, 1.0, 0))
+    got = [r.arrival_s for r in load_trace(seeded)]
+    assert got == pytest.approx(arrival_times(20, 10.0, 1.0, 1001))
+    assert got != pytest.approx(arrival_times(20, 10.0, 1.0, 0))

@@ -45,6 +45,7 @@ def compute_result(cfg: ServeBenchConfig, model: str, outputs: list[RequestResul
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.max_concurrency,
         "num_warmups": cfg.num_warmups,  # sim.arrival_replay matches a server's step log request by request
+        "seed": cfg.seed,  # of the arrival gaps and the prompts: sim.traffic.load_trace draws the same gaps
         "input_len": cfg.input_len,
         "output_len": cfg.output_len,
         "duration": duration,

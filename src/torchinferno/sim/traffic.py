@@ -180,7 +180,8 @@ def load_trace(path: str | Path, seed: int = 0, rate: float | None = None, vocab
         ins, outs = doc["input_lens"], doc["output_lens"]
         r = rate if rate is not None else doc.get("request_rate", "inf")
         r = math.inf if r in ("inf", None) else float(r)
-        ts = arrival_times(len(ins), r, float(doc.get("burstiness", 1.0)), seed)
+        # the gaps bench-serve drew: its result records its seed (results before session 29 do not: ``seed``)
+        ts = arrival_times(len(ins), r, float(doc.get("burstiness", 1.0)), int(doc.get("seed", seed)))
         rows = [(t, int(i), int(o)) for t, i, o in zip(ts, ins, outs) if int(o) > 0]
     else:
         for n, line in enumerate(text.splitlines(), 1):
