@@ -12,8 +12,8 @@ side; ``wait`` is the previous batch's device tail (the iteration resolves the b
 from __future__ import annotations
 
 import argparse
-import statistics
 
+from torchinferno.sim.driver import percentile
 from torchinferno.sim.step_log_fit import read_step_log, timeline_flags
 from torchinferno.sim.timeline import BatchShape, graph_step, piecewise_step
 
@@ -31,7 +31,8 @@ def kind(row: dict, flags: dict) -> str:
 
 
 def _ms(xs: list[float], q: float) -> str:
-    return f"{sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3:7.2f}" if xs else "      -"
+    """The ``q``-th percentile (linear, as the simulator's summaries take it) in ms, or a dash for no values."""
+    return f"{percentile(xs, q) * 1e3:7.2f}" if xs else "      -"
 
 
 def main(argv=None) -> int:
@@ -47,8 +48,8 @@ def main(argv=None) -> int:
     for k, g in sorted(groups.items()):
         launch = [r["launch"] for r in g if r.get("launch") is not None]
         wait = [r["wait"] for r in g if r.get("wait") is not None]
-        print(f"{k:14s} {len(g):6d}  {statistics.median(r['dt'] for r in g) * 1e3:7.2f}  {_ms(launch, 0.5)}  "
-              f"{_ms(launch, 0.9)}  {_ms(wait, 0.5)}")
+        print(f"{k:14s} {len(g):6d}  {_ms([r['dt'] for r in g], 50)}  {_ms(launch, 50)}  {_ms(launch, 90)}  "
+              f"{_ms(wait, 50)}")
     if not any(r.get("launch") is not None for r in rows):
         print("(no launch/wait in this log: step_log_version < 3 or a synchronous engine)")
     return 0

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from timeline_logs import EngineLoop  # tests/sim/timeline_logs.py (pytest puts this folder on sys.path)
-from torchinferno.sim.timeline import BatchShape, TimelineModel
+from timeline_logs import EngineLoop, dec, pre  # tests/sim/timeline_logs.py (pytest puts this folder on sys.path)
+from torchinferno.sim.timeline import TimelineModel
 from torchinferno.sim.timeline_fit import Iteration, fit_timeline, graph_host_from_tail, replay_periods
 
 MS = 1e-3
@@ -15,15 +15,6 @@ MS = 1e-3
 DEVICE_BOUND = dict(host_step=0.8 * MS, host_seq=0.01 * MS, launch_eager=18 * MS, launch_eager_seq=0.1 * MS,
                     apply_row=0.02 * MS, weights=5 * MS, seq=0.01 * MS, batched=1 * MS, flop_token=0.012 * MS,
                     attn_pair=0.2 * MS)
-
-
-def dec(rows, ctx=200):
-    return BatchShape(rows, rows, rows, 0, rows * ctx, ctx, 0.0)
-
-
-def pre(tokens, rows=1, decode_rows=0):
-    return BatchShape(rows + decode_rows, tokens + decode_rows, decode_rows, tokens, decode_rows * 200,
-                      200 if decode_rows else 0, tokens * tokens / rows * 0.5e-3)
 
 
 def _log(model: TimelineModel, seed: int = 0, bursts: int = 16) -> list[Iteration]:

@@ -2,13 +2,15 @@
 host terms are regressions and the device terms follow, so a host-bound and a device-bound engine with the same
 decode period are told apart (issue 21: the default fit on served logs came out host-bound either way)."""
 
+import json
 import random
+from dataclasses import asdict
 
 import pytest
 
-from timeline_logs import EngineLoop  # tests/sim/timeline_logs.py
+from timeline_logs import EngineLoop, dec, pre  # tests/sim/timeline_logs.py
 from torchinferno.errors import ConfigError
-from torchinferno.sim.timeline import BatchShape, TimelineModel
+from torchinferno.sim.timeline import TimelineModel
 from torchinferno.sim.timeline_fit import Iteration, fit_timeline, iterations_from_step_log, replay_periods
 from torchinferno.sim.timeline_split import host_from_split
 
@@ -20,22 +22,14 @@ DEVICE_BOUND = dict(host_step=0.8 * MS, host_seq=0.01 * MS, launch_eager=18 * MS
 HOST_BOUND = dict(DEVICE_BOUND, host_step=4.1 * MS, launch_graph=1.0 * MS, weights=1.2 * MS)
 
 
-def dec(rows, ctx=200):
-    return BatchShape(rows, rows, rows, 0, rows * ctx, ctx, 0.0)
-
-
-def pre(tokens, decode_rows=0):
-    return BatchShape(1 + decode_rows, tokens + decode_rows, decode_rows, tokens, decode_rows * 200,
-                      200 if decode_rows else 0, tokens * tokens * 0.5e-3)
-
-
 def _log(model: TimelineModel, seed: int = 0, bursts: int = 14, split: bool = True) -> list[Iteration]:
     rng = random.Random(seed)
     loop = EngineLoop(model, rng, split=split)
     for _ in range(bursts):
         loop.idle(rng.uniform(0.05, 0.2))
         rows = rng.choice([1, 1, 4, 16, 64])
-        shapes = [pre(rng.choice([128, 256, 2048]), rows - 1)] + [dec(rows) for _ in range(rng.randrange(20, 40))]
+        shapes = [pre(rng.choice([128, 256, 2048]), decode_rows=rows - 1)]
+        shapes += [dec(rows) for _ in range(rng.randrange(20, 40))]
         loop.burst(shapes, (0.05, 0.15))
     return loop.its
 
@@ -58,7 +52,7 @@ def test_split_fit_recovers_host_and_device_sides(truth):
     for p, it in zip(replay_periods(fresh, got), fresh):
         assert p == pytest.approx(it.end - it.start, rel=0.03, abs=2e-5)
     if truth is DEVICE_BOUND:  # the device time shows in the waits; a host-bound engine hides it (any less fits)
-        for shape in (dec(1), dec(16), pre(128), pre(256, 3)):
+        for shape in (dec(1), dec(16), pre(128), pre(256, decode_rows=3)):
             assert got.step_seconds(shape) == pytest.approx(model.step_seconds(shape), rel=0.05), shape
     else:
         assert got.parts(dec(1))[2] <= model.parts(dec(1))[0] + model.parts(dec(1))[1]
@@ -91,9 +85,6 @@ def test_split_needs_measurements_and_step_log_rows_carry_them():
 
 def _write_log(path, its, with_split: bool = True) -> None:
     """A version-3 step log of these iterations, as the core process of a CUDA-graph engine writes it."""
-    import json
-    from dataclasses import asdict
-
     meta = {"step_log_version": 3, "async_scheduling": True, "block_size": 16, "num_blocks": 4096,
             "max_model_len": 8192, "max_num_seqs": 256, "max_num_batched_tokens": 8192, "enable_prefix_caching": True,
             "engine": "runner=cuda-graphs, async scheduling", "device": "cuda:0", "model": "synthetic"}
@@ -111,8 +102,6 @@ def _write_log(path, its, with_split: bool = True) -> None:
 
 
 def test_sim_calibrate_split_option(tmp_path, capsys):
-    import json
-
     from torchinferno.cli.main import main
 
     model = TimelineModel(DEVICE_BOUND, graphs=True, overlap=True, async_scheduling=True)

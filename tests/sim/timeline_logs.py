@@ -6,8 +6,19 @@ from __future__ import annotations
 
 import random
 
-from torchinferno.sim.timeline import Timeline, TimelineModel
+from torchinferno.sim.timeline import BatchShape, Timeline, TimelineModel
 from torchinferno.sim.timeline_fit import Iteration
+
+
+def dec(rows, ctx=200):
+    """A decode batch of ``rows`` rows, each over ``ctx`` tokens."""
+    return BatchShape(rows, rows, rows, 0, rows * ctx, ctx, 0.0)
+
+
+def pre(tokens, rows=1, decode_rows=0):
+    """``rows`` fresh prompts of ``tokens`` tokens in all beside ``decode_rows`` decodes over 200 tokens each."""
+    return BatchShape(rows + decode_rows, tokens + decode_rows, decode_rows, tokens, decode_rows * 200,
+                      200 if decode_rows else 0, tokens * tokens / rows * 0.5e-3)
 
 
 def one_second_steps(requests: int, output_len: int, **workload) -> list:

@@ -203,17 +203,12 @@ class EngineCore:
         prev, self._inflight = self._inflight, launched
         self.last_launched = launched[2] if launched is not None else None
         self.last_resolved = prev[2] if prev is not None else None
-        if prev is None:
-            if timed:
-                self.last_launch_s, self.last_wait_s = time.perf_counter() - t0, None
-            return []
-        if not timed:
-            return self._apply(prev[0], prev[1].result())
-        t1 = time.perf_counter()
-        out = prev[1].result()  # blocks until step k-1's device work and its copy to the host are done
-        t2 = time.perf_counter()
-        self.last_launch_s, self.last_wait_s = t1 - t0, t2 - t1
-        return self._apply(prev[0], out)
+        t1 = time.perf_counter() if timed else 0.0
+        out = None if prev is None else prev[1].result()  # blocks until step k-1's device work and copy are done
+        if timed:
+            self.last_launch_s = t1 - t0
+            self.last_wait_s = None if prev is None else time.perf_counter() - t1
+        return [] if prev is None else self._apply(prev[0], out)
 
     def _schedule(self) -> SchedulerOutput:
         sched = self.scheduler.schedule()

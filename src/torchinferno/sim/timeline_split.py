@@ -31,7 +31,7 @@ def _regress(rows: list[dict], y: list[float], names: tuple[str, ...], trim: flo
     launch and a 0.3 ms graph launch both count), with outlier trimming. Columns no row exercises stay 0."""
     import numpy as np
 
-    from torchinferno.sim.cost_model import _nnls
+    from torchinferno.sim.timeline_fit import _nnls  # column-scaled active-set NNLS
 
     a = np.array([[r.get(k, 0.0) for k in names] for r in rows])  # [N, P]
     b = np.array(y)  # [N]
@@ -44,8 +44,7 @@ def _regress(rows: list[dict], y: list[float], names: tuple[str, ...], trim: flo
         if not used:
             break
         w = 1.0 / np.sqrt(np.maximum(bk, floor))
-        scale = np.maximum(np.abs(ak[:, used]).max(axis=0), 1e-30)
-        sol = _nnls(ak[:, used] * w[:, None] / scale, bk * w) / scale
+        sol = _nnls(ak[:, used] * w[:, None], bk * w)
         theta = np.zeros(len(names))
         theta[used] = np.maximum(sol, 0.0)
         ratio = np.maximum(b, floor) / np.maximum(a @ theta, floor)
