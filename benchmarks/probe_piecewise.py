@@ -1,17 +1,21 @@
-"""Mixed steps eager vs piecewise CUDA graphs (kernels.cuda_graphs_piecewise), at the model level on one device.
+"""Mixed steps eager vs piecewise vs whole-step CUDA graphs, at the model level on one device.
 
 Run 73's served step logs had steps that mix decodes with a prefill chunk at 24-55 ms of host time on an 8B Llama
-(H100), against ~1 ms for a graph prefill: such steps are host-bound. This probe times, per step shape, the wall time
-of one step (launch + device, synchronized) three ways, in one process on the same weights and KV cache:
+(H100), against ~1 ms for a graph prefill: such steps are host-bound. Piecewise graphs (kernels.cuda_graphs_piecewise)
+took them to 9-12 ms of launch under ``serve`` (run 76), still host-bound: 32 eager attention calls. This probe times,
+per step shape, the wall time of one step (launch + device, synchronized), in one process on the same weights and KV
+cache:
 
-* eager: ``model(ids, positions, kv, meta)`` (what the engine ran for these steps before);
-* piecewise: ``PiecewiseGraphRunner.run`` (graphed segments, attention eager);
-* device: the piecewise step's kernels alone, from CUDA events around a replay that was queued behind a long sleep
-  kernel (so the host launch is hidden): the floor both approach.
+* eager: ``model(ids, positions, kv, meta)`` (what the engine ran for these steps before session 28);
+* piecewise: ``PiecewiseGraphRunner.run`` (graphed segments, attention eager; the engine's default);
+* full: ``MixedGraphRunner.run`` (one graph per token bucket, attention inside on padded metadata;
+  ``--cuda-graph-mixed-mode full``);
+* device: each graph step's kernels alone, from CUDA events around a replay that was queued behind a long sleep
+  kernel (so the host launch is hidden): the floor they approach.
 
-and checks that the piecewise hidden states equal the eager ones (max |diff|, bf16).
+and checks that each graph runner's hidden states equal the eager ones (max |diff|, bf16).
 
-    python benchmarks/probe_piecewise.py [--size llama3-8b] [--iters 20] [--json-output F]
+    python benchmarks/probe_piecewise.py [--size llama3-8b] [--modes piecewise,full] [--iters 20] [--json-output F]
 """
 
 from __future__ import annotations
@@ -98,46 +102,57 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512, help="cached context of every decode row")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs, no device time)")
+    ap.add_argument("--modes", default="piecewise,full", help="graph runners to time beside eager (comma-separated)")
     ap.add_argument("--json-output", default=None)
     a = ap.parse_args()
     from torchinferno.engine.assembly import ModelSpec, build_model
+    from torchinferno.kernels.cuda_graphs_mixed import MixedGraphRunner
     from torchinferno.kernels.cuda_graphs_piecewise import PiecewiseGraphRunner, piecewise_buckets
 
     dev = a.device
     model = build_model(ModelSpec(model_kind="llama3", size=a.size, dtype="bfloat16", device=dev))
     bs = 16
     caches = model.family.kv_spec(model.config).allocate(a.blocks, bs, torch.bfloat16, dev)
-    t = time.perf_counter()
-    pw = PiecewiseGraphRunner(model, caches, bs, piecewise_buckets(512))
-    pw.capture()
-    cap_s = time.perf_counter() - t
-    name = torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
-    segs = len(next(iter(pw.segments.values())).graphs) if pw.segments else 0
-    print(f"{a.size} on {name}: captured {len(pw.segments)} buckets x {segs} segments in {cap_s:.1f} s; "
-          f"{torch.cuda.memory_reserved() / 2**30 if dev.startswith('cuda') else 0:.1f} GiB reserved in all")
+    max_blocks = -(-(4 * a.ctx + 4 * a.prompt) // bs)
+    make = {"piecewise": lambda: PiecewiseGraphRunner(model, caches, bs, piecewise_buckets(512)),
+            "full": lambda: MixedGraphRunner(model, caches, bs, max_blocks, piecewise_buckets(512))}
+    modes = [m for m in a.modes.split(",") if m]
+    unknown = [m for m in modes if m not in make]
+    if unknown:
+        raise SystemExit(f"--modes takes piecewise and/or full, got {', '.join(unknown)}")
+    dname = torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
+    runners, capture_s = {}, {}
+    for m in modes:
+        t = time.perf_counter()
+        runners[m] = make[m]()
+        runners[m].capture()
+        capture_s[m] = time.perf_counter() - t
+        print(f"{a.size} on {dname}: {m} captured in {capture_s[m]:.1f} s; "
+              f"{torch.cuda.memory_reserved() / 2**30 if dev.startswith('cuda') else 0:.1f} GiB reserved in all")
     rows = []
     with torch.inference_mode():
         for name, seqs in shapes(a.ctx, a.prompt).items():
             ids, pos, meta = make_step(seqs, bs, a.blocks, model.config.vocab_size, dev)
             n = ids.shape[0]
             want = model(ids, pos, caches, meta).float()
-            got = pw.run(ids, pos, meta).float()
-            diff = (got - want).abs().max().item()
             eager = timed(lambda: model(ids, pos, caches, meta), a.iters)
-            piece = timed(lambda: pw.run(ids, pos, meta), a.iters)
-            d_eager = device_ms(lambda: model(ids, pos, caches, meta), max(3, a.iters // 4))
-            d_piece = device_ms(lambda: pw.run(ids, pos, meta), max(3, a.iters // 4))
             r = {"shape": name, "tokens": n, "seqs": len(seqs), "eager_ms": eager[0], "eager_min_ms": eager[1],
-                 "piecewise_ms": piece[0], "piecewise_min_ms": piece[1], "device_eager_ms": d_eager,
-                 "device_piecewise_ms": d_piece, "max_abs_diff": diff, "ref_max_abs": want.abs().max().item()}
+                 "device_eager_ms": device_ms(lambda: model(ids, pos, caches, meta), max(3, a.iters // 4)),
+                 "ref_max_abs": want.abs().max().item()}
+            line = f"{name:32s} T={n:4d}: eager {eager[0]:7.2f} ms"
+            for m, run in runners.items():
+                got = run.run(ids, pos, meta).float()
+                r[f"{m}_max_abs_diff"] = (got - want).abs().max().item()
+                w = timed(lambda: run.run(ids, pos, meta), a.iters)
+                r[f"{m}_ms"], r[f"{m}_min_ms"] = w
+                r[f"device_{m}_ms"] = device_ms(lambda: run.run(ids, pos, meta), max(3, a.iters // 4))
+                line += (f"  {m} {w[0]:7.2f} ms (x{eager[0] / w[0]:.2f}, device {r[f'device_{m}_ms']:6.2f}, "
+                         f"max|diff| {r[f'{m}_max_abs_diff']:.3g})")
             rows.append(r)
-            print(f"{name:32s} T={n:4d}: eager {eager[0]:7.2f} ms  piecewise {piece[0]:7.2f} ms  "
-                  f"(x{eager[0] / piece[0]:.2f})  device: eager {d_eager:6.2f} / piecewise {d_piece:6.2f} ms  "
-                  f"max|diff| {diff:.3g} (ref max {r['ref_max_abs']:.3g})")
+            print(line + f"  device eager {r['device_eager_ms']:6.2f} ms (ref max {r['ref_max_abs']:.3g})")
     if a.json_output:
         with open(a.json_output, "w") as f:
-            json.dump({"size": a.size, "device": name, "capture_s": cap_s, "rows": rows}, f,
-                      indent=1)
+            json.dump({"size": a.size, "device": dname, "capture_s": capture_s, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

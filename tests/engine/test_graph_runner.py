@@ -32,9 +32,11 @@ def test_cpu_engine_runs_the_eager_runner(tiny_llama):
 
 
 class _FakeGraphRunner(ModelRunner):
-    def __init__(self, model, kv_cache, max_num_seqs, max_model_len, prefill_tokens=0, piecewise_tokens=0):
+    def __init__(self, model, kv_cache, max_num_seqs, max_model_len, prefill_tokens=0, piecewise_tokens=0,
+                 mixed_mode="piecewise"):
         super().__init__(model, kv_cache, max_num_seqs, max_model_len)
         self.max_num_seqs, self.prefill_tokens, self.piecewise_tokens = max_num_seqs, prefill_tokens, piecewise_tokens
+        self.mixed_mode = mixed_mode
 
 
 def test_engine_picks_graphs_when_capturable_unless_enforce_eager(tiny_llama, monkeypatch):
@@ -44,6 +46,9 @@ def test_engine_picks_graphs_when_capturable_unless_enforce_eager(tiny_llama, mo
     assert type(eng.runner) is _FakeGraphRunner and eng.runner.max_num_seqs == 12
     assert eng.runner.prefill_tokens == EngineConfig().cuda_graph_prefill_tokens == 512  # the config reaches it
     assert eng.runner.piecewise_tokens == EngineConfig().cuda_graph_piecewise_tokens == 512
+    assert eng.runner.mixed_mode == "piecewise"
+    full = LLMEngine(tiny_llama, None, EngineConfig(max_num_seqs=12, cuda_graph_mixed_mode="full"))
+    assert full.runner.mixed_mode == "full"
     eager = LLMEngine(tiny_llama, None, EngineConfig(max_num_seqs=12, enforce_eager=True))
     assert type(eager.runner) is ModelRunner
 
@@ -97,17 +102,23 @@ def test_serve_smoke_accepts_enforce_eager(capsys):
     assert "OK: 3/3" in capsys.readouterr().out
 
 
-def test_graph_runner_step_logic_equals_eager_on_cpu(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_graph_runner_step_logic_equals_eager_on_cpu(tiny_llama, monkeypatch, mode):
     """Without CUDA the decode runner executes its padded bucket buffers eagerly: the replay
     decision, the input batch and the padding (slot -1, scratch rows) still have to give the
-    eager runner's tokens."""
+    eager runner's tokens. So do the mixed steps' piecewise segments or whole-step padded buffers."""
+    from torchinferno.kernels.cuda_graphs_mixed import MixedGraphRunner
+
     monkeypatch.setattr(graph_runner, "can_use_cuda_graphs", lambda model, kv: True)
     monkeypatch.setattr(graph_runner, "supports_piecewise_graphs", lambda model: True)
+    monkeypatch.setattr(graph_runner, "supports_mixed_graphs", lambda model: True)
     prompts, params = _ragged_requests(11)
     kw = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "block_size": 4, "max_model_len": 64}
-    padded = LLMEngine(tiny_llama, None, EngineConfig(**kw, cuda_graph_piecewise_tokens=32))
+    padded = LLMEngine(tiny_llama, None, EngineConfig(**kw, cuda_graph_piecewise_tokens=32, cuda_graph_mixed_mode=mode))
     assert isinstance(padded.runner, graph_runner.CudaGraphModelRunner) and padded.runner.batch_sizes == [1, 2, 4]
     assert padded.runner.piecewise.buckets == [8, 16, 32]
+    assert isinstance(padded.runner.piecewise, MixedGraphRunner) == (mode == "full")
+    assert padded.runner.mixed_graph_mode == mode
     got = _engine_outputs(padded, prompts, params, stagger=True)
     want = _engine_outputs(LLMEngine(tiny_llama, None, EngineConfig(**kw, enforce_eager=True)), prompts, params, True)
     assert got == want
@@ -207,12 +218,13 @@ def _engine_outputs(engine: LLMEngine, prompts, params, stagger: bool):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("stagger", [False, True])
-def test_graph_engine_equals_enforce_eager_cuda(cuda_tiny_llama, stagger):
+@pytest.mark.parametrize("stagger,mode", [(False, "piecewise"), (True, "piecewise"), (True, "full")])
+def test_graph_engine_equals_enforce_eager_cuda(cuda_tiny_llama, stagger, mode):
     model = cuda_tiny_llama
     prompts, params = _ragged_requests(19)
     kw = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "block_size": 4, "max_model_len": 64}
-    graphs = LLMEngine(model, None, EngineConfig(**kw))
+    graphs = LLMEngine(model, None, EngineConfig(**kw, cuda_graph_mixed_mode=mode))
+    assert graphs.runner.mixed_graph_mode == mode  # the whole-step capture worked (no fallback)
     assert isinstance(graphs.runner, graph_runner.CudaGraphModelRunner)
     assert graphs.runner.batch_sizes == [1, 2, 4, 8] and "runner=cuda-graphs" in graphs.describe()
     eager = LLMEngine(model, None, EngineConfig(**kw, enforce_eager=True))
@@ -223,7 +235,7 @@ def test_graph_engine_equals_enforce_eager_cuda(cuda_tiny_llama, stagger):
     s = graphs.stats()
     assert 0 < s.num_graph_steps < s.num_forward_calls  # replays, plus eager prefill / logprob steps
     assert eager.stats().num_graph_steps == 0
-    pw = graphs.runner.piecewise  # mixed / multi-prompt steps of <= 64 tokens: graphed segments around attention
+    pw = graphs.runner.piecewise  # mixed / multi-prompt steps of <= 64 tokens: segments around attention, or whole
     assert pw is not None and pw.buckets[-1] == 64 and 0 < pw.num_replays == graphs.runner.num_piecewise_steps
     assert graphs.pool.num_used == 0
 

@@ -1,9 +1,21 @@
-"""Shared by the CUDA-graph runner tests (tests/kernels/test_cuda_graphs_*.py): a tiny llama3 and a paged KV cache
-filled with random values, plus an untouched copy to run the eager reference on."""
+"""Shared by the CUDA-graph runner tests (tests/kernels/test_cuda_graphs_*.py, triton_interpreter_checks.py): a tiny
+llama3, a paged KV cache filled with random values plus an untouched copy to run the eager reference on, and the mixed
+steps (decodes, prefill chunks over cached context, fresh prompts) the piecewise and whole-step runners replay."""
 
 from __future__ import annotations
 
 import torch
+
+from torchinferno.models.common.attention_metadata import AttentionMetadata
+
+# (cached context, new tokens) per sequence, in step order; with buckets (8, 16, 32)
+MIXED_STEPS = [
+    [(9, 1), (14, 1), (0, 11), (5, 1)],  # decodes + a fresh prompt: 14 tokens -> bucket 16
+    [(7, 1), (3, 6)],                    # a decode + a chunk over cached context: 7 tokens -> bucket 8
+    [(0, 20), (10, 1), (2, 9)],          # 30 tokens -> bucket 32
+    [(12, 1)],                           # one decode after a larger step: stale padded rows
+    [(4, 3), (0, 2)],                    # 5 tokens -> bucket 8
+]
 
 
 def tiny_llama(device, dtype, backend=None):
@@ -19,3 +31,28 @@ def random_caches(model, num_blocks: int, block_size: int, dtype, device, g: tor
         for t in layer:
             t.copy_(torch.randn(t.shape, generator=g).to(dtype))
     return caches, [tuple(t.clone() for t in layer) for layer in caches]
+
+
+def mixed_step(g: torch.Generator, vocab: int, device, shapes, block_size: int, num_blocks: int):
+    """``shapes``: (cached context, new tokens) per sequence -> (ids [T], positions [T], meta); each sequence owns
+    distinct random blocks (never block 0)."""
+    bs = block_size
+    blocks = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    width = max(-(-(c + q) // bs) for c, q in shapes)
+    tables, slots, pos, qsl, lens = [], [], [], [0], []
+    for c, q in shapes:
+        nb = -(-(c + q) // bs)
+        row = [blocks.pop() for _ in range(nb)]
+        tables.append(row + [0] * (width - nb))
+        for p in range(c, c + q):
+            slots.append(row[p // bs] * bs + p % bs)
+            pos.append(p)
+        qsl.append(qsl[-1] + q)
+        lens.append(c + q)
+    T = qsl[-1]
+    i32 = dict(dtype=torch.int32, device=device)
+    meta = AttentionMetadata(torch.tensor(qsl, **i32), torch.tensor(lens, **i32),
+                             torch.tensor(slots, dtype=torch.long, device=device), torch.tensor(tables, **i32), bs,
+                             [q for _, q in shapes], lens, block_tables_host=tables)
+    ids = torch.randint(0, vocab, (T,), generator=g).to(device)
+    return ids, torch.tensor(pos, dtype=torch.long, device=device), meta

@@ -6,50 +6,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_test_models import random_caches, tiny_llama  # tests/kernels (on sys.path under pytest)
+from graph_test_models import MIXED_STEPS as STEPS  # tests/kernels (on sys.path under pytest)
+from graph_test_models import mixed_step, random_caches, tiny_llama
 
 from torchinferno.kernels.cuda_graphs_piecewise import (
     PiecewiseGraphRunner,
     piecewise_buckets,
     supports_piecewise_graphs,
 )
-from torchinferno.models.common.attention_metadata import AttentionMetadata
 
 BS = 4  # block size
 NBLK = 64
 
 
 def _step(g, vocab, device, shapes):
-    """``shapes``: (cached context, new tokens) per sequence -> (ids [T], positions [T], meta); each sequence owns
-    distinct random blocks (never block 0)."""
-    blocks = (torch.randperm(NBLK - 1, generator=g) + 1).tolist()
-    width = max(-(-(c + q) // BS) for c, q in shapes)
-    tables, slots, pos, qsl, lens = [], [], [], [0], []
-    for c, q in shapes:
-        nb = -(-(c + q) // BS)
-        row = [blocks.pop() for _ in range(nb)]
-        tables.append(row + [0] * (width - nb))
-        for p in range(c, c + q):
-            slots.append(row[p // BS] * BS + p % BS)
-            pos.append(p)
-        qsl.append(qsl[-1] + q)
-        lens.append(c + q)
-    T = qsl[-1]
-    i32 = dict(dtype=torch.int32, device=device)
-    meta = AttentionMetadata(torch.tensor(qsl, **i32), torch.tensor(lens, **i32),
-                             torch.tensor(slots, dtype=torch.long, device=device), torch.tensor(tables, **i32), BS,
-                             [q for _, q in shapes], lens, block_tables_host=tables)
-    ids = torch.randint(0, vocab, (T,), generator=g).to(device)
-    return ids, torch.tensor(pos, dtype=torch.long, device=device), meta
-
-
-STEPS = [
-    [(9, 1), (14, 1), (0, 11), (5, 1)],  # decodes + a fresh prompt: 14 tokens -> bucket 16
-    [(7, 1), (3, 6)],                    # a decode + a chunk over cached context: 7 tokens -> bucket 8
-    [(0, 20), (10, 1), (2, 9)],          # 30 tokens -> bucket 32
-    [(12, 1)],                           # one decode after a larger step: stale padded rows
-    [(4, 3), (0, 2)],                    # 5 tokens -> bucket 8
-]
+    return mixed_step(g, vocab, device, shapes, BS, NBLK)
 
 
 def _check(device, dtype, backend, capture):

@@ -151,6 +151,37 @@ def layer_kernels() -> None:
     T.check_prefill(CPU, torch.float32)
 
 
+def mixed_graphs() -> None:
+    """The whole-step runner's graph-padded attention (one varlen launch over a grid fixed by the padded shapes) vs
+    the model's own Triton paths, through a tiny llama in fp32 and fp16 (test_cuda_graphs_mixed.py); and the kernel
+    alone: live rows == the torch reference, rows of no sequence zero."""
+    import test_cuda_graphs_mixed as M
+    from graph_test_models import mixed_step
+
+    from torchinferno.kernels import api as kapi
+    from torchinferno.models.common.attention_triton import TritonPagedAttention
+
+    for dtype in (torch.float32, torch.float16):
+        M.check_whole_step_runner(CPU, dtype, TritonPagedAttention, capture=False)
+    g = torch.Generator().manual_seed(3)
+    H, Hkv, D, BS, NB, T = 4, 2, 16, 4, 32, 16
+    kc, vc = torch.randn(NB, BS, Hkv, D, generator=g), torch.randn(NB, BS, Hkv, D, generator=g)
+    _, _, meta = mixed_step(g, 8, CPU, [(6, 1), (0, 5), (9, 1), (3, 4)], BS, NB)  # 11 live rows in 4 sequences
+    n, B, w = 11, 4, meta.block_tables.shape[1]
+    q = torch.randn(T, H, D, generator=g)
+    qsl = torch.full((T + 1,), n, dtype=torch.int32)
+    qsl[: B + 1] = meta.query_start_loc
+    lens = torch.zeros(T, dtype=torch.int32)
+    lens[:B] = meta.seq_lens
+    bt = torch.randint(0, NB, (T, w + 3), generator=g, dtype=torch.int32)  # stale rows and columns past the step's
+    bt[:B, :w] = meta.block_tables
+    got = kapi.graph_padded_attention(q, kc, vc, qsl, lens, bt, 0.25)
+    want = kapi.paged_attention_reference(q[:n], kc, vc, meta.query_lens_list, meta.seq_lens_list,
+                                          meta.block_tables, 0.25)
+    torch.testing.assert_close(got[:n], want, rtol=1e-4, atol=1e-4)
+    assert got[n:].eq(0).all()
+
+
 def run_checks(checks: dict, argv: list[str] | None = None) -> None:
     """A check script's ``main``: run the check named by ``argv[1]`` (``checks``: name -> callable taking the CPU
     device) under these patches and print ``ok NAME``; an unknown name is a KeyError."""
@@ -160,7 +191,7 @@ def run_checks(checks: dict, argv: list[str] | None = None) -> None:
 
 
 CHECKS = {"decode_attention": decode_attention, "decode_gemv": decode_gemv, "fused_step": fused_step,
-          "layer_kernels": layer_kernels}
+          "layer_kernels": layer_kernels, "mixed_graphs": mixed_graphs}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CHECKS):

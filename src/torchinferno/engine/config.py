@@ -12,9 +12,12 @@ from torchinferno.kernels.kv_dtype import parse_kv_cache_dtype
 
 __all__ = ["EngineConfig", "parse_memory", "CPU_DEFAULTS", "CUDA_DEFAULTS"]
 
+SCHEDULING_POLICIES = ("fcfs", "sjf", "priority")
+# How steps of at most cuda_graph_piecewise_tokens replay (engine.graph_runner): attention eager between graphs, or
+# one whole-step graph per token bucket (kernels.cuda_graphs_mixed)
+MIXED_GRAPH_MODES = ("piecewise", "full")
 # Step limits when none are given: a CPU is saturated by a few sequences; an H200-class GPU needs
 # hundreds of sequences and thousands of tokens per step to be busy (vLLM's serving defaults).
-SCHEDULING_POLICIES = ("fcfs", "sjf", "priority")
 CPU_DEFAULTS = {"max_num_seqs": 64, "max_num_batched_tokens": 512}
 CUDA_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 8192}
 
@@ -51,7 +54,9 @@ class EngineConfig:
     most ``cuda_graph_prefill_tokens`` tokens replays a per-length prefill graph (0: prefill eager); with
     ``graph_prefill_alone`` a lone waiting prompt of that kind gets such a step of its own (the decodes wait one step);
     any other step of at most ``cuda_graph_piecewise_tokens`` tokens (mixed decodes and prefill chunks, several prompts,
-    prefix hits) replays piecewise graphs around eager attention (``kernels.cuda_graphs_piecewise``; 0: eager);
+    prefix hits) replays piecewise graphs around eager attention (``kernels.cuda_graphs_piecewise``; 0: eager), or with
+    ``cuda_graph_mixed_mode="full"`` one whole-step graph per token bucket (``kernels.cuda_graphs_mixed``: attention
+    inside the graph on padded metadata; piecewise when the capture fails);
     ``enforce_eager=True`` keeps every step eager (debugging, or comparing against the graph path).
 
     ``kv_cache_dtype`` is the KV pool's storage dtype (a dtype or a ``--kv-cache-dtype`` spelling:
@@ -91,6 +96,9 @@ class EngineConfig:
     # With CUDA graphs: every other step of at most this many tokens runs its non-attention ops from per-token-count
     # graphs, attention eager between them (kernels.cuda_graphs_piecewise); 0 keeps such steps eager
     cuda_graph_piecewise_tokens: int = 512
+    # How those steps replay: "piecewise" (attention eager between graphs) or "full" (one graph per token bucket with
+    # attention inside, kernels.cuda_graphs_mixed; opt-in until measured on a GPU)
+    cuda_graph_mixed_mode: str = "piecewise"
     async_scheduling: bool | None = None  # None: on for CUDA (faster at every batch measured), off on CPU
     batch_invariant: bool = False
     tensor_parallel_size: int = 1  # > 1: engine.multiproc_executor spawns one worker rank per device
@@ -122,6 +130,9 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: {off}), got {v!r}")
+        if self.cuda_graph_mixed_mode not in MIXED_GRAPH_MODES:
+            raise ConfigError(f"cuda_graph_mixed_mode must be one of {', '.join(MIXED_GRAPH_MODES)}, "
+                              f"got {self.cuda_graph_mixed_mode!r}")
         if not isinstance(self.graph_prefill_alone, bool):
             raise ConfigError(f"graph_prefill_alone must be True or False, got {self.graph_prefill_alone!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:

@@ -91,6 +91,7 @@ class Executor(ABC):
     sliding_window: int = 0  # hybrid KV specs: the window W the scheduler frees behind
     prefill_graph_tokens: int = 0  # the longest fresh prompt one step replays from a prefill graph (0: none)
     piecewise_graph_tokens: int = 0  # the most tokens another step runs from piecewise graphs (0: none; cost only)
+    mixed_graph_mode: str = "eager"  # how those steps replay: "piecewise", "full" (one graph a step) or "eager"
 
     @abstractmethod
     def execute_async(self, sched: SchedulerOutput) -> StepHandle:
@@ -127,6 +128,7 @@ class UniprocExecutor(Executor):
         self.sliding_window = self.worker.kv_cache.spec.sliding_window
         self.prefill_graph_tokens = self.worker.runner.prefill_graph_tokens
         self.piecewise_graph_tokens = self.worker.runner.piecewise_graph_tokens
+        self.mixed_graph_mode = self.worker.runner.mixed_graph_mode
 
     # The worker's parts, for tests, warm-up and introspection on a single-device engine.
     @property

@@ -32,6 +32,7 @@ from torchinferno.kernels.cuda_graphs import (
     CudaGraphDecodeRunner,
     backend_supports_graphs,
 )
+from torchinferno.kernels.cuda_graphs_mixed import MixedGraphRunner, supports_mixed_graphs
 from torchinferno.kernels.cuda_graphs_piecewise import PiecewiseGraphRunner, piecewise_buckets, supports_piecewise_graphs
 from torchinferno.kernels.cuda_graphs_prefill import CudaGraphPrefillRunner, prefill_buckets, supports_prefill_graphs
 from torchinferno.models.common.step_model import step_model, unwrap
@@ -73,7 +74,8 @@ def make_model_runner(model: nn.Module, kv_cache: PagedKVCache, config: EngineCo
     if not config.enforce_eager and can_use_cuda_graphs(model, kv_cache):
         return CudaGraphModelRunner(model, kv_cache, config.max_num_seqs, max_model_len,
                                     prefill_tokens=config.cuda_graph_prefill_tokens,
-                                    piecewise_tokens=config.cuda_graph_piecewise_tokens)
+                                    piecewise_tokens=config.cuda_graph_piecewise_tokens,
+                                    mixed_mode=config.cuda_graph_mixed_mode)
     return ModelRunner(model, kv_cache, config.max_num_seqs, max_model_len)
 
 
@@ -100,11 +102,14 @@ class CudaGraphModelRunner(ModelRunner):
     ``supports_prefill_graphs`` and the cache has one group; a capture that fails leaves prefill eager (logged).
     ``piecewise_tokens > 0`` runs every other step of up to that many tokens as per-token-count graphs around eager
     attention (``kernels.cuda_graphs_piecewise``; ``num_piecewise_steps``) under the same conditions
-    (``supports_piecewise_graphs``); a capture that fails leaves those steps eager (logged).
+    (``supports_piecewise_graphs``); a capture that fails leaves those steps eager (logged). With ``mixed_mode="full"``
+    those steps replay one whole graph per token bucket instead (``kernels.cuda_graphs_mixed``,
+    ``supports_mixed_graphs``); a capture that fails falls back to the piecewise graphs (logged). ``mixed_graph_mode``
+    says which replays them ("piecewise", "full", or "eager" when none).
     """
 
     def __init__(self, model: nn.Module, kv_cache: PagedKVCache, max_num_seqs: int, max_model_len: int,
-                 batch_sizes=None, prefill_tokens: int = 0, piecewise_tokens: int = 0):
+                 batch_sizes=None, prefill_tokens: int = 0, piecewise_tokens: int = 0, mixed_mode: str = "piecewise"):
         super().__init__(model, kv_cache, max_num_seqs, max_model_len)
         if not can_use_cuda_graphs(model, kv_cache):
             raise ValueError("CUDA graphs need a CUDA KV cache and attention backends with supports_cuda_graphs")
@@ -120,10 +125,13 @@ class CudaGraphModelRunner(ModelRunner):
                 model, kv_cache.tensors, bs, prefill_buckets(tokens), use_graphs=True))
         tokens = min(piecewise_tokens, max_model_len)
         base = unwrap(model)  # the module path: a lean step handles one-row decodes only
-        if (tokens > 0 and not kv_cache.spec.is_hybrid and not getattr(base, "sharded", False)
-                and supports_piecewise_graphs(base)):
-            self.piecewise = _captured("piecewise", PiecewiseGraphRunner(
-                base, kv_cache.tensors, bs, piecewise_buckets(tokens), use_graphs=True))
+        if tokens > 0 and not kv_cache.spec.is_hybrid and not getattr(base, "sharded", False):
+            if mixed_mode == "full" and supports_mixed_graphs(base):
+                self.piecewise = _captured("whole-step mixed", MixedGraphRunner(
+                    base, kv_cache.tensors, bs, -(-max_model_len // bs), piecewise_buckets(tokens), use_graphs=True))
+            if self.piecewise is None and supports_piecewise_graphs(base):
+                self.piecewise = _captured("piecewise", PiecewiseGraphRunner(
+                    base, kv_cache.tensors, bs, piecewise_buckets(tokens), use_graphs=True))
 
     @property
     def uses_cuda_graphs(self) -> bool:

@@ -62,8 +62,9 @@ class ModelRunner:
         # CudaGraphModelRunner; None: every prefill runs eagerly
         self.prefill_graphs = None
         self.num_graph_prefills = 0
-        # Any other step of up to its ``max_tokens`` tokens as graphed segments around eager attention
-        # (kernels.cuda_graphs_piecewise), set by CudaGraphModelRunner; None: such steps run eagerly
+        # Any other step of up to its ``max_tokens`` tokens from graphs, set by CudaGraphModelRunner: graphed segments
+        # around eager attention (kernels.cuda_graphs_piecewise) or one whole-step graph per token bucket
+        # (kernels.cuda_graphs_mixed); None: such steps run eagerly
         self.piecewise = None
         self.num_piecewise_steps = 0
 
@@ -138,6 +139,15 @@ class ModelRunner:
     def prefill_graph_tokens(self) -> int:
         """The longest fresh prompt ``prefill_graphs`` replays (0: none captured)."""
         return 0 if self.prefill_graphs is None else self.prefill_graphs.max_tokens
+
+    @property
+    def mixed_graph_mode(self) -> str:
+        """How steps of up to ``piecewise_graph_tokens`` replay: "piecewise", "full" (one graph a step) or "eager"."""
+        from torchinferno.kernels.cuda_graphs_mixed import MixedGraphRunner
+
+        if self.piecewise is None:
+            return "eager"
+        return "full" if isinstance(self.piecewise, MixedGraphRunner) else "piecewise"
 
     @property
     def piecewise_graph_tokens(self) -> int:

@@ -63,6 +63,7 @@ def worker_main(rank: int, world: int, port: int, backend: str, spec, config: En
                 "sliding_window": worker.kv_cache.spec.sliding_window,
                 "prefill_graph_tokens": worker.runner.prefill_graph_tokens,
                 "piecewise_graph_tokens": worker.runner.piecewise_graph_tokens,
+                "mixed_graph_mode": worker.runner.mixed_graph_mode,
                 "max_model_len": worker.max_model_len, "config": worker.config,
                 "model_config": getattr(model, "full_config", model.config), "describe": _describe(worker)}
         conn.send_bytes(pickle.dumps(("ready", info)))
@@ -176,6 +177,8 @@ class MultiprocExecutor(Executor):
         self.sliding_window = infos[0]["sliding_window"]
         self.prefill_graph_tokens = min(i["prefill_graph_tokens"] for i in infos)  # a step is a graph on every rank
         self.piecewise_graph_tokens = min(i["piecewise_graph_tokens"] for i in infos)
+        modes = {i["mixed_graph_mode"] for i in infos}  # ranks that disagree: report it, the cost differs
+        self.mixed_graph_mode = modes.pop() if len(modes) == 1 else "mixed"
         self.num_sliding_blocks = None if infos[0]["num_sliding_blocks"] is None else min(
             i["num_sliding_blocks"] for i in infos)
         self.block_size = infos[0]["block_size"]

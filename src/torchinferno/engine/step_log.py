@@ -107,6 +107,8 @@ def step_log_meta(core) -> dict:
     meta["lone_prefill_tokens"] = int(core.scheduler.lone_prefill_tokens)
     # the most tokens any other step runs from piecewise graphs around eager attention (0: such steps eager)
     meta["piecewise_graph_tokens"] = int(getattr(ex, "piecewise_graph_tokens", 0))
+    # how they replay: "piecewise" (eager attention between graphs: host-bound), "full" (one graph) or "eager"
+    meta["mixed_graph_mode"] = str(getattr(ex, "mixed_graph_mode", "eager"))
     sp = getattr(core, "sliding_pool", None)
     if sp is not None:  # hybrid KV spec: the sliding group's pool and the window the scheduler frees behind
         meta["num_sliding_blocks"], meta["sliding_window"] = sp.num_blocks, ex.sliding_window

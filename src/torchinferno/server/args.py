@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from torchinferno.engine.assembly import DEFAULT_MODEL, QUANTIZATIONS, TINY_MODEL, ModelSpec, tiny_kind_family
+from torchinferno.engine.config import MIXED_GRAPH_MODES
 from torchinferno.errors import ConfigError
 from torchinferno.kernels.cpu_linear import KERNEL_HELP, KERNELS
 
@@ -63,6 +64,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graph-piecewise-tokens", type=int, default=512, metavar="N",
                    help="with CUDA graphs, run every other step of up to N tokens (decodes mixed with prefill chunks, "
                         "several prompts) as per-token-count graphs around eager attention; 0: such steps eager")
+    p.add_argument("--cuda-graph-mixed-mode", choices=MIXED_GRAPH_MODES, default="piecewise",
+                   help="how those steps replay: piecewise (attention eager between graphs) or full (one graph per "
+                        "token bucket, attention inside it on padded metadata; falls back to piecewise when the "
+                        "capture fails). Default: piecewise")
     p.add_argument("--graph-prefill-alone", action=argparse.BooleanOptionalAction, default=True,
                    help="run a lone waiting prompt that a prefill graph replays in a step of its own, the decodes "
                         "waiting one step, rather than in an eager step mixed with them (default: on)")
@@ -232,6 +237,7 @@ def engine_config_from_args(args: argparse.Namespace, model_max_len: int | None)
                         cuda_graph_prefill_tokens=getattr(args, "cuda_graph_prefill_tokens", 512),
                         graph_prefill_alone=getattr(args, "graph_prefill_alone", True),
                         cuda_graph_piecewise_tokens=getattr(args, "cuda_graph_piecewise_tokens", 512),
+                        cuda_graph_mixed_mode=getattr(args, "cuda_graph_mixed_mode", "piecewise"),
                         kv_cache_dtype=args.kv_cache_dtype, gpu_memory_utilization=args.gpu_memory_utilization,
                         batch_invariant=args.batch_invariant, tensor_parallel_size=args.tensor_parallel_size,
                         pipeline_parallel_size=args.pipeline_parallel_size,

@@ -67,6 +67,7 @@ class RecordingExecutor(Executor):
         self.num_blocks, self.block_size = inner.num_blocks, inner.block_size
         self.prefill_graph_tokens = inner.prefill_graph_tokens
         self.piecewise_graph_tokens = inner.piecewise_graph_tokens
+        self.mixed_graph_mode = inner.mixed_graph_mode
         self.last = self.resolved = None
 
     def execute_async(self, sched):

@@ -65,7 +65,8 @@ class TorchAttention(torch.nn.Module):
                 scale=self.scale, enable_gqa=gqa,
             )
             return o.transpose(0, 1).to(q.dtype)
-        if kv_cache is not None and meta.query_lens_list and meta.is_decode:  # an empty batch has no decode
+        # an empty batch has no decode; a graph-padded batch has rows past its live sequences (the general path)
+        if kv_cache is not None and meta.query_lens_list and meta.is_decode and not meta.graph_padded:
             if self.batch_invariant:
                 return self._decode_each(q, k, v, kv_cache, meta, gqa, cdt)
             return self._decode(q, k, v, kv_cache, meta, gqa, cdt)
@@ -73,7 +74,8 @@ class TorchAttention(torch.nn.Module):
             k_cache, v_cache = kv_cache
             write_kv(k_cache, k, meta.slot_mapping, meta.has_padding)
             write_kv(v_cache, v, meta.slot_mapping, meta.has_padding)
-        out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
+        alloc = torch.zeros if meta.graph_padded else torch.empty  # padded rows: finite values
+        out = alloc(q.shape[0], q.shape[1], v.shape[-1], dtype=q.dtype, device=q.device)
         for b, (s, qlen, ctx) in enumerate(meta.query_spans()):
             e, slen = s + qlen, ctx + qlen
             if self.batch_invariant and qlen == 1 and ctx > 0 and kv_cache is not None:

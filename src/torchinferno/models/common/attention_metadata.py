@@ -39,6 +39,12 @@ class AttentionMetadata:
     # fields above (``block_tables``, ``slot_mapping``) then address the sliding group, whose entries before
     # the window are placeholders that must never be read. None: one group, ``block_tables`` addresses everything.
     whole_block_tables: torch.Tensor | None = None
+    # A whole-step CUDA graph's static buffers (``kernels.cuda_graphs_mixed``): the tensors are padded to as many
+    # sequences as token rows (``T``); rows past the live tokens belong to no sequence (slot -1), sequences past the
+    # live ones hold no tokens (``query_start_loc`` repeats the live token count, ``seq_lens`` 0). The host lists
+    # describe the live sequences only (nothing while a graph is captured): a backend that takes this layout must
+    # read the device tensors alone.
+    graph_padded: bool = False
 
     @property
     def entry_block_tables(self) -> torch.Tensor:

@@ -13,7 +13,10 @@ On CUDA tensors with Triton installed:
   (``supports_prefill_graphs``, ``kernels.cuda_graphs_prefill``);
 * anything else (several prompts, chunked prefill, prefix-cache hits, decodes mixed with
   prefill chunks): one varlen paged prefill launch plus one decode launch for the leading
-  one-token rows (``kernels.api.paged_prefill_attention``).
+  one-token rows (``kernels.api.paged_prefill_attention``);
+* a whole-step graph's padded buffers (``meta.graph_padded``, ``kernels.cuda_graphs_mixed``): the same varlen
+  kernel for every row, decodes included, over a grid fixed by the buffers' shapes, so any step of up to a
+  bucket's token count can be captured (``supports_mixed_graphs``).
 
 Every path attends to K/V as the cache stores them: with an FP8 cache the fresh-prompt path
 rounds its new K/V the same way first (``kernels.kv_dtype``), so backends and paths agree.
@@ -42,6 +45,8 @@ class TritonPagedAttention(TorchAttention):
     # the attention call is a cut point of kernels.cuda_graphs_piecewise: it runs eagerly, every other op of the
     # families built on it (dense decoders) is row-wise
     supports_piecewise_graphs = True
+    # graph-padded metadata (a whole mixed step in one graph, kernels.cuda_graphs_mixed) reads only device tensors
+    supports_mixed_graphs = True
 
     def forward(self, q, k, v, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata | None):
         if kv_cache is None or meta is None or not tri.usable(q) or self.batch_invariant:
@@ -49,6 +54,9 @@ class TritonPagedAttention(TorchAttention):
             return super().forward(q, k, v, kv_cache, meta)
         k_cache, v_cache = kv_cache
         kapi.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.graph_padded:
+            return kapi.graph_padded_attention(q.contiguous(), k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                               meta.block_tables, self.scale)
         if meta.is_decode:
             return kapi.batched_paged_decode_attention(q.contiguous(), k_cache, v_cache, meta.block_tables,
                                                        meta.seq_lens, self.scale)
