@@ -68,8 +68,10 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     """Calibrate on ``steps`` + ``fit_bench``, predict ``pred_bench``. ``pred_steps``: replay the predicted run's
     arrivals at the core from its step log (``--replay-arrivals``); the API stage is then the streaming cost only,
     fitted with the calibration run's own arrivals replayed. ``pred_config``: the predicted run's step log, whose
-    scheduling options (lone graph prefill) and piecewise graph limit the simulated engine takes."""
-    from torchinferno.sim.step_log_fit import calibration_from_step_logs
+    scheduling options (lone graph prefill) and piecewise / whole-step graph limits the simulated engine takes (a fit
+    on piecewise steps predicting a ``--cuda-graph-mixed-mode full`` run prices its mixed steps as graph replays:
+    ``TimelineModel.with_mixed_graphs``)."""
+    from torchinferno.sim.step_log_fit import calibration_from_step_logs, timeline_flags
     from torchinferno.sim.validate import fit_admission, fit_api_server, fit_stream_replay, validate_served
 
     t0 = time.perf_counter()
@@ -80,8 +82,10 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     if pred_config is not None:  # the predicted run's engine (run c: another lone-prefill or piecewise setting)
         meta = _logged_meta(pred_config)
         cal.extra["engine_limits"]["lone_prefill_tokens"] = int(meta.get("lone_prefill_tokens", 0))
-        if cal.timeline and cal.timeline.get("graphs"):  # its steps up to this many tokens piecewise (0: eager)
-            cal.timeline = {**cal.timeline, "piecewise_graph_tokens": int(meta.get("piecewise_graph_tokens", 0))}
+        if cal.timeline and cal.timeline.get("graphs"):  # its steps up to this many tokens piecewise / whole (0: eager)
+            flags = timeline_flags(meta)
+            cal.timeline = {**cal.timeline, "piecewise_graph_tokens": flags["piecewise_graph_tokens"],
+                            "mixed_graph_tokens": flags["mixed_graph_tokens"]}
     if pred_steps is not None:
         adm = 0.0
         if finish_latency:

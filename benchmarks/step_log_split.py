@@ -27,6 +27,8 @@ def kind(row: dict, flags: dict) -> str:
             return "graph prefill"
         rows = shape.decode_seqs
         return "decode " + ("1" if rows == 1 else "2-16" if rows <= 16 else "17-64" if rows <= 64 else ">64")
+    if graph_step(shape, flags["graphs"], 0, flags.get("mixed_graph_tokens", 0)):
+        return "whole-step graph"  # --cuda-graph-mixed-mode full: any other step of few enough tokens, one graph
     return "piecewise" if piecewise_step(shape, flags["graphs"], flags.get("piecewise_graph_tokens", 0)) else "eager"
 
 

@@ -136,3 +136,36 @@ def test_traffic_smoke_with_and_without_lone_graph_prefill(tmp_path, capsys):
     on, off = got["--graph-prefill-alone"], got["--no-graph-prefill-alone"]
     assert on["completed"] == off["completed"] == 200
     assert on["p50_ttft_s"] < 0.5 * off["p50_ttft_s"] and on["p50_tpot_s"] < 0.8 * off["p50_tpot_s"]
+
+
+def test_whole_step_graphs_what_if(tmp_path, capsys):
+    """``--cuda-graph-mixed-mode full`` on a calibration of a piecewise engine (run 77's fitted H100 8B terms: a 3 ms
+    piecewise launch on top of a 5 ms host step) prices its mixed steps as graph replays: at 32 req/s with every
+    arriving prompt joining the decodes' step (no lone graph prefill), TPOT and TTFT drop; the reverse (piecewise from a whole-step calibration) and a
+    calibration without graphs are one-line errors."""
+    from torchinferno.sim.calibration import Calibration
+    from torchinferno.sim.cost_model import CostModel
+    from torchinferno.sim.timeline import TimelineModel
+
+    tl = TimelineModel(dict(host_step=5.15e-3, host_batched=1.0e-3, launch_eager=23.6e-3, launch_piecewise=8e-3,
+                            apply_row=1.8e-5, token=2.4e-5), graphs=True, overlap=True, async_scheduling=True,
+                       prefill_graph_tokens=512, piecewise_graph_tokens=512)
+    cal = tmp_path / "cal.json"
+    Calibration(cost=CostModel(c0=5e-3), timeline=tl.as_dict(), device="cuda").save(cal)
+    got = {}
+    for mode in ("piecewise", "full"):
+        out = tmp_path / f"{mode}.json"
+        assert main(["traffic-smoke", "--calibration", str(cal), "--requests", "200", "--rate", "32", "--input-len",
+                     "128", "--output-len", "128", "--no-graph-prefill-alone", "--cuda-graph-mixed-mode", mode,
+                     "--json-output", str(out)]) == 0
+        got[mode] = json.loads(out.read_text())["summary"]
+    pw, full = got["piecewise"], got["full"]
+    assert pw["completed"] == full["completed"] == 200
+    assert full["p50_tpot_s"] < 0.93 * pw["p50_tpot_s"] and full["p50_ttft_s"] < 0.8 * pw["p50_ttft_s"]  # 0.89, 0.64
+    full = tmp_path / "full.cal.json"
+    Calibration(cost=CostModel(c0=5e-3), timeline=tl.with_mixed_graphs().as_dict(), device="cuda").save(full)
+    assert main(["traffic-smoke", "--calibration", str(full), "--requests", "4", "--cuda-graph-mixed-mode",
+                 "piecewise"]) == 1
+    assert "no piecewise launch cost" in capsys.readouterr().err
+    assert main(["traffic-smoke", "--requests", "4", "--cuda-graph-mixed-mode", "full"]) == 1
+    assert "needs a timeline calibration of an engine with CUDA graphs" in capsys.readouterr().err

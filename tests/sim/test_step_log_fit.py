@@ -154,6 +154,9 @@ def test_timeline_flags_read_the_prefill_graphs():
     assert timeline_flags({**gpu, "prefill_graph_tokens": 512})["prefill_graph_tokens"] == 512
     assert timeline_flags(gpu)["piecewise_graph_tokens"] == 0  # before session 28: mixed steps eager
     assert timeline_flags({**gpu, "piecewise_graph_tokens": 512})["piecewise_graph_tokens"] == 512
+    assert timeline_flags({**gpu, "piecewise_graph_tokens": 512})["mixed_graph_tokens"] == 0
+    full = timeline_flags({**gpu, "piecewise_graph_tokens": 512, "mixed_graph_mode": "full"})  # one graph a step
+    assert (full["piecewise_graph_tokens"], full["mixed_graph_tokens"]) == (0, 512)
     eager = {**gpu, "engine": "... runner=eager", "prefill_graph_tokens": 512, "piecewise_graph_tokens": 512}
     assert timeline_flags(eager) == {"graphs": False, "overlap": True, "async_scheduling": True,
-                                     "prefill_graph_tokens": 0, "piecewise_graph_tokens": 0}
+                                     "prefill_graph_tokens": 0, "piecewise_graph_tokens": 0, "mixed_graph_tokens": 0}

@@ -290,6 +290,41 @@ def test_a_piecewise_step_pays_the_piecewise_launch():
     assert TimelineModel.from_dict(d).piecewise_graph_tokens == 0
 
 
+def test_whole_step_graphs_what_if_prices_mixed_steps_as_replays():
+    """--cuda-graph-mixed-mode full: every step of at most the limit replays one graph (launch_graph, device after the
+    launch), longer ones stay eager; ``with_mixed_graphs`` turns a piecewise engine's model into that one, the runner's
+    rule (ModelRunner._hidden with a MixedGraphRunner) is graph_step's, and the dict form keeps the limit."""
+    from torchinferno.sim.timeline import graph_step
+
+    params = dict(GPU, launch_piecewise=9 * MS)
+    pw = TimelineModel(params, graphs=True, overlap=True, prefill_graph_tokens=512, piecewise_graph_tokens=512)
+    full = pw.with_mixed_graphs()
+    assert (full.piecewise_graph_tokens, full.mixed_graph_tokens) == (0, 512)
+    mixed, big = pre(128, decode_rows=16, ctx=300), pre(1024, decode_rows=16, ctx=300)
+    assert not full.eager(mixed) and full.parts(mixed)[1] == GPU["launch_graph"]
+    assert full.eager(big) and full.parts(big)[1] == GPU["launch_eager"]
+    assert full.parts(mixed)[2] == pw.parts(mixed)[2]  # the same device work
+    # 9 ms of launch (overlapping ~4.5 ms of device work that starts as launched) became a ~1 ms graph launch
+    assert full.step_seconds(mixed) < pw.step_seconds(mixed) - 4 * MS
+    assert graph_step(mixed, True, 0, 512) and not graph_step(mixed, True, 512, 0) and not graph_step(mixed, False, 0, 512)
+    assert TimelineModel.from_dict(full.as_dict()).mixed_graph_tokens == 512
+    d = full.as_dict()
+    del d["mixed_graph_tokens"]
+    assert TimelineModel.from_dict(d).mixed_graph_tokens == 0
+    assert TimelineModel(params, graphs=True).with_mixed_graphs().mixed_graph_tokens == 0  # no piecewise steps: as is
+
+
+def test_fit_of_a_whole_step_graph_engine():
+    """An engine whose mixed steps replay whole graphs: the fit told so prices them at launch_graph and recovers the
+    device terms behind them."""
+    truth = TimelineModel(dict(GPU), graphs=True, overlap=True, async_scheduling=True, mixed_graph_tokens=512)
+    its = _synthetic(truth, longest=4096)
+    got, err = fit_timeline(its, graphs=True, overlap=True, weights="time", mixed_graph_tokens=512)
+    assert err < 0.02 and got.mixed_graph_tokens == 512 and got.piecewise_graph_tokens == 0
+    for k in ("launch_eager", "launch_graph", "weights", "flop_token"):
+        assert got.params[k] == pytest.approx(truth.params[k], rel=0.05), k
+
+
 @pytest.mark.parametrize("launch_ms, longest", [(6, 4096), (3, 4096), (1, 1024)])
 def test_fit_recovers_the_piecewise_launch(launch_ms, longest):
     """A piecewise launch the device work does not hide (6 ms), hides for some steps (3 ms: without the damped steps

@@ -23,6 +23,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-prefill-alone", action=argparse.BooleanOptionalAction, default=True,
                    help="a lone waiting prompt that the calibration's prefill graphs replay runs in a step of its own "
                         "(serve's flag; needs a timeline calibration with graphs)")
+    p.add_argument("--cuda-graph-mixed-mode", choices=("piecewise", "full"), default=None,
+                   help="what-if on a timeline calibration with graphs: full prices the steps the calibrated engine "
+                        "ran from piecewise graphs as whole-step graph replays (serve's flag). Default: as calibrated")
 
 
 def engine_config(a):
@@ -101,10 +104,31 @@ def _calibration(a):
             a.step_us * 1e-6 if a.step_us is not None else 0.0)
         cal.source = "explicit"
         cal.timeline = None  # explicit per-token costs are a linear model
+    _mixed_graph_what_if(cal, getattr(a, "cuda_graph_mixed_mode", None))
     if a.kv_bytes_per_token is not None:
         cal.kv_bytes_per_token = a.kv_bytes_per_token
     cal.kv_bytes_per_token = cal.kv_bytes_per_token or 131072
     return cal
+
+
+def _mixed_graph_what_if(cal, mode: str | None) -> None:
+    """``--cuda-graph-mixed-mode``: None / as calibrated leaves the calibration; ``full`` turns its piecewise steps into
+    whole-step graph replays (``TimelineModel.with_mixed_graphs``); asking for piecewise from a whole-step calibration
+    is an error (it never measured a piecewise launch)."""
+    from torchinferno.errors import ConfigError
+    from torchinferno.sim.timeline import TimelineModel
+
+    if mode is None:
+        return
+    tl = TimelineModel.from_dict(cal.timeline) if cal.timeline else None
+    if tl is None or not tl.graphs:
+        raise ConfigError("--cuda-graph-mixed-mode needs a timeline calibration of an engine with CUDA graphs "
+                          "(sim-calibrate from a CUDA step log)")
+    if mode == "full":
+        cal.timeline = tl.with_mixed_graphs().as_dict()
+    elif tl.mixed_graph_tokens:
+        raise ConfigError("--cuda-graph-mixed-mode piecewise: this calibration ran its mixed steps as whole-step graphs "
+                          "and has no piecewise launch cost; calibrate on a piecewise run")
 
 
 def _base_spec(a, cal, **kw):

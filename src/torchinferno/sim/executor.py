@@ -182,7 +182,9 @@ class SimulatedExecutor(Executor):
         self.timeline = Timeline(cost_model) if isinstance(cost_model, TimelineModel) else None
         if self.timeline is not None and cost_model.graphs:  # the engine core sets its scheduler's lone prefill by it
             self.prefill_graph_tokens = cost_model.prefill_graph_tokens
-            self.piecewise_graph_tokens = cost_model.piecewise_graph_tokens
+            self.piecewise_graph_tokens = cost_model.piecewise_graph_tokens or cost_model.mixed_graph_tokens
+            self.mixed_graph_mode = ("full" if cost_model.mixed_graph_tokens else
+                                     "piecewise" if cost_model.piecewise_graph_tokens else "eager")
         self.external_prefill: set[str] = set()
         self._forwards = 0
         self._outstanding = 0  # launched steps whose result was not taken yet

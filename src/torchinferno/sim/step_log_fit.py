@@ -102,12 +102,15 @@ def rows_from_step_log(rows: list[dict]) -> list[tuple[tuple, float]]:
 def timeline_flags(meta: dict) -> dict:
     """``TimelineModel`` flags of a logged engine: CUDA graphs for decode steps (and for fresh prompts up to
     ``prefill_graph_tokens``: logs before session 26 have no such key, their prefill was eager; other steps up to
-    ``piecewise_graph_tokens`` from piecewise graphs: 0 before session 28), a device separate from the host."""
+    ``piecewise_graph_tokens`` from piecewise graphs: 0 before session 28, or from one whole graph each when the log's
+    ``mixed_graph_mode`` is "full": ``mixed_graph_tokens``), a device separate from the host."""
     dev = str(meta.get("device", "cpu"))
     graphs = "cuda-graphs" in str(meta.get("engine", ""))
+    other = int(meta.get("piecewise_graph_tokens", 0)) if graphs else 0
+    full = meta.get("mixed_graph_mode") == "full"
     return {"graphs": graphs, "overlap": dev.startswith("cuda"), "async_scheduling": bool(meta.get("async_scheduling")),
             "prefill_graph_tokens": int(meta.get("prefill_graph_tokens", 0)) if graphs else 0,
-            "piecewise_graph_tokens": int(meta.get("piecewise_graph_tokens", 0)) if graphs else 0}
+            "piecewise_graph_tokens": 0 if full else other, "mixed_graph_tokens": other if full else 0}
 
 
 def calibration_from_step_logs(paths: list[str], log=print, weights: str = "sqrt",

@@ -15,7 +15,8 @@ value per name, all >= 0):
   that many tokens, as the engine's runner replays it: :func:`graph_step`), ``launch_piecewise +
   launch_piecewise_seq * rows`` for any other step of at most ``piecewise_graph_tokens`` tokens on a graph engine
   (graphed segments around eager attention, ``kernels.cuda_graphs_piecewise``; its kernels start as launched, as an
-  eager step's do: :func:`piecewise_step`);
+  eager step's do: :func:`piecewise_step`); with ``mixed_graph_tokens`` (``--cuda-graph-mixed-mode full``) every step
+  of at most that many tokens replays one whole graph instead, priced as a graph step (``launch_graph``);
 * host, applying a result (``update_from_output``, output encoding): ``apply_row * rows`` of the resolved batch;
 * device, a roofline: ``max(weights + kv_token * decode_ctx + kv_padded * decode_rows * longest_ctx,
   flop_token * tokens) + token * tokens + seq * rows + attn_pair * prefill_pairs / 1e3 + batched * [rows > 1]``
@@ -92,14 +93,15 @@ def batch_shape(sched: SchedulerOutput, external_prefill: frozenset | set = froz
     return BatchShape(seqs, dec + pre, dec, pre, ctx, ctx_max, attn * 1e-3)
 
 
-def graph_step(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0) -> bool:
+def graph_step(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0, mixed_graph_tokens: int = 0) -> bool:
     """The engine replays this batch from a CUDA graph (``engine.model_runner.graph_prefillable`` and the decode
-    graphs): ``graphs`` and either a pure decode batch or one fresh prompt (no decode rows, no cached context:
-    ``prefill_attn == n * n / 2 / 1e3``) of ``n <= prefill_graph_tokens`` tokens."""
+    graphs): ``graphs`` and either a pure decode batch, one fresh prompt (no decode rows, no cached context:
+    ``prefill_attn == n * n / 2 / 1e3``) of ``n <= prefill_graph_tokens`` tokens, or any batch of at most
+    ``mixed_graph_tokens`` tokens (whole-step graphs, ``kernels.cuda_graphs_mixed``)."""
     if not graphs:
         return False
     n = shape.prefill_tokens
-    if n == 0:
+    if n == 0 or shape.tokens <= mixed_graph_tokens:
         return True
     # a cached context of c >= 1 tokens adds n * c / 1e3 >= 1e-3 to the pairs: beyond the logged rounding
     return (shape.seqs == 1 and shape.decode_seqs == 0 and n <= prefill_graph_tokens
@@ -121,10 +123,10 @@ def _launch_features(shape: BatchShape, eager: bool, piecewise: bool) -> dict:
 
 
 def param_features(shape: BatchShape, graphs: bool, prefill_graph_tokens: int = 0,
-                   piecewise_graph_tokens: int = 0) -> tuple[dict, dict, dict, dict, dict]:
+                   piecewise_graph_tokens: int = 0, mixed_graph_tokens: int = 0) -> tuple[dict, dict, dict, dict, dict]:
     """Coefficients of each part of a step on ``PARAMS``: ``(pre, launch, apply, memory, compute+extra)``.
     The device time is ``max(memory, compute) + extra``; ``compute`` is the ``flop_token`` term alone."""
-    eager = not graph_step(shape, graphs, prefill_graph_tokens)
+    eager = not graph_step(shape, graphs, prefill_graph_tokens, mixed_graph_tokens)
     pre = {"host_step": 1.0, "host_seq": float(shape.seqs), "host_token": float(shape.tokens),
            "host_batched": 1.0 if shape.seqs > 1 else 0.0}
     launch = _launch_features(shape, eager, eager and piecewise_step(shape, graphs, piecewise_graph_tokens))
@@ -147,12 +149,14 @@ class TimelineModel:
     engine's prefill ran eagerly); ``overlap``: a device separate from the host (CUDA); ``async_scheduling``: how the
     calibrated engine ran (informational: the simulated core's own config decides the order);
     ``piecewise_graph_tokens``: any other step of at most this many tokens runs from piecewise graphs
-    (:func:`piecewise_step`; 0: eagerly)."""
+    (:func:`piecewise_step`; 0: eagerly); ``mixed_graph_tokens``: any step of at most this many tokens replays one
+    whole graph (:func:`graph_step`; 0: none; :meth:`with_mixed_graphs` turns piecewise steps into such ones)."""
 
     params: dict = field(default_factory=lambda: dict.fromkeys(PARAMS, 0.0))
     graphs: bool = False
     prefill_graph_tokens: int = 0
     piecewise_graph_tokens: int = 0
+    mixed_graph_tokens: int = 0
     overlap: bool = False
     async_scheduling: bool = False
     empty_step_s: float = 0.0  # a step that scheduled nothing: host only
@@ -169,7 +173,7 @@ class TimelineModel:
     # ------------------------------------------------------------------ parts of one step
     def eager(self, shape: BatchShape) -> bool:
         """The engine runs this batch eagerly (no CUDA graph replays it: :func:`graph_step`)."""
-        return not graph_step(shape, self.graphs, self.prefill_graph_tokens)
+        return not graph_step(shape, self.graphs, self.prefill_graph_tokens, self.mixed_graph_tokens)
 
     def parts(self, shape: BatchShape, eager: bool | None = None) -> tuple[float, float, float, float]:
         """``(pre, launch, device, apply)`` seconds of a batch (module docstring); ``eager``: ``self.eager(shape)``
@@ -197,7 +201,16 @@ class TimelineModel:
         end = t.launch(0.0, shape)
         return t.resolve(end, t.last_device_end, shape)
 
-    # ------------------------------------------------------------------ transforms (cluster.py)
+    # ------------------------------------------------------------------ transforms (cluster.py, what-ifs)
+    def with_mixed_graphs(self) -> TimelineModel:
+        """What-if ``--cuda-graph-mixed-mode full``: the steps this engine ran from piecewise graphs replay one whole
+        graph each (host: ``launch_graph``, the decode graphs' launch; device work unchanged, started after the launch
+        as a replay's is). Unchanged when it ran none that way."""
+        if not self.graphs or self.piecewise_graph_tokens <= 0:
+            return self
+        return replace(self, mixed_graph_tokens=max(self.mixed_graph_tokens, self.piecewise_graph_tokens),
+                       piecewise_graph_tokens=0)
+
     def with_kv_bytes(self, ratio: float) -> TimelineModel:
         p = dict(self.params)
         for k in ("kv_token", "kv_padded", "attn_pair"):
@@ -221,7 +234,8 @@ class TimelineModel:
     def as_dict(self) -> dict:
         return {"kind": self.kind, "params": dict(self.params), "graphs": self.graphs,
                 "prefill_graph_tokens": self.prefill_graph_tokens,
-                "piecewise_graph_tokens": self.piecewise_graph_tokens, "overlap": self.overlap,
+                "piecewise_graph_tokens": self.piecewise_graph_tokens, "mixed_graph_tokens": self.mixed_graph_tokens,
+                "overlap": self.overlap,
                 "async_scheduling": self.async_scheduling, "empty_step_s": self.empty_step_s}
 
     @classmethod
@@ -230,7 +244,8 @@ class TimelineModel:
             raise ConfigError(f"not a timeline cost model (kind {d.get('kind')!r})")
         return cls(params=dict(d["params"]), graphs=bool(d.get("graphs", False)),
                    prefill_graph_tokens=int(d.get("prefill_graph_tokens", 0)),
-                   piecewise_graph_tokens=int(d.get("piecewise_graph_tokens", 0)), overlap=bool(d.get("overlap", False)),
+                   piecewise_graph_tokens=int(d.get("piecewise_graph_tokens", 0)),
+                   mixed_graph_tokens=int(d.get("mixed_graph_tokens", 0)), overlap=bool(d.get("overlap", False)),
                    async_scheduling=bool(d.get("async_scheduling", False)),
                    empty_step_s=float(d.get("empty_step_s", 0.0)))
 

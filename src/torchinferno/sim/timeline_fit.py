@@ -141,7 +141,8 @@ def _const(c: float):
 
 
 def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_sum: bool = False,
-            anchor: bool = False, prefill_graph_tokens: int = 0, piecewise_graph_tokens: int = 0):
+            anchor: bool = False, prefill_graph_tokens: int = 0, piecewise_graph_tokens: int = 0,
+            mixed_graph_tokens: int = 0):
     """``(A [N, P], c [N], branches)``: each iteration's predicted period ``A . theta + c`` under the branch choices
     ``theta`` makes (module docstring); ``branches`` is a tuple of the choices, for convergence.
 
@@ -189,8 +190,8 @@ def _replay(its: list[Iteration], theta, graphs: bool, overlap: bool, roofline_s
             key = (it.shape, graphs)
             if key not in feats_cache:
                 pre, launch, apply, mem, comp = param_features(it.shape, graphs, prefill_graph_tokens,
-                                                               piecewise_graph_tokens)
-                eager = not graph_step(it.shape, graphs, prefill_graph_tokens)
+                                                               piecewise_graph_tokens, mixed_graph_tokens)
+                eager = not graph_step(it.shape, graphs, prefill_graph_tokens, mixed_graph_tokens)
                 feats_cache[key] = (_vec(pre), _vec(launch), _vec(apply), _vec(mem), _vec(comp),
                                     _vec(extra_features(it.shape)), eager)
             pre, launch, apply, mem, comp, extra, eager = feats_cache[key]
@@ -235,7 +236,8 @@ def replay_periods(its: list[Iteration], model: TimelineModel, anchor: bool = Fa
     theta = np.array([model.params[k] for k in PARAMS])
     a, c, _ = _replay(its, theta, model.graphs, model.overlap, anchor=anchor,
                       prefill_graph_tokens=model.prefill_graph_tokens,
-                      piecewise_graph_tokens=model.piecewise_graph_tokens)
+                      piecewise_graph_tokens=model.piecewise_graph_tokens,
+                      mixed_graph_tokens=model.mixed_graph_tokens)
     return list(a @ theta + c)
 
 
@@ -253,7 +255,8 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
                  free: tuple[str, ...] = PARAMS, restarts: int = 12, seed: int = 0,
                  anchor: bool | None = None, fixed: dict | None = None,
                  device_bound_graphs: bool = False, prefill_graph_tokens: int = 0,
-                 piecewise_graph_tokens: int = 0, split: bool = False) -> tuple[TimelineModel, float]:
+                 piecewise_graph_tokens: int = 0, mixed_graph_tokens: int = 0,
+                 split: bool = False) -> tuple[TimelineModel, float]:
     """Fit (module docstring). Only ``free`` parameters are fitted (others stay 0; ``fixed``: name -> seconds held at
     that value). Returns the model and the mean |relative error| of the predicted periods on the iterations kept.
 
@@ -267,7 +270,8 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     engine also replayed fresh prompts up to that length from graphs (``TimelineModel.prefill_graph_tokens``);
     ``piecewise_graph_tokens``: it ran other steps up to that many tokens from piecewise graphs (their launch is
     ``launch_piecewise``, and ``launch_piecewise_seq`` is held at 0 as ``launch_eager_seq`` is, but with
-    ``device_bound_graphs``).
+    ``device_bound_graphs``); ``mixed_graph_tokens``: it replayed every step up to that many tokens from one whole
+    graph (``TimelineModel.mixed_graph_tokens``).
 
     The replay's branches make local minima (a host-bound and a device-bound story can explain the same periods
     about as well), so besides two fixed starts the descent restarts ``restarts`` times from the best point so far
@@ -290,12 +294,14 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     fixed = dict(fixed or {})
     # the replay of these iterations under this engine's graph limits
     replay = functools.partial(_replay, its, graphs=graphs, prefill_graph_tokens=int(prefill_graph_tokens),
-                               piecewise_graph_tokens=int(piecewise_graph_tokens))
+                               piecewise_graph_tokens=int(piecewise_graph_tokens),
+                               mixed_graph_tokens=int(mixed_graph_tokens))
     split_host = None
     if split and overlap:
         from torchinferno.sim.timeline_split import host_from_split
 
-        split_host = host_from_split(its, graphs, int(prefill_graph_tokens), int(piecewise_graph_tokens))
+        split_host = host_from_split(its, graphs, int(prefill_graph_tokens), int(piecewise_graph_tokens),
+                                     mixed_graph_tokens=int(mixed_graph_tokens))
     if split and split_host is None:
         raise ConfigError("split fit: the iterations carry no measured launch/wait times (a step_log_version 3 log "
                           "of an async engine on a GPU has them)")
@@ -400,5 +406,6 @@ def fit_timeline(its: list[Iteration], *, graphs: bool, overlap: bool, async_sch
     err, theta, _ = best
     model = TimelineModel(params={k: float(theta[_IDX[k]]) for k in PARAMS}, graphs=graphs, overlap=overlap,
                           async_scheduling=async_scheduling, prefill_graph_tokens=int(prefill_graph_tokens),
-                          piecewise_graph_tokens=int(piecewise_graph_tokens))
+                          piecewise_graph_tokens=int(piecewise_graph_tokens),
+                          mixed_graph_tokens=int(mixed_graph_tokens))
     return model, err

@@ -56,7 +56,7 @@ def _regress(rows: list[dict], y: list[float], names: tuple[str, ...], trim: flo
 
 
 def host_from_split(its, graphs: bool, prefill_graph_tokens: int = 0, piecewise_graph_tokens: int = 0,
-                    trim: float = 3.0) -> dict | None:
+                    trim: float = 3.0, mixed_graph_tokens: int = 0) -> dict | None:
     """``{host parameter: seconds}`` for every host term (``HOST_PARAMS``) from the measured split of ``its``
     (``timeline_fit.Iteration`` with ``launch`` / ``wait``), or None when fewer than :data:`MIN_ROWS` launched
     iterations carry it (a synchronous engine, an older log)."""
@@ -74,7 +74,8 @@ def host_from_split(its, graphs: bool, prefill_graph_tokens: int = 0, piecewise_
         shapes[it.launched] = it.shape
         if it.launch is None:
             continue
-        pre, launch, _, _, _ = param_features(it.shape, graphs, prefill_graph_tokens, piecewise_graph_tokens)
+        pre, launch, _, _, _ = param_features(it.shape, graphs, prefill_graph_tokens, piecewise_graph_tokens,
+                                              mixed_graph_tokens)
         launch_rows.append({**pre, **launch})
         launch_y.append(it.launch)
     if len(launch_rows) - empty < MIN_ROWS:
