@@ -64,13 +64,15 @@ def noise_floor(bench_a: list[str], bench_b: list[str]) -> dict:
 
 def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model: str, weights: str,
             api: str = "admission", pred_steps: Path | None = None, timeline_fit: dict | None = None,
-            finish_latency: bool = False, stream_coalesce: bool = False, pred_config: Path | None = None) -> dict:
+            finish_latency: bool = False, stream_coalesce: bool = False, pred_config: Path | None = None,
+            what_if_full: bool = False) -> dict:
     """Calibrate on ``steps`` + ``fit_bench``, predict ``pred_bench``. ``pred_steps``: replay the predicted run's
     arrivals at the core from its step log (``--replay-arrivals``); the API stage is then the streaming cost only,
     fitted with the calibration run's own arrivals replayed. ``pred_config``: the predicted run's step log, whose
     scheduling options (lone graph prefill) and piecewise / whole-step graph limits the simulated engine takes (a fit
     on piecewise steps predicting a ``--cuda-graph-mixed-mode full`` run prices its mixed steps as graph replays:
-    ``TimelineModel.with_mixed_graphs``)."""
+    ``TimelineModel.with_mixed_graphs``). ``what_if_full``: predict as if the predicted run's piecewise steps had
+    replayed whole-step graphs (``--cuda-graph-mixed-mode full``): a prediction of a run not made yet."""
     from torchinferno.sim.step_log_fit import calibration_from_step_logs, timeline_flags
     from torchinferno.sim.validate import fit_admission, fit_api_server, fit_stream_replay, validate_served
 
@@ -105,6 +107,10 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     else:
         adm, _ = fit_admission(cal, fit_bench, cost_model=cost_model)
     cal.extra["admission_s"] = adm
+    if what_if_full and cal.timeline and cal.timeline.get("graphs"):  # after the API fit, which saw the real engine
+        from torchinferno.sim.timeline import TimelineModel
+
+        cal.timeline = TimelineModel.from_dict(cal.timeline).with_mixed_graphs().as_dict()
     res = validate_served(cal, pred_bench, log=lambda *a: None, cost_model=cost_model,
                           replay_arrivals=str(pred_steps) if pred_steps is not None else None)
     errs = [v["relative_error"] for lv in res["levels"].values() for v in lv["figures"].values()]
@@ -150,6 +156,10 @@ def main(argv=None) -> int:
                    help="API stage: stream_s per streamed event, a request's tokens joining its still-queued event "
                         "(driver.run_workload's stream_coalesce), plus a fitted cost per token (stream_token_s); "
                         "--no-stream-coalesce: stream_s per token, one at a time (session 20's model)")
+    p.add_argument("--what-if-mixed-full", action="store_true",
+                   help="predict each run as if its piecewise steps had replayed whole-step graphs "
+                        "(--cuda-graph-mixed-mode full; the API stage is fitted before the change): the 'errors' are "
+                        "then the predicted change against the measured piecewise run")
     p.add_argument("--json-output", default=None)
     a = p.parse_args(argv)
     run = Path(a.run)
@@ -170,7 +180,7 @@ def main(argv=None) -> int:
     def way(steps, fit_bench, pred_bench, pred_steps):
         return one_way(steps, fit_bench, pred_bench, a.cost_model, a.timeline_weights, a.api,
                        pred_steps if a.replay_arrivals else None, tf, a.finish_latency, a.stream_coalesce,
-                       pred_config=pred_steps)
+                       pred_config=pred_steps, what_if_full=a.what_if_mixed_full)
 
     if b_run is not None:  # A and B served alike: the noise floor, and each one's fit predicting the other
         sb, bb = b_run

@@ -33,6 +33,25 @@ def random_caches(model, num_blocks: int, block_size: int, dtype, device, g: tor
     return caches, [tuple(t.clone() for t in layer) for layer in caches]
 
 
+def check_mixed_steps(runner, model, caches, ref, g: torch.Generator, device, dtype, block_size: int,
+                      num_blocks: int) -> None:
+    """Every MIXED_STEPS step through ``runner.run`` == ``model``'s own forward on ``ref`` (a copy of ``caches``): the
+    hidden states, and every KV row (the same rows written, nothing else)."""
+    tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)
+    if dtype == torch.float32:
+        tol = dict(rtol=1e-4, atol=1e-4)
+    for shapes in MIXED_STEPS:
+        ids, pos, meta = mixed_step(g, model.config.vocab_size, device, shapes, block_size, num_blocks)
+        with torch.inference_mode():
+            got = runner.run(ids, pos, meta).clone()
+            want = model(ids, pos, ref, meta)
+        assert got.shape == want.shape == (ids.shape[0], model.config.hidden_size)
+        torch.testing.assert_close(got, want, **tol)
+        for layer, ref_layer in zip(caches, ref):
+            for t, r in zip(layer, ref_layer):
+                torch.testing.assert_close(t, r, **tol)
+
+
 def mixed_step(g: torch.Generator, vocab: int, device, shapes, block_size: int, num_blocks: int):
     """``shapes``: (cached context, new tokens) per sequence -> (ids [T], positions [T], meta); each sequence owns
     distinct random blocks (never block 0)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_test_models import MIXED_STEPS, mixed_step, random_caches, tiny_llama  # tests/kernels (on sys.path)
+from graph_test_models import MIXED_STEPS, check_mixed_steps, mixed_step, random_caches, tiny_llama  # tests/kernels
 
 from torchinferno.kernels.cuda_graphs_mixed import MixedGraphRunner, supports_mixed_graphs
 
@@ -26,19 +26,7 @@ def check_whole_step_runner(device, dtype, backend, capture: bool) -> MixedGraph
     assert runner.use_graphs == capture
     runner.capture()
     assert len(runner.graphs) == (3 if capture else 0)
-    tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)
-    if dtype == torch.float32:
-        tol = dict(rtol=1e-4, atol=1e-4)
-    for shapes in MIXED_STEPS:
-        ids, pos, meta = mixed_step(g, model.config.vocab_size, device, shapes, BS, NBLK)
-        with torch.inference_mode():
-            got = runner.run(ids, pos, meta).clone()
-            want = model(ids, pos, ref, meta)
-        assert got.shape == want.shape == (ids.shape[0], model.config.hidden_size)
-        torch.testing.assert_close(got, want, **tol)
-        for layer, ref_layer in zip(caches, ref):
-            for t, r in zip(layer, ref_layer):  # same rows written, nothing else
-                torch.testing.assert_close(t, r, **tol)
+    check_mixed_steps(runner, model, caches, ref, g, device, dtype, BS, NBLK)
     assert (runner.num_replays, runner.num_eager) == ((len(MIXED_STEPS), 0) if capture else (0, len(MIXED_STEPS)))
     return runner
 

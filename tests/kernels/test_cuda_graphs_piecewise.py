@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from graph_test_models import MIXED_STEPS as STEPS  # tests/kernels (on sys.path under pytest)
-from graph_test_models import mixed_step, random_caches, tiny_llama
+from graph_test_models import check_mixed_steps, mixed_step, random_caches, tiny_llama
 
 from torchinferno.kernels.cuda_graphs_piecewise import (
     PiecewiseGraphRunner,
@@ -31,17 +31,7 @@ def _check(device, dtype, backend, capture):
     assert runner.use_graphs == capture
     runner.capture()
     assert len(runner.segments) == (3 if capture else 0)
-    tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
-    for shapes in STEPS:
-        ids, pos, meta = _step(g, model.config.vocab_size, device, shapes)
-        with torch.inference_mode():
-            got = runner.run(ids, pos, meta).clone()
-            want = model(ids, pos, ref, meta)
-        assert got.shape == want.shape == (ids.shape[0], model.config.hidden_size)
-        torch.testing.assert_close(got, want, **tol)
-        for layer, ref_layer in zip(caches, ref):
-            for t, r in zip(layer, ref_layer):  # same rows written, nothing else
-                torch.testing.assert_close(t, r, **tol)
+    check_mixed_steps(runner, model, caches, ref, g, device, dtype, BS, NBLK)
     assert runner.q is not None and runner.o.shape[0] == 32  # the cut points ran (static buffers exist)
     assert (runner.num_replays, runner.num_eager) == ((len(STEPS), 0) if capture else (0, len(STEPS)))
     for m in runner.attn:  # the cut points are gone after each forward

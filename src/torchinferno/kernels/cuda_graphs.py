@@ -65,6 +65,13 @@ class Bucketed:
                 return b
         return None
 
+    def step_bucket(self, n: int, what: str) -> int:
+        """The bucket of a step of ``n`` tokens that must fit one (ValueError naming ``what`` otherwise)."""
+        T = self.bucket_for(n)
+        if T is None or n < 1:
+            raise ValueError(f"a {what} step takes 1..{self.max_tokens} tokens, got {n}")
+        return T
+
 
 def fresh_prompt_meta(T: int, slot_mapping: torch.Tensor, block_size: int) -> AttentionMetadata:
     """One fresh prompt of ``T`` tokens whose KV goes to ``slot_mapping [T]`` (the host lists are what select an

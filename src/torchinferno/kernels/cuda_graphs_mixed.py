@@ -131,9 +131,7 @@ class MixedGraphRunner(Bucketed):
         """Hidden states ``[n, D]`` of one step's ``n`` tokens (``1 <= n <= max_tokens``; ``input_ids`` /
         ``positions`` ``[n]`` on the device, ``meta`` the step's attention metadata for exactly those rows)."""
         n = input_ids.shape[0]
-        T = self.bucket_for(n)
-        if T is None or n < 1:
-            raise ValueError(f"a mixed-graph step takes 1..{self.max_tokens} tokens, got {n}")
+        T = self.step_bucket(n, "mixed-graph")
         self._load(input_ids, positions, meta, T)
         g = self.graphs.get(T)
         if g is None:  # no graphs: the same padded forward, eagerly

@@ -194,9 +194,7 @@ class PiecewiseGraphRunner(Bucketed):
         """Hidden states ``[n, D]`` of one step's ``n`` tokens (``1 <= n <= max_tokens``; ``input_ids`` /
         ``positions`` ``[n]`` on the device, ``meta`` the step's attention metadata for exactly those rows)."""
         n = input_ids.shape[0]
-        T = self.bucket_for(n)
-        if T is None or n < 1:
-            raise ValueError(f"a piecewise step takes 1..{self.max_tokens} tokens, got {n}")
+        T = self.step_bucket(n, "piecewise")
         torch._foreach_copy_([self.input_ids[:n], self.positions[:n]], [input_ids, positions], non_blocking=True)
         seg = self.segments.get(T)
         if seg is None:  # no graphs: the same segments and buffers, eagerly
