@@ -21,7 +21,8 @@ def fitted_timeline(path: str):
     from torchinferno.sim.timeline import TimelineModel
 
     with open(path) as f:
-        return TimelineModel.from_dict(json.load(f)["a_to_b"]["timeline"])
+        fit = json.load(f)["a_to_b"]  # sim_offline_validate's output, or a run's saved {"a_to_b": timeline, ...}
+    return TimelineModel.from_dict(fit.get("timeline", fit))
 
 
 def poisson_serving(timeline, config, rate: float, requests: int, prompt: int = 128, output: int = 128,
