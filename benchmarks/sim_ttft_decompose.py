@@ -41,6 +41,15 @@ def components(req: CoreRequest, ttft: float) -> dict:
             "prefill": req.prefill_end - req.first_sched, "first_tok": req.first_token - req.prefill_end}
 
 
+def level_name(doc: dict) -> str:
+    """A bench-serve result's level: its concurrency cap (closed loop, e.g. ``16``), else ``r`` and its request rate
+    (a Poisson level, e.g. ``r8``)."""
+    rate = doc.get("request_rate")
+    if doc.get("max_concurrency") is None and rate not in (None, "inf") and float(rate) != float("inf"):
+        return f"r{float(rate):g}"
+    return str(doc.get("max_concurrency"))
+
+
 def measured_levels(step_log: str, results: list[str], warmups: int | None = None) -> dict:
     """Per result (run order): a list of per-request component dicts of the measured run."""
     from torchinferno.sim.arrival_replay import level_warmups
@@ -55,7 +64,7 @@ def measured_levels(step_log: str, results: list[str], warmups: int | None = Non
         level = reqs[pos + w:pos + w + n]
         pos += w + n
         ttfts = doc.get("ttfts") or [float("nan")] * n  # older results (run 37) keep no per-request TTFTs
-        out[str(doc.get("max_concurrency"))] = [components(q, t) for q, t in zip(level, ttfts)]
+        out[level_name(doc)] = [components(q, t) for q, t in zip(level, ttfts)]
     if pos != len(reqs):
         raise SystemExit(f"{step_log}: {len(reqs)} requests, results account for {pos}")
     return out
@@ -132,7 +141,7 @@ def simulated_levels(cal, results: list[str], step_log: str, stream_s: float, co
                 c["ft_host"] = ft["host_launch"]
                 c["ft_wait"] = c["first_tok"] - c["ft_host"]
             level.append(c)
-        out[str(doc.get("max_concurrency"))] = level
+        out[level_name(doc)] = level
     return out
 
 
@@ -153,16 +162,17 @@ def table(measured: dict, simulated: dict, levels: list[str]) -> str:
 
 
 def main(argv=None) -> int:
-    import re
+    from sim_offline_validate import _files
 
     from torchinferno.sim.step_log_fit import calibration_from_step_logs
     from torchinferno.sim.validate import fit_stream_replay
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("run", help="directory with steps_{a,b}.jsonl[.gz] and bench_{a,b}_c*.json")
+    p.add_argument("run", help="directory with steps_{a,b}.jsonl[.gz] and bench_{a,b}_{c,r}*.json")
     p.add_argument("--fit", default="a", help="run whose step log calibrates (a or b)")
     p.add_argument("--predict", default="b", help="run whose requests are simulated and compared")
-    p.add_argument("--levels", nargs="*", default=None, help="concurrencies to print (default: all)")
+    p.add_argument("--levels", nargs="*", default=None,
+                   help="levels to print: concurrencies, r<rate> for Poisson levels (default: all)")
     p.add_argument("--cost-model", default="timeline", choices=["timeline", "linear"])
     p.add_argument("--anchor-device", action="store_true", help="fit_timeline(anchor=True)")
     p.add_argument("--device-bound-graphs", action="store_true", help="fit_timeline(device_bound_graphs=True)")
@@ -173,11 +183,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     run = Path(a.run)
 
-    def files(name):
-        steps = next(q for q in (run / f"steps_{name}.jsonl.gz", run / f"steps_{name}.jsonl") if q.exists())
-        bench = sorted((str(q) for q in run.glob(f"bench_{name}_c*.json")),
-                       key=lambda q: int(re.search(r"_c(\d+)\.json$", q).group(1)))
-        return str(steps), bench
+    def files(name):  # every level in run order: closed loops, then Poisson rates (sim_offline_validate's)
+        got = _files(run, name)
+        if got is None:
+            raise SystemExit(f"{run}: no steps_{name}.jsonl[.gz]")
+        return str(got[0]), got[1]
 
     (fs, fb), (ps, pb) = files(a.fit), files(a.predict)
     if a.calibration:
