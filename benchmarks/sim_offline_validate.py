@@ -104,6 +104,10 @@ def one_way(steps: Path, fit_bench: list[str], pred_bench: list[str], cost_model
     elif api == "fifo":
         adm, stream, _ = fit_api_server(cal, fit_bench, cost_model=cost_model)
         cal.extra["stream_s"] = stream
+    elif api == "fifo-c1":  # admission from the lowest level alone (TTFT = API + one step there), then streaming
+        adm, _ = fit_admission(cal, fit_bench[:1], cost_model=cost_model)
+        adm, stream, _ = fit_api_server(cal, fit_bench, cost_model=cost_model, admission_s=adm)
+        cal.extra["stream_s"] = stream
     else:
         adm, _ = fit_admission(cal, fit_bench, cost_model=cost_model)
     cal.extra["admission_s"] = adm
@@ -129,10 +133,11 @@ def main(argv=None) -> int:
     p.add_argument("run", help="directory with steps_a/b and bench_a/b_c*.json")
     p.add_argument("--cost-model", default="timeline", choices=["timeline", "linear"])
     p.add_argument("--timeline-weights", default="time", choices=["time", "sqrt", "relative"])
-    p.add_argument("--api", default="fifo", choices=["admission", "fifo", "gaps"],
+    p.add_argument("--api", default="fifo", choices=["admission", "fifo", "fifo-c1", "gaps"],
                    help="API server model fitted on the calibration run's results: admission time per request "
                         "(fitted to p50 TTFT), one FIFO stage of admissions and streamed tokens (p50 TTFT + TPOT), "
-                        "or that stage fitted to the calibration run's recorded arrivals at the core (gaps)")
+                        "or that stage fitted to the calibration run's recorded arrivals at the core (gaps); fifo-c1: "
+                        "the stage's admission fitted on the lowest level alone (C 1), its streaming on all")
     p.add_argument("--replay-arrivals", action="store_true",
                    help="replay each predicted run's request arrivals at the engine core from its own step log "
                         "(a diagnosis: what is left when the admission process is known); API stage: streaming only")

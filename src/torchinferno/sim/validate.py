@@ -200,12 +200,13 @@ def fit_stream_replay(calibration: Calibration, results: list[str], step_log: st
 
 
 def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
-                   cost_model: str = "auto") -> tuple[float, float, float]:
+                   cost_model: str = "auto", admission_s: float | None = None) -> tuple[float, float, float]:
     """The API server as one FIFO stage (``driver.run_workload``'s ``admission_s`` per request and ``stream_s`` per
     streamed token) that best predicts the p50 TTFT and p50 TPOT of ``results`` (bench-serve runs of the server
     whose step log gave ``calibration``): a grid search. Returns ``(admission_s, stream_s, mean |relative error|)``.
     With ``calibration.extra["stream_coalesce"]`` (``stream_s`` per streamed event) a second grid then fits the
-    per-token cost beside it (``stream_token_s``, stored in ``calibration.extra``) at the admission time found."""
+    per-token cost beside it (``stream_token_s``, stored in ``calibration.extra``) at the admission time found.
+    ``admission_s``: held at that value (fitted elsewhere), only the streaming costs are searched."""
     work = [_served_workload(p, seed) for p in results]
     meas = [measured_from_bench(doc) for doc, _ in work]
 
@@ -216,7 +217,7 @@ def fit_api_server(calibration: Calibration, results: list[str], seed: int = 0,
             e += [abs(got[k] - m[k]) / m[k] for k in ("p50_ttft_s", "p50_tpot_s")]
         return sum(e) / len(e)
 
-    grid_a = [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3]
+    grid_a = [0.0, 0.25e-3, 0.5e-3, 1e-3, 1.5e-3, 2e-3, 3e-3] if admission_s is None else [admission_s]
     grid_s = [0.0, 5e-6, 10e-6, 20e-6, 30e-6, 40e-6, 50e-6, 60e-6, 70e-6, 80e-6, 100e-6, 120e-6]
     best = min((err(a, st), a, st) for a in grid_a for st in grid_s)
     if not calibration.extra.get("stream_coalesce"):
