@@ -119,6 +119,7 @@ def test_graph_runner_step_logic_equals_eager_on_cpu(tiny_llama, monkeypatch, mo
     assert padded.runner.piecewise.buckets == [8, 16, 32]
     assert isinstance(padded.runner.piecewise, MixedGraphRunner) == (mode == "full")
     assert padded.runner.mixed_graph_mode == mode
+    assert ("whole-step mixed graphs" in padded.describe()) == (mode == "full")
     got = _engine_outputs(padded, prompts, params, stagger=True)
     want = _engine_outputs(LLMEngine(tiny_llama, None, EngineConfig(**kw, enforce_eager=True)), prompts, params, True)
     assert got == want

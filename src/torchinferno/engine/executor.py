@@ -165,5 +165,6 @@ class UniprocExecutor(Executor):
                 f"{self.worker.kv_plan.reason}), max_model_len={self.max_model_len}, device={self.device}, "
                 f"max_num_seqs={self.config.max_num_seqs}, max_num_batched_tokens={self.config.max_num_batched_tokens}, "
                 f"runner={'cuda-graphs' if self.runner.uses_cuda_graphs else 'eager'}"
+                f"{', whole-step mixed graphs' if self.runner.mixed_graph_mode == 'full' else ''}"
                 f"{', async scheduling' if self.config.async_scheduling else ''}"
                 f"{', batch-invariant' if self.config.batch_invariant else ''}")
