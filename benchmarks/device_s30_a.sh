@@ -3,7 +3,8 @@
 # 30, when no device was lent: not run yet). Most important first:
 # (1) CUDA tests of the graph runners, the new whole-step one included (kernels.cuda_graphs_mixed: a mixed step's whole
 #     forward in one graph per token bucket, attention inside on graph-padded metadata; engine tokens == eager);
-# (2) probe_piecewise.py on the 8B shape: each mixed step shape eager vs piecewise vs full, wall and device time;
+# (2) probe_piecewise.py on the 8B shape: each mixed step shape eager vs piecewise vs full (and full-tiles: decode rows
+#     on whole query tiles, the kernel path before its one-token-query rows), wall and device time;
 # (3) served A / C: A the defaults (piecewise), C --cuda-graph-mixed-mode full, closed-loop C 1/16/64/256 and Poisson
 #     8 and 32 req/s with step logs: what the full graphs do for TTFT/TPOT under serving (mixed-step launch in the logs).
 #     On an H200 (kind nvidia-h200) the A run is also issue 21's H200 serving; add B (RUNS="a b c") when time allows.
@@ -16,7 +17,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$R/env.txt
 logged "$R/tests.log" ${T_TESTS:-120} python3 -m pytest -q -o addopts="" -m cuda tests/kernels/test_cuda_graphs_mixed.py \
   tests/kernels/test_cuda_graphs_piecewise.py tests/kernels/test_cuda_graphs.py tests/engine/test_graph_runner.py
 tail -4 "$R/tests.log"
-MODES="piecewise,full" RUNS=${RUNS:-a c}
+MODES="piecewise,full,full-tiles" RUNS=${RUNS:-a c}
 if grep -qE "FAILED tests/kernels/test_cuda_graphs_mixed|FAILED tests/engine/test_graph_runner.py::test_graph_engine_equals_enforce_eager_cuda\[True-full" "$R/tests.log" \
    || ! grep -q "rc=0" "$R/tests.log"; then
   echo "whole-step graphs not validated: piecewise only"; MODES="piecewise" RUNS="a"

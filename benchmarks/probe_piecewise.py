@@ -9,13 +9,15 @@ cache:
 * eager: ``model(ids, positions, kv, meta)`` (what the engine ran for these steps before session 28);
 * piecewise: ``PiecewiseGraphRunner.run`` (graphed segments, attention eager; the engine's default);
 * full: ``MixedGraphRunner.run`` (one graph per token bucket, attention inside on padded metadata;
-  ``--cuda-graph-mixed-mode full``);
+  ``--cuda-graph-mixed-mode full``); full-tiles: the same with decode rows computed on whole query tiles (what the
+  varlen kernel did before it got its one-token-query path);
 * device: each graph step's kernels alone, from CUDA events around a replay that was queued behind a long sleep
   kernel (so the host launch is hidden): the floor they approach.
 
 and checks that each graph runner's hidden states equal the eager ones (max |diff|, bf16).
 
-    python benchmarks/probe_piecewise.py [--size llama3-8b] [--modes piecewise,full] [--iters 20] [--json-output F]
+    python benchmarks/probe_piecewise.py [--size llama3-8b] [--modes piecewise,full,full-tiles] [--iters 20]
+        [--json-output F]
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512, help="cached context of every decode row")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script (no graphs, no device time)")
-    ap.add_argument("--modes", default="piecewise,full", help="graph runners to time beside eager (comma-separated)")
+    ap.add_argument("--modes", default="piecewise,full,full-tiles",
+                    help="graph runners to time beside eager (comma-separated: piecewise, full, full-tiles)")
     ap.add_argument("--json-output", default=None)
     a = ap.parse_args()
     from torchinferno.engine.assembly import ModelSpec, build_model
@@ -114,18 +117,34 @@ def main() -> None:
     bs = 16
     caches = model.family.kv_spec(model.config).allocate(a.blocks, bs, torch.bfloat16, dev)
     max_blocks = -(-(4 * a.ctx + 4 * a.prompt) // bs)
-    make = {"piecewise": lambda: PiecewiseGraphRunner(model, caches, bs, piecewise_buckets(512)),
-            "full": lambda: MixedGraphRunner(model, caches, bs, max_blocks, piecewise_buckets(512))}
+    def full(decode_rows: bool):
+        """A whole-step runner captured with decode rows on their heads' rows (the default) or on whole tiles."""
+        attn = [m for m in model.modules() if hasattr(m, "mixed_decode_rows")]
+        for m in attn:
+            m.mixed_decode_rows = decode_rows  # read while capturing: the graphs keep the choice
+        try:
+            r = MixedGraphRunner(model, caches, bs, max_blocks, piecewise_buckets(512))
+            r.capture()
+        finally:
+            for m in attn:
+                m.mixed_decode_rows = True
+        return r
+
+    def piecewise():
+        r = PiecewiseGraphRunner(model, caches, bs, piecewise_buckets(512))
+        r.capture()
+        return r
+
+    make = {"piecewise": piecewise, "full": lambda: full(True), "full-tiles": lambda: full(False)}
     modes = [m for m in a.modes.split(",") if m]
     unknown = [m for m in modes if m not in make]
     if unknown:
-        raise SystemExit(f"--modes takes piecewise and/or full, got {', '.join(unknown)}")
+        raise SystemExit(f"--modes takes {', '.join(make)}, got {', '.join(unknown)}")
     dname = torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
     runners, capture_s = {}, {}
     for m in modes:
         t = time.perf_counter()
         runners[m] = make[m]()
-        runners[m].capture()
         capture_s[m] = time.perf_counter() - t
         print(f"{a.size} on {dname}: {m} captured in {capture_s[m]:.1f} s; "
               f"{torch.cuda.memory_reserved() / 2**30 if dev.startswith('cuda') else 0:.1f} GiB reserved in all")

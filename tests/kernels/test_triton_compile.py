@@ -168,13 +168,16 @@ def test_deepseek_step_head_gemvs_compile_with_their_default_tiles(product):
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
-@pytest.mark.parametrize("kv,q", [("*bf16", "*bf16"), ("*fp8e4nv", "*bf16"), ("*fp32", "*fp32")])
-def test_prefill_attention_compiles(kv, q):
+@pytest.mark.parametrize("kv,q,decode_m", [("*bf16", "*bf16", 0), ("*fp8e4nv", "*bf16", 0), ("*fp32", "*fp32", 0),
+                                           ("*bf16", "*bf16", 16), ("*fp8e4nv", "*bf16", 16)])
+def test_prefill_attention_compiles(kv, q, decode_m):
+    """The varlen prefill kernel, also with its one-token-query path (``DECODE_M``: graph-padded steps)."""
     from torchinferno.kernels.triton import prefill_attention as pa
 
     compile_sm90(pa._prefill_kernel, {"Q": q, "KC": kv, "VC": kv, "OUT": q, "QSL": "*i32", "SEQ": "*i32", "BT": "*i32"},
                  dict(GROUP=4, GROUP_PAD=4, D=128, D_PAD=128, DV=128, DV_PAD=128, PAGE=16, BLOCK_Q=32, BLOCK_N=64,
-                      IEEE=q == "*fp32", F16_DOT=kv == "*fp8e4nv"), floats=("qk_scale",), num_warps=8)
+                      IEEE=q == "*fp32", F16_DOT=kv == "*fp8e4nv", DECODE_M=decode_m), floats=("qk_scale",),
+                 num_warps=8)
 
 
 @pytest.mark.parametrize("residual", [False, True])

@@ -154,7 +154,8 @@ def layer_kernels() -> None:
 def mixed_graphs() -> None:
     """The whole-step runner's graph-padded attention (one varlen launch over a grid fixed by the padded shapes) vs
     the model's own Triton paths, through a tiny llama in fp32 and fp16 (test_cuda_graphs_mixed.py); and the kernel
-    alone: live rows == the torch reference, rows of no sequence zero."""
+    alone, with decode rows on their own rows and on whole tiles: live rows == the torch reference, rows of no
+    sequence zero."""
     import test_cuda_graphs_mixed as M
     from graph_test_models import mixed_step
 
@@ -175,11 +176,12 @@ def mixed_graphs() -> None:
     lens[:B] = meta.seq_lens
     bt = torch.randint(0, NB, (T, w + 3), generator=g, dtype=torch.int32)  # stale rows and columns past the step's
     bt[:B, :w] = meta.block_tables
-    got = kapi.graph_padded_attention(q, kc, vc, qsl, lens, bt, 0.25)
     want = kapi.paged_attention_reference(q[:n], kc, vc, meta.query_lens_list, meta.seq_lens_list,
                                           meta.block_tables, 0.25)
-    torch.testing.assert_close(got[:n], want, rtol=1e-4, atol=1e-4)
-    assert got[n:].eq(0).all()
+    for decode_rows in (True, False):  # a decode row on its heads' rows, or on a whole query tile
+        got = kapi.graph_padded_attention(q, kc, vc, qsl, lens, bt, 0.25, decode_rows)
+        torch.testing.assert_close(got[:n], want, rtol=1e-4, atol=1e-4)
+        assert got[n:].eq(0).all()
 
 
 def run_checks(checks: dict, argv: list[str] | None = None) -> None:

@@ -221,19 +221,20 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def graph_padded_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                           scale: float) -> torch.Tensor:
+                           scale: float, decode_rows: bool = True) -> torch.Tensor:
     """Causal attention of a graph-padded ragged batch (``AttentionMetadata.graph_padded``) over the paged cache,
     reading device tensors only: one launch of the varlen prefill kernel over a grid set by the shapes
     (``q [T, H, D]``, ``T`` sequences, the trailing ones empty), so it can be captured for any live step of up to
-    ``T`` tokens. Decode rows are one-token sequences of the same kernel. Rows that belong to no live sequence
-    come out zero. The caches must already hold the new tokens' K/V. Triton only (CUDA, or its interpreter)."""
+    ``T`` tokens. Decode rows are one-token sequences of the same kernel, computed on their query heads' rows alone
+    (``decode_rows``; False: on a whole query tile, as a prompt's). Rows that belong to no live sequence come out
+    zero. The caches must already hold the new tokens' K/V. Triton only (CUDA, or its interpreter)."""
     if not _tri.usable(q):
         raise RuntimeError("graph-padded attention needs the Triton kernels (a CUDA device)")
     from torchinferno.kernels.triton import prefill_attention
 
     out = torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
     return prefill_attention.paged_prefill_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
-                                                     scale, num_tokens=q.shape[0], out=out)
+                                                     scale, num_tokens=q.shape[0], out=out, decode_rows=decode_rows)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

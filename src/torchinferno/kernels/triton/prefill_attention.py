@@ -35,6 +35,59 @@ from torchinferno.kernels.triton import next_pow2
 LOG2E = 1.4426950408889634
 
 
+@triton.jit
+def _attend_rows(Q, KC, VC, OUT, BT, b, kvh, q_start, qi, gi, rm, ctx, kv_end, qk_scale,
+                 stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                 stride_ot, stride_oh, stride_bt, BLOCK_M: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                 D_PAD: tl.constexpr, DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
+    """``BLOCK_M`` rows of sequence ``b``: row ``r`` is query ``qi[r]`` (absolute position ``ctx + qi[r]``) of query
+    head ``kvh * GROUP + gi[r]`` (``rm[r]``: a real row), attending to its keys ``0..pos`` below ``kv_end``; the
+    normalized output of the real rows is stored."""
+    head = kvh * GROUP + gi
+    tok = (q_start + qi).to(tl.int64)
+    d = tl.arange(0, D_PAD)
+    dv = tl.arange(0, DV_PAD)
+    q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=rm[:, None] & (d[None, :] < D), other=0.0)  # [BLOCK_M, D_PAD]
+    if F16_DOT:  # FP8 cache: dots in fp16 (see decode_attention's docstring)
+        q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+    qpos = ctx + qi
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
+    n_offs = tl.arange(0, BLOCK_N)
+    bt_row = BT + b.to(tl.int64) * stride_bt
+    for n0 in range(0, kv_end, BLOCK_N):
+        toks = n0 + n_offs
+        tm = toks < kv_end
+        page = tl.load(bt_row + toks // PAGE, mask=tm, other=0).to(tl.int64)
+        prow = toks % PAGE
+        k_base = page * stride_kb + prow * stride_kt + kvh * stride_kh  # [BLOCK_N]
+        v_base = page * stride_vb + prow * stride_vt + kvh * stride_vh
+        k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & (d[None, :] < D), other=0.0).to(q.dtype)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        keep = (toks[None, :] <= qpos[:, None]) & tm[None, :]
+        s = tl.where(keep, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see no key
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & (dv[None, :] < DV), other=0.0).to(q.dtype)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
+             mask=rm[:, None] & (dv[None, :] < DV))
+
+
 # The per-step integers (where the prefills start, how many sequences, the block table's width) are not
 # specialized: Triton would otherwise compile a new variant whenever one of them is or stops being 1 or a multiple
 # of 16, ~0.5-0.8 s each on the request path (H200 step log: 27 such stalls in one bench-serve run).
@@ -44,7 +97,7 @@ def _prefill_kernel(Q, KC, VC, OUT, QSL, SEQ, BT, qk_scale, first_seq, num_seqs,
                     stride_ot, stride_oh, stride_bt,
                     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
                     DV: tl.constexpr, DV_PAD: tl.constexpr, PAGE: tl.constexpr, BLOCK_Q: tl.constexpr,
-                    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr):
+                    BLOCK_N: tl.constexpr, IEEE: tl.constexpr, F16_DOT: tl.constexpr, DECODE_M: tl.constexpr = 0):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
     # Binary search: the last sequence b in [first_seq, num_seqs) whose first tile index <= pid.
@@ -69,60 +122,37 @@ def _prefill_kernel(Q, KC, VC, OUT, QSL, SEQ, BT, qk_scale, first_seq, num_seqs,
         qi = tile * BLOCK_Q + r // GROUP_PAD  # query index within the sequence
         gi = r % GROUP_PAD
         rm = (qi < q_len) & (gi < GROUP)
-        head = kvh * GROUP + gi
-        tok = (q_start + qi).to(tl.int64)
-        d = tl.arange(0, D_PAD)
-        dv = tl.arange(0, DV_PAD)
-        q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=rm[:, None] & (d[None, :] < D), other=0.0)  # [BLOCK_M, D_PAD]
-        if F16_DOT:  # FP8 cache: dots in fp16 (see decode_attention's docstring)
-            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-        qpos = ctx + qi
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
         kv_end = tl.minimum(seq_len, ctx + (tile + 1) * BLOCK_Q)
-        n_offs = tl.arange(0, BLOCK_N)
-        bt_row = BT + b.to(tl.int64) * stride_bt
-        for n0 in range(0, kv_end, BLOCK_N):
-            toks = n0 + n_offs
-            tm = toks < kv_end
-            page = tl.load(bt_row + toks // PAGE, mask=tm, other=0).to(tl.int64)
-            prow = toks % PAGE
-            k_base = page * stride_kb + prow * stride_kt + kvh * stride_kh  # [BLOCK_N]
-            v_base = page * stride_vb + prow * stride_vt + kvh * stride_vh
-            k = tl.load(KC + k_base[:, None] + d[None, :], mask=tm[:, None] & (d[None, :] < D), other=0.0).to(q.dtype)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        if DECODE_M > 0:  # a one-token query on DECODE_M rows (its GROUP heads) instead of a BLOCK_M-row tile
+            if q_len == 1:
+                rd = tl.arange(0, DECODE_M)
+                _attend_rows(Q, KC, VC, OUT, BT, b, kvh, q_start, rd * 0, rd, rd < GROUP, ctx, seq_len, qk_scale,
+                             stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                             stride_ot, stride_oh, stride_bt, DECODE_M, GROUP, D, D_PAD, DV, DV_PAD, PAGE, BLOCK_N,
+                             IEEE, F16_DOT)
             else:
-                s = tl.dot(q, tl.trans(k))
-            keep = (toks[None, :] <= qpos[:, None]) & tm[None, :]
-            s = tl.where(keep, s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padded rows see no key
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(VC + v_base[:, None] + dv[None, :], mask=tm[:, None] & (dv[None, :] < DV), other=0.0).to(q.dtype)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(OUT + tok[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :], out.to(OUT.dtype.element_ty),
-                 mask=rm[:, None] & (dv[None, :] < DV))
+                _attend_rows(Q, KC, VC, OUT, BT, b, kvh, q_start, qi, gi, rm, ctx, kv_end, qk_scale,
+                             stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                             stride_ot, stride_oh, stride_bt, BLOCK_M, GROUP, D, D_PAD, DV, DV_PAD, PAGE, BLOCK_N,
+                             IEEE, F16_DOT)
+        else:
+            _attend_rows(Q, KC, VC, OUT, BT, b, kvh, q_start, qi, gi, rm, ctx, kv_end, qk_scale,
+                         stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                         stride_ot, stride_oh, stride_bt, BLOCK_M, GROUP, D, D_PAD, DV, DV_PAD, PAGE, BLOCK_N,
+                         IEEE, F16_DOT)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                             scale: float, num_tokens: int | None = None, first_seq: int = 0, q_base: int = 0,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None, decode_rows: bool = False) -> torch.Tensor:
     """Causal attention of sequences ``first_seq..B-1`` over their paged contexts.
 
     ``q_base`` must equal ``query_start_loc[first_seq]`` (known on the host); ``num_tokens`` is the
     number of query tokens those sequences hold (default: all of ``q`` after ``q_base``). Rows of
-    ``out`` before ``q_base`` are left untouched, so a decode kernel can fill them.
+    ``out`` before ``q_base`` are left untouched, so a decode kernel can fill them. ``decode_rows``: a one-token
+    sequence's program computes on ``max(16, G_pad)`` rows (its query heads) instead of a whole ``BLOCK_Q * G_pad``
+    query tile (for steps whose decode rows this kernel takes: a graph-padded step, ``api.graph_padded_attention``).
     """
     T, H, D = q.shape
     _, page, Hkv, _ = k_cache.shape
@@ -147,5 +177,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, GROUP_PAD=g_pad, D=D, D_PAD=d_pad, DV=DV, DV_PAD=dv_pad, PAGE=page, BLOCK_Q=block_q,
-        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, F16_DOT=is_fp8(k_cache.dtype) and q.dtype != torch.float32, num_warps=8 if block_q * g_pad >= 128 else 4, num_stages=2)
+        BLOCK_N=block_n, IEEE=q.dtype == torch.float32, F16_DOT=is_fp8(k_cache.dtype) and q.dtype != torch.float32,
+        DECODE_M=max(16, g_pad) if decode_rows else 0, num_warps=8 if block_q * g_pad >= 128 else 4, num_stages=2)
     return out

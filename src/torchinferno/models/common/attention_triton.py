@@ -47,6 +47,9 @@ class TritonPagedAttention(TorchAttention):
     supports_piecewise_graphs = True
     # graph-padded metadata (a whole mixed step in one graph, kernels.cuda_graphs_mixed) reads only device tensors
     supports_mixed_graphs = True
+    # graph-padded steps compute a decode row on its query heads' rows, not on a prompt's whole query tile (False: the
+    # tile, for comparing the two in benchmarks/probe_piecewise.py; read when the step runs or is captured)
+    mixed_decode_rows = True
 
     def forward(self, q, k, v, kv_cache: tuple[torch.Tensor, torch.Tensor] | None, meta: AttentionMetadata | None):
         if kv_cache is None or meta is None or not tri.usable(q) or self.batch_invariant:
@@ -56,7 +59,7 @@ class TritonPagedAttention(TorchAttention):
         kapi.write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.graph_padded:
             return kapi.graph_padded_attention(q.contiguous(), k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                               meta.block_tables, self.scale)
+                                               meta.block_tables, self.scale, self.mixed_decode_rows)
         if meta.is_decode:
             return kapi.batched_paged_decode_attention(q.contiguous(), k_cache, v_cache, meta.block_tables,
                                                        meta.seq_lens, self.scale)
