@@ -23,9 +23,6 @@ def engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph-prefill-alone", action=argparse.BooleanOptionalAction, default=True,
                    help="a lone waiting prompt that the calibration's prefill graphs replay runs in a step of its own "
                         "(serve's flag; needs a timeline calibration with graphs)")
-    p.add_argument("--cuda-graph-mixed-mode", choices=("piecewise", "full"), default=None,
-                   help="what-if on a timeline calibration with graphs: full prices the steps the calibrated engine "
-                        "ran from piecewise graphs as whole-step graph replays (serve's flag). Default: as calibrated")
 
 
 def engine_config(a):
@@ -85,6 +82,10 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", default="least_loaded", choices=["round_robin", "least_loaded", "prefix_aware", "cache_aware"])
     p.add_argument("--num-blocks", type=int, default=4096, help="KV blocks per replica")
     p.add_argument("--max-concurrency", type=int, default=None)
+    # a what-if on the calibration (sim-validate / sim-calibrate run the real engine, whose mode the calibration has)
+    p.add_argument("--cuda-graph-mixed-mode", choices=("piecewise", "full"), default=None,
+                   help="what-if on a timeline calibration with graphs: full prices the steps the calibrated engine "
+                        "ran from piecewise graphs as whole-step graph replays (serve's flag). Default: as calibrated")
     cost_model_arg(p)
     engine_args(p)
     add_kv_spec_args(p)
@@ -104,7 +105,7 @@ def _calibration(a):
             a.step_us * 1e-6 if a.step_us is not None else 0.0)
         cal.source = "explicit"
         cal.timeline = None  # explicit per-token costs are a linear model
-    _mixed_graph_what_if(cal, getattr(a, "cuda_graph_mixed_mode", None))
+    _mixed_graph_what_if(cal, a.cuda_graph_mixed_mode)
     if a.kv_bytes_per_token is not None:
         cal.kv_bytes_per_token = a.kv_bytes_per_token
     cal.kv_bytes_per_token = cal.kv_bytes_per_token or 131072
