@@ -106,3 +106,39 @@ def test_decode_on_cache_views():
     want = paged_attention_reference(q, want_k, want_v, [1, 1], [7, 7], meta.block_tables, 0.25)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v) and torch.equal(buf_k[0], other)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shapes,dense", [
+    ([(6, 1), (11, 1), (2, 1), (0, 9)], True),     # three decodes (dense rows, ragged) + a fresh prompt
+    ([(6, 1), (11, 1), (3, 5), (0, 4)], False),    # two decodes (paged) + a chunk over cached context + a prompt
+    ([(5, 1), (0, 1), (4, 3)], False),             # a one-token fresh prompt among the leading one-token queries
+    ([(0, 7), (6, 1), (9, 1)], False),             # decodes after a prompt: not leading, per-row path
+])
+def test_mixed_step_leading_decodes_batched(shapes, dense):
+    """A mixed step's leading one-token queries go through one batched decode call (session 30): the output and
+    the cache writes == paged_attention_reference on the whole step, dense-row and paged layouts."""
+    g = torch.Generator().manual_seed(7)
+    H, Hkv, D, bs = 6, 2, 16, 4
+    nb = [-(-(c + q) // bs) for c, q in shapes]
+    if dense:  # sequence b's context at the head of its own big block r0 + b (the strided-view path)
+        bs = max(c + q for c, q in shapes)
+        tables = [[2 + b] for b in range(len(shapes))]
+    else:
+        perm = (torch.randperm(40, generator=g) + 1).tolist()
+        tables = [[perm.pop() for _ in range(n)] for n in nb]
+    width = max(len(t) for t in tables)
+    meta = build_attention_metadata([q for _, q in shapes], [c for c, _ in shapes],
+                                    [t + [0] * (width - len(t)) for t in tables], bs)
+    meta.block_tables_host = tables
+    kc, vc = torch.randn(42, bs, Hkv, D, generator=g), torch.randn(42, bs, Hkv, D, generator=g)
+    T = sum(q for _, q in shapes)
+    q, k, v = (torch.randn(T, h, D, generator=g) for h in (H, Hkv, Hkv))
+    want_k, want_v = kc.clone(), vc.clone()
+    write_kv(want_k, k, meta.slot_mapping)
+    write_kv(want_v, v, meta.slot_mapping)
+    with torch.inference_mode():
+        out = TorchAttention(H, Hkv, D**-0.5)(q, k, v, (kc, vc), meta)
+    want = paged_attention_reference(q, want_k, want_v, meta.query_lens_list, meta.seq_lens_list, meta.block_tables,
+                                     D**-0.5)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)

@@ -134,3 +134,47 @@ def test_real_model_bf16_packed_greedy_tokens_unchanged():
         gen.model = model  # the module path
         ref = [r.token_ids for r in gen.generate(prompts, params)]
         assert lean == ref
+
+
+@pytest.mark.parametrize("dtype,kernel", CONFIGS)
+@pytest.mark.parametrize("native", [False, True])
+def test_mixed_step_runs_its_leading_decodes_on_the_step(dtype, kernel, native):
+    """A mixed step (decodes, then a fresh prompt and a chunk over cached context) through LeanStepModel: the lean
+    step takes the decode rows, the modules the rest (session 30), and hidden states and cache writes match the module
+    path on the whole step."""
+    model = _model(dtype, kernel=kernel)
+    step = CpuDecodeStep(model, native=native)
+    if native and step.native is None:
+        pytest.skip("no native CPU step for this model / CPU")
+    g = torch.Generator().manual_seed(5)
+    bs, V = 8, model.config.vocab_size
+    kv_dtype = getattr(step, "kv_cache_dtype", None) or torch.float32
+    caches = model.family.kv_spec(model.config).allocate(num_blocks=16, block_size=bs, dtype=kv_dtype, device="cpu")
+    ctx = [9, 4, 12]  # three sequences with cached context (blocks 0-1, 2, 3-4); the first two decode
+    tables = [[0, 1], [2], [3, 4], [5, 6]]
+    with torch.inference_mode():
+        pre = build_attention_metadata(ctx, [0, 0, 0], tables[:3], bs)
+        model(torch.randint(0, V, (sum(ctx),), generator=g), torch.cat([torch.arange(n) for n in ctx]), caches, pre)
+        shapes = [(9, 1), (4, 1), (12, 3), (0, 10)]  # (context, new tokens)
+        meta = build_attention_metadata([q for _, q in shapes], [c for c, _ in shapes], tables, bs)
+        meta.block_tables_host = [list(t) for t in tables]
+        ids = torch.randint(0, V, (sum(q for _, q in shapes),), generator=g)
+        pos = torch.cat([torch.arange(c, c + q) for c, q in shapes])
+        seen = []
+
+        def spy(*args):
+            out = step(*args)
+            seen.append(None if out is None else out.shape[0])
+            return out
+
+        spy.splits_mixed = step.splits_mixed
+
+        copies = [[tuple(t.clone() for t in layer) for layer in caches] for _ in range(2)]
+        want = model(ids, pos, copies[0], meta)
+        got = LeanStepModel(model, spy)(ids, pos, copies[1], meta)
+    assert seen == [None, 2]  # the whole step: not a decode batch; then its two leading decode rows
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 and not native else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(got.float(), want.float(), **tol)
+    for a, b in zip(copies[0], copies[1]):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y.float(), x.float(), **tol)

@@ -65,6 +65,8 @@ class CpuDecodeStep(LeanDecodeStepBase):
     """
 
     device_type = "cpu"
+    # LeanStepModel runs a mixed step's leading decode rows here and only the other rows through the modules
+    splits_mixed = True
 
     def __init__(self, model: nn.Module, native: bool | None = None):
         super().__init__(model)
