@@ -37,9 +37,8 @@ def check_mixed_steps(runner, model, caches, ref, g: torch.Generator, device, dt
                       num_blocks: int) -> None:
     """Every MIXED_STEPS step through ``runner.run`` == ``model``'s own forward on ``ref`` (a copy of ``caches``): the
     hidden states, and every KV row (the same rows written, nothing else)."""
-    tol = dict(rtol=3e-2, atol=3e-2) if dtype == torch.bfloat16 else dict(rtol=2e-3, atol=2e-3)
-    if dtype == torch.float32:
-        tol = dict(rtol=1e-4, atol=1e-4)
+    t = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 3e-2}[dtype]
+    tol = dict(rtol=t, atol=t)
     for shapes in MIXED_STEPS:
         ids, pos, meta = mixed_step(g, model.config.vocab_size, device, shapes, block_size, num_blocks)
         with torch.inference_mode():

@@ -139,8 +139,9 @@ def test_traffic_smoke_with_and_without_lone_graph_prefill(tmp_path, capsys):
 
 
 def test_whole_step_graphs_what_if(tmp_path, capsys):
-    """``--cuda-graph-mixed-mode full`` on a calibration of a piecewise engine (run 77's fitted H100 8B terms: a 3 ms
-    piecewise launch on top of a 5 ms host step) prices its mixed steps as graph replays: at 32 req/s with every
+    """``--cuda-graph-mixed-mode full`` on a calibration of a piecewise engine (run 77's default fit of the H100 8B
+    terms, a 5 ms host step, with the 8 ms piecewise launch its step logs show rather than the fit's 3 ms) prices its
+    mixed steps as graph replays: at 32 req/s with every
     arriving prompt joining the decodes' step (no lone graph prefill), TPOT and TTFT drop; the reverse (piecewise from a whole-step calibration) and a
     calibration without graphs are one-line errors."""
     from torchinferno.sim.calibration import Calibration

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from torchinferno.kernels import triton as _tri
 from torchinferno.kernels.kv_dtype import gather_blocks, store_rows
+from torchinferno.models.common.attention_metadata import leading_decodes
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -250,9 +251,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         from torchinferno.kernels.triton import decode_attention, prefill_attention
 
         out = torch.empty(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=q.dtype, device=q.device)
-        nd = 0
-        while nd < len(query_lens_list) and query_lens_list[nd] == 1:
-            nd += 1
+        nd = leading_decodes(query_lens_list)
         if nd:
             decode_attention.batched_paged_decode_attention(q[:nd], k_cache, v_cache, block_tables[:nd], seq_lens[:nd],
                                                             scale, out=out[:nd])

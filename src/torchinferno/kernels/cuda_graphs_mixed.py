@@ -117,12 +117,7 @@ class MixedGraphRunner(Bucketed):
         self.seq_lens.zero_()
         self.slot_mapping.fill_(-1)
         self._live = 0
-        try:
-            graphs, outputs, self._pool = capture_graphs(self.device, self.buckets, self._forward, warmup, self._pool)
-        except BaseException:
-            self.graphs.clear()
-            self.outputs.clear()
-            raise
+        graphs, outputs, self._pool = capture_graphs(self.device, self.buckets, self._forward, warmup, self._pool)
         self.graphs.update(graphs)
         self.outputs.update(outputs)
 

@@ -118,12 +118,25 @@ class AttentionMetadata:
         return [(0, num_tokens, 0)] if meta is None else meta.query_spans()
 
     @property
+    def num_leading_decodes(self) -> int:
+        """How many sequences at the front add one token each (a mixed step's decodes come first)."""
+        return leading_decodes(self.query_lens_list)
+
+    @property
     def context_lens_list(self) -> list[int]:
         return [s - q for s, q in zip(self.seq_lens_list, self.query_lens_list)]
 
     def last_token_indices(self) -> torch.Tensor:
         """[B] index of each sequence's last new token in the flattened batch."""
         return (self.query_start_loc[1:] - 1).long()
+
+
+def leading_decodes(query_lens: list[int]) -> int:
+    """The length of the leading run of one-token queries in ``query_lens``."""
+    nd = 0
+    while nd < len(query_lens) and query_lens[nd] == 1:
+        nd += 1
+    return nd
 
 
 def build_attention_metadata(

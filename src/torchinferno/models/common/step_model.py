@@ -8,7 +8,7 @@ falls back to the modules for batches the step does not handle (it returns None 
 ``splits_mixed`` (the lean CPU step) also takes the leading decode rows of a mixed step, the modules the rest: rows of
 different sequences never meet in a dense decoder's layers, so the two halves are the whole step's rows, and on a CPU
 two passes over the weights cost less than decode rows through the module path's per-layer attention bookkeeping
-(SmolLM2, 15 decodes + a 54-token prompt: 142 -> ~100 ms, session 30).
+(SmolLM2, 15 decodes + a 54-token prompt: 161-179 -> 101-104 ms in three alternating rounds, session 30).
 
 Invariants: build the wrapper after every runtime transformation of the model's modules (quantization, pre-packing,
 linear swaps): a lean step reads the tensors it was built on. The wrapper is not an ``nn.Module`` (it owns no
@@ -49,11 +49,8 @@ class LeanStepModel:
         """How many leading one-token sequences a ``splits_mixed`` step takes out of this mixed step (0: none)."""
         if not getattr(self.step, "splits_mixed", False) or kv_caches is None or meta is None or meta.graph_padded:
             return 0
-        q = meta.query_lens_list
-        nd = 0
-        while nd < len(q) and q[nd] == 1:
-            nd += 1
-        return nd if 0 < nd < len(q) else 0
+        nd = meta.num_leading_decodes
+        return nd if nd < meta.num_seqs else 0
 
     forward = __call__
 
